@@ -1,0 +1,106 @@
+"""gRPC control-plane calls a client needs: who a node is, its stats, batched key calls.
+
+Blocking and asyncio flavours share the request building and the error mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, error_for_code
+from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.wire import PROTOCOL_VERSION, WireLimits
+
+ERROR_CODE_METADATA = "kvpool-error-code"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node as its GetServerInfo describes it."""
+
+    address: str  # control plane, host:port
+    node_id: str
+    data_endpoints: dict[str, str]  # transport -> host:port
+    limits: WireLimits
+    protocol_version: int
+
+    @classmethod
+    def from_proto(cls, address: str, info: pb.ServerInfo) -> NodeInfo:
+        if info.protocol_version != PROTOCOL_VERSION:
+            raise KVPoolError(
+                f"{address} speaks data protocol v{info.protocol_version}, this client v{PROTOCOL_VERSION}",
+                ErrorCode.UNSUPPORTED_VERSION,
+            )
+        limits = WireLimits(info.limits.max_keys, info.limits.max_block_size, info.limits.max_payload)
+        endpoints = {e.transport: e.address for e in info.endpoints}
+        return cls(address, info.node_id, endpoints, limits, info.protocol_version)
+
+
+def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:
+    """A typed kvpool exception for a failed gRPC call."""
+    status = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    for key, value in (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ():
+        if key == ERROR_CODE_METADATA and str(value).isdigit():
+            return error_for_code(int(value), f"{address}: {detail}")
+    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimeout(f"{address}: control call timed out")
+    if status == grpc.StatusCode.UNAVAILABLE:
+        return NodeUnavailable(f"{address}: {detail}")
+    return KVPoolError(f"{address}: {status.name if status else 'error'}: {detail}")
+
+
+class ControlClient:
+    """Blocking control-plane calls to one node."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self._timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
+
+    def server_info(self) -> NodeInfo:
+        return NodeInfo.from_proto(self.address, self._call("GetServerInfo", pb.GetServerInfoRequest()))
+
+    def stats(self) -> pb.Stats:
+        return self._call("GetStats", pb.GetStatsRequest())
+
+    def lookup(self, namespace: str, hashes: list[bytes]) -> int:
+        return self._call("Lookup", pb.KeysRequest(namespace=namespace, hashes=hashes)).prefix_hits
+
+    def _call(self, method: str, request: object) -> object:
+        try:
+            return getattr(self._stub, method)(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(self.address, exc) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class AsyncControlClient:
+    """asyncio control-plane calls to one node."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self._timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
+
+    async def server_info(self) -> NodeInfo:
+        return NodeInfo.from_proto(self.address, await self._call("GetServerInfo", pb.GetServerInfoRequest()))
+
+    async def stats(self) -> pb.Stats:
+        return await self._call("GetStats", pb.GetStatsRequest())
+
+    async def _call(self, method: str, request: object) -> object:
+        try:
+            return await getattr(self._stub, method)(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(self.address, exc) from None
+
+    async def close(self) -> None:
+        await self._channel.close()

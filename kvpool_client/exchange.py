@@ -1,0 +1,205 @@
+"""One request/response exchange per data-plane op, written once for every transport.
+
+Each exchange is a generator that *yields* the I/O it needs (:class:`Send`,
+:class:`Receive`, :class:`ReceiveInto`) and is resumed with the result. It owns
+the protocol logic (encoding, decoding, where each payload byte goes, checksum
+verification); :func:`run_sync` and :func:`run_async` are the only places that
+touch a connection. So the blocking client and the asyncio client cannot drift
+apart, and the protocol logic is tested without sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import xxhash
+
+from kvpool_client.errors import ErrorCode, ProtocolError, error_for_code
+from kvpool_client.wire import (
+    HEADER_SIZE,
+    DeleteRequest,
+    ErrorResponse,
+    ExistsRequest,
+    GetRequest,
+    GetResponse,
+    Op,
+    PingRequest,
+    PingResponse,
+    PutRequest,
+    Response,
+    StatusResponse,
+    WireLimits,
+    decode_header,
+    decode_message,
+    encode,
+)
+
+T = TypeVar("T")
+_DRAIN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    buffers: list[bytes | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class Receive:
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveInto:
+    targets: list[memoryview]
+
+
+Step = Send | Receive | ReceiveInto
+Exchange = Generator[Step, Any, T]
+
+
+class SyncConnection(Protocol):
+    def send(self, buffers: list[bytes | memoryview]) -> None: ...
+
+    def recv_exactly(self, nbytes: int) -> bytearray: ...
+
+    def recv_into(self, targets: list[memoryview]) -> None: ...
+
+
+class AsyncConnection(Protocol):
+    async def send(self, buffers: list[bytes | memoryview]) -> None: ...
+
+    async def recv_exactly(self, nbytes: int) -> bytearray: ...
+
+    async def recv_into(self, targets: list[memoryview]) -> None: ...
+
+
+def run_sync(connection: SyncConnection, exchange: Exchange[T]) -> T:
+    """Drive ``exchange`` over a blocking connection."""
+    reply: Any = None
+    while True:
+        try:
+            step = exchange.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply = _perform_sync(connection, step)
+
+
+async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
+    """Drive ``exchange`` over an asyncio connection."""
+    reply: Any = None
+    while True:
+        try:
+            step = exchange.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(step, Send):
+            reply = await connection.send(step.buffers)
+        elif isinstance(step, Receive):
+            reply = await connection.recv_exactly(step.nbytes)
+        else:
+            reply = await connection.recv_into(step.targets)
+
+
+def _perform_sync(connection: SyncConnection, step: Step) -> Any:
+    if isinstance(step, Send):
+        return connection.send(step.buffers)
+    if isinstance(step, Receive):
+        return connection.recv_exactly(step.nbytes)
+    return connection.recv_into(step.targets)
+
+
+# -- exchanges ----------------------------------------------------------------
+
+
+def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -> Exchange[list[int]]:
+    """Send blocks; returns one status per key (OK, ALREADY_EXISTS, BUSY, ...)."""
+    yield Send([encode(request), *blocks])
+    response = yield from _response(request.request_id, Op.PUT, limits)
+    return _statuses(response, len(request.hashes))
+
+
+def get(
+    request: GetRequest,
+    targets: Sequence[memoryview | None],
+    limits: WireLimits,
+    verify: bool,
+) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+    """Fetch blocks into ``targets``; a ``None`` target gets a new buffer of the stored size.
+
+    Returns:
+        Per-key statuses and the filled buffers (``None`` where not OK). A stored
+        block whose length differs from its target is drained: ``SIZE_MISMATCH``.
+    """
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.GET, limits)
+    if not isinstance(response, GetResponse) or len(response.statuses) != len(targets):
+        raise ProtocolError(f"expected {len(targets)} GET results, got {response!r}")
+    statuses = list(response.statuses)
+    filled: list[memoryview | None] = [None] * len(targets)
+    sinks: list[memoryview] = []
+    scratch = memoryview(bytearray(min(_DRAIN_CHUNK, max(response.lengths, default=0))))
+    for i, (target, length) in enumerate(zip(targets, response.lengths)):
+        if statuses[i] != ErrorCode.OK:
+            continue
+        if target is None:
+            target = memoryview(bytearray(length))
+        if len(target) == length:
+            filled[i] = target
+            sinks.append(target)
+        else:
+            statuses[i] = ErrorCode.SIZE_MISMATCH
+            sinks.extend(_scratch_slices(scratch, length))
+    yield ReceiveInto(sinks)
+    if verify:
+        for i, view in enumerate(filled):
+            if view is not None and xxhash.xxh3_64_intdigest(view) != response.checksums[i]:
+                statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
+    return statuses, filled
+
+
+def exists(request: ExistsRequest, limits: WireLimits) -> Exchange[list[int]]:
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.EXISTS, limits)
+    return _statuses(response, len(request.hashes))
+
+
+def delete(request: DeleteRequest, limits: WireLimits) -> Exchange[list[int]]:
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.DELETE, limits)
+    return _statuses(response, len(request.hashes))
+
+
+def ping(request: PingRequest, limits: WireLimits) -> Exchange[None]:
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.PING, limits)
+    if not isinstance(response, PingResponse):
+        raise ProtocolError(f"expected a PING response, got {response!r}")
+
+
+def _response(request_id: int, op: Op, limits: WireLimits) -> Exchange[Response]:
+    """Read one response frame's header and meta; raise the node's error if it sent one."""
+    header = decode_header((yield Receive(HEADER_SIZE)), limits)
+    meta = (yield Receive(header.meta_len)) if header.meta_len else b""
+    response = decode_message(header, meta, limits)
+    if not header.is_response or header.request_id != request_id or header.op & 0x7F != op:
+        raise ProtocolError(f"response {header} does not answer {op.name} request {request_id}")
+    if isinstance(response, ErrorResponse):
+        raise error_for_code(response.code, response.message)
+    return response  # type: ignore[return-value]
+
+
+def _statuses(response: Response, count: int) -> list[int]:
+    if not isinstance(response, StatusResponse) or len(response.statuses) != count:
+        raise ProtocolError(f"expected {count} statuses, got {response!r}")
+    return response.statuses
+
+
+def _scratch_slices(scratch: memoryview, length: int) -> list[memoryview]:
+    slices = []
+    while length:
+        chunk = min(length, len(scratch))
+        slices.append(scratch[:chunk])
+        length -= chunk
+    return slices

@@ -1,0 +1,118 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataEndpoint(_message.Message):
+    __slots__ = ("transport", "address")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    address: str
+    def __init__(self, transport: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class WireLimits(_message.Message):
+    __slots__ = ("max_keys", "max_block_size", "max_payload")
+    MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    max_keys: int
+    max_block_size: int
+    max_payload: int
+    def __init__(self, max_keys: _Optional[int] = ..., max_block_size: _Optional[int] = ..., max_payload: _Optional[int] = ...) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    version: str
+    protocol_version: int
+    endpoints: _containers.RepeatedCompositeFieldContainer[DataEndpoint]
+    dram_capacity_bytes: int
+    slab_size: int
+    limits: WireLimits
+    state: str
+    started_at_unix_s: float
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ...) -> None: ...
+
+class KeysRequest(_message.Message):
+    __slots__ = ("namespace", "hashes")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[str] = ..., hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ExistsResponse(_message.Message):
+    __slots__ = ("present",)
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    present: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, present: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("prefix_hits",)
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    prefix_hits: int
+    def __init__(self, prefix_hits: _Optional[int] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, deleted: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("name", "capacity_bytes", "used_bytes", "blocks", "hits", "misses", "evictions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    hits: int
+    misses: int
+    evictions: int
+    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
+
+class Stats(_message.Message):
+    __slots__ = ("node_id", "uptime_s", "tiers", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    uptime_s: float
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...

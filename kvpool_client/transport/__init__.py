@@ -1,0 +1,1 @@
+"""Client-side data-plane transports; each offers ordered bytes to an exchange."""

@@ -1,0 +1,110 @@
+"""TCP data-plane connections: blocking for the sync client, loop-driven for asyncio.
+
+Both move payload with ``sendmsg``/``recvmsg_into`` on the caller's buffers, so a
+block goes from the socket straight into the caller's tensor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kvpool_client.errors import NodeUnavailable, RequestTimeout
+from kvpool_client.transport.aio_socket import recv_all_into, recv_exactly, send_all
+from kvpool_client.transport.iovec import IOV_MAX, advance
+
+SOCKET_BUFFER_BYTES = 4 << 20
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    try:
+        sock = socket.create_connection(parse_address(address), timeout=timeout)
+    except TimeoutError as exc:
+        raise RequestTimeout(f"connect to {address} timed out after {timeout}s") from exc
+    except OSError as exc:
+        raise NodeUnavailable(f"cannot connect to {address}: {exc}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    return sock
+
+
+class TcpConnection:
+    """A blocking connection; every call is bounded by ``timeout`` seconds of silence."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self._sock = _connect(address, timeout)
+        self._sock.settimeout(timeout)
+
+    def send(self, buffers: list[bytes | memoryview]) -> None:
+        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while pending:
+            with _socket_errors(self.address, "send"):
+                sent = self._sock.sendmsg(pending[:IOV_MAX])
+            pending = advance(pending, sent)
+
+    def recv_into(self, targets: list[memoryview]) -> None:
+        pending = [t for t in targets if len(t)]
+        while pending:
+            with _socket_errors(self.address, "receive"):
+                received = self._sock.recvmsg_into(pending[:IOV_MAX])[0]
+            if received == 0:
+                raise NodeUnavailable(f"{self.address} closed the connection")
+            pending = advance(pending, received)
+
+    def recv_exactly(self, nbytes: int) -> bytearray:
+        data = bytearray(nbytes)
+        self.recv_into([memoryview(data)])
+        return data
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@contextmanager
+def _socket_errors(address: str, what: str) -> Iterator[None]:
+    """Map socket exceptions to kvpool's: a timeout, or an unavailable node."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise RequestTimeout(f"{what} to {address} timed out") from exc
+    except OSError as exc:
+        raise NodeUnavailable(f"{what} to {address} failed: {exc}") from exc
+
+
+class AsyncTcpConnection:
+    """A non-blocking connection driven by the running event loop."""
+
+    def __init__(self, address: str, sock: socket.socket) -> None:
+        self.address = address
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def open(cls, address: str, timeout: float) -> AsyncTcpConnection:
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(None, _connect, address, timeout)  # DNS + connect may block
+        sock.setblocking(False)
+        return cls(address, sock)
+
+    async def send(self, buffers: list[bytes | memoryview]) -> None:
+        await send_all(self._loop, self._sock, buffers)
+
+    async def recv_into(self, targets: list[memoryview]) -> None:
+        await recv_all_into(self._loop, self._sock, targets)
+
+    async def recv_exactly(self, nbytes: int) -> bytearray:
+        return await recv_exactly(self._loop, self._sock, nbytes)
+
+    def close(self) -> None:
+        self._sock.close()

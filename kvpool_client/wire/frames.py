@@ -1,0 +1,142 @@
+"""Typed messages of the data-plane protocol.
+
+A frame is a fixed 28-byte header, a meta section (keys, lengths, statuses) and a
+payload section (block bytes, back to back). The messages below describe header
+and meta; payload bytes never live in a message: the transport moves them
+straight between the socket and the caller's (or the arena's) buffers.
+
+Every request is answered by exactly one response with the same ``request_id``
+and the request's op with :data:`RESPONSE_BIT` set, or by an :class:`ErrorResponse`
+for that op when the whole request failed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+PROTOCOL_VERSION = 1
+MAGIC = b"KV"
+RESPONSE_BIT = 0x80
+MAX_NAMESPACE_BYTES = 255
+MAX_HASH_BYTES = 64
+
+
+class Op(enum.IntEnum):
+    PUT = 1
+    GET = 2
+    EXISTS = 3
+    DELETE = 4
+    PING = 5
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """Bounds a decoder enforces before it allocates or reads anything.
+
+    Both ends agree on these: the daemon announces its own in server info.
+    """
+
+    max_keys: int = 4096
+    max_block_size: int = 16 << 20
+    max_payload: int = 1 << 30
+
+    @property
+    def max_meta(self) -> int:
+        # Namespace + per-key hash and the widest per-key record, with slack.
+        return 1024 + self.max_keys * (MAX_HASH_BYTES + 16)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    op: int
+    status: int
+    request_id: int
+    meta_len: int
+    payload_len: int
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.op & RESPONSE_BIT)
+
+
+@dataclass(slots=True)
+class PutRequest:
+    """Store blocks if absent; ``lengths[i]`` bytes of payload belong to ``hashes[i]``."""
+
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+    lengths: list[int]
+
+
+@dataclass(slots=True)
+class GetRequest:
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+
+
+@dataclass(slots=True)
+class ExistsRequest:
+    """With ``prefix`` set the node may stop at the first miss (longest-prefix lookup)."""
+
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+    prefix: bool = False
+
+
+@dataclass(slots=True)
+class DeleteRequest:
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+
+
+@dataclass(slots=True)
+class PingRequest:
+    request_id: int
+
+
+@dataclass(slots=True)
+class StatusResponse:
+    """Per-key status codes; answers PUT, EXISTS and DELETE (see ``op``)."""
+
+    request_id: int
+    op: Op
+    statuses: list[int]
+
+
+@dataclass(slots=True)
+class GetResponse:
+    """Per-key status, stored length and checksum.
+
+    The payload holds the bytes of the keys whose status is OK, in key order;
+    ``lengths[i]`` is 0 for a key that is not OK.
+    """
+
+    request_id: int
+    statuses: list[int]
+    lengths: list[int]
+    checksums: list[int]
+
+
+@dataclass(slots=True)
+class PingResponse:
+    request_id: int
+
+
+@dataclass(slots=True)
+class ErrorResponse:
+    """The whole request failed; ``code`` is an :class:`~kvpool_client.errors.ErrorCode`."""
+
+    request_id: int
+    op: Op
+    code: int
+    message: str
+
+
+Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest
+Response = StatusResponse | GetResponse | PingResponse | ErrorResponse
+Message = Request | Response

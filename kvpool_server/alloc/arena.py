@@ -1,0 +1,52 @@
+"""The DRAM arena: one preallocated file in shared memory, mapped once.
+
+It lives in ``/dev/shm`` (tmpfs) so that a later same-node transport can map it
+and copy a block by offset. The file is created exclusively, sized up front and
+touched page by page at start, so the daemon fails at start, not on the hundredth
+put, when the machine cannot hold it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+
+class SharedArena:
+    """A fixed-size shared-memory mapping; ``view`` slices are zero-copy.
+
+    Args:
+        directory: tmpfs folder, normally ``/dev/shm``.
+        name: file name, unique per daemon.
+        capacity: bytes to map.
+        prefault: touch every page now so that missing memory fails at start.
+
+    Raises:
+        OSError: the file exists already, or the memory cannot be reserved.
+    """
+
+    def __init__(self, directory: str, name: str, capacity: int, prefault: bool = True) -> None:
+        self.path = Path(directory) / name
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, capacity)
+            self._map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        if prefault:
+            self._map.madvise(mmap.MADV_WILLNEED)
+        self.capacity = capacity
+        self.view = memoryview(self._map)
+
+    def slice(self, offset: int, length: int) -> memoryview:
+        return self.view[offset : offset + length]
+
+    def close(self) -> None:
+        """Unmap and remove the file. Views handed out must have been released."""
+        self.view.release()
+        self._map.close()
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,171 @@
+"""kvpool-server: the storage daemon's entry point and life cycle.
+
+Phases: ``start`` (arena, tier, listeners, health SERVING, announce), ``serve``
+until SIGTERM or SIGINT, then ``shutdown``: health NOT_SERVING, stop accepting,
+let in-flight requests finish within the grace period, close everything. Every
+wait in shutdown has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import grpc
+import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.wire import WireLimits
+from kvpool_server.alloc.arena import SharedArena
+from kvpool_server.alloc.slab import SlabAllocator
+from kvpool_server.config import ConfigError, ServerConfig, load_config
+from kvpool_server.control.service import ControlService, NodeIdentity
+from kvpool_server.data.session import Session, SessionConfig
+from kvpool_server.data.tcp import TcpChannel, TcpListener
+from kvpool_server.logs import configure_logging
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.dram import DramTier
+
+log = logging.getLogger("kvpool.server")
+
+_POLL_S = 0.01
+
+
+def package_version() -> str:
+    try:
+        return version("kvpool")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Daemon:
+    """One node's storage daemon: DRAM tier, TCP data plane, gRPC control plane."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.counters = Counters()
+        self.limits = WireLimits(config.max_keys_per_request, config.max_block_size, config.max_frame_bytes)
+        self._sessions: set[Session] = set()
+        self._arena: SharedArena | None = None
+        self._data: TcpListener | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        name = f"kvpool-{os.getpid()}-{cfg.grpc_port}-{time.monotonic_ns()}"
+        self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity)
+        tier = DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
+        session_config = SessionConfig(self.limits, cfg.io_timeout_s, cfg.verify_checksum_on_get)
+
+        async def serve_connection(channel: TcpChannel) -> None:
+            session = Session(channel, tier, self.counters, session_config)
+            self._sessions.add(session)
+            try:
+                await session.run()
+            finally:
+                self._sessions.discard(session)
+
+        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection)
+        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        if grpc_port == 0:
+            raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}")
+        resolved = cfg.resolved(grpc_port)
+        identity = NodeIdentity(
+            node_id=resolved.node_id,
+            version=package_version(),
+            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"),),
+            limits=self.limits,
+            slab_size=cfg.slab_size,
+            started_at=time.time(),
+        )
+        kvpool_pb2_grpc.add_KVPoolServicer_to_server(ControlService(identity, tier, self.counters), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self._data.start()
+        await self._grpc.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
+        self._announce(resolved.node_id, grpc_port, self._data.port)
+        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
+
+    def _announce(self, node_id: str, grpc_port: int, data_port: int) -> None:
+        if not self.config.announce_file:
+            return
+        path = Path(self.config.announce_file)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        info = {"node_id": node_id, "grpc_port": grpc_port, "data_port": data_port, "pid": os.getpid()}
+        tmp.write_text(json.dumps(info))
+        tmp.rename(path)  # readers never see a half-written file
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def serve(self) -> None:
+        """Block until :meth:`request_stop` (wired to SIGTERM and SIGINT)."""
+        await self._stopping.wait()
+
+    async def shutdown(self) -> None:
+        grace = self.config.shutdown_grace_s
+        log.info("shutting down", extra={"grace_s": grace})
+        await self._health.enter_graceful_shutdown()
+        if self._data is not None:
+            await self._data.stop_accepting()
+        deadline = time.monotonic() + grace
+        while any(s.busy for s in self._sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        if self._data is not None:
+            await _cancel_all(self._data.connections, timeout=max(0.1, deadline - time.monotonic()))
+        if self._grpc is not None:
+            await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
+        if self._arena is not None:
+            self._arena.close()
+        log.info("stopped")
+
+
+async def _cancel_all(tasks: set[asyncio.Task[None]], timeout: float) -> None:
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
+async def run(config: ServerConfig) -> None:
+    daemon = Daemon(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    try:
+        await daemon.start()
+        await daemon.serve()
+    finally:
+        await daemon.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"kvpool-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level, config.log_format, config.node_id or "kvpool")
+    try:
+        uvloop.run(run(config))
+    except OSError as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

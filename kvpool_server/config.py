@@ -1,0 +1,410 @@
+"""The daemon's configuration: one schema, three sources, validated at start.
+
+The fields of :class:`ServerConfig` are the schema. Every field can be set from
+
+- the YAML file named by ``--config PATH`` or ``KVPOOL_CONFIG`` (keys are field names),
+- the environment, as ``KVPOOL_`` + the upper-case field name,
+- the command line, as ``--field-name`` (``--flag/--no-flag`` for booleans),
+
+with precedence defaults < YAML < environment < flags. Strings are coerced to the
+field's type; byte-size fields accept :func:`parse_byte_size` syntax. Unknown YAML
+keys, flags and ``KVPOOL_*`` variables are errors (with a did-you-mean), except
+``KVPOOL_CONFIG`` and the client-side variables in :data:`CLIENT_ENV_VARS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import math
+import os
+import re
+import socket
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import yaml
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+PAGE_SIZE = 4096
+ENV_PREFIX = "KVPOOL_"
+CONFIG_ENV = "KVPOOL_CONFIG"
+# Read by kvpool_client in the same environment; the daemon ignores them.
+CLIENT_ENV_VARS = frozenset(
+    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_CLUSTER", "KVPOOL_ETCD_ENDPOINTS"}
+)
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+class ConfigError(Exception):
+    """A setting is unknown, malformed or inconsistent; the message names its source and key."""
+
+
+def _opt(default: Any, help: str, *, unit: str | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A schema field: its default, --help text, and ``unit="bytes"`` or string choices."""
+    return dataclasses.field(default=default, metadata={"help": help, "unit": unit, "choices": choices})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Settings of one kvpool-server; build it with :func:`load_config`, which validates it."""
+
+    node_id: str = _opt("", "node id in the cluster; empty: <hostname>-<grpc port>")
+    host: str = _opt("127.0.0.1", "address both listeners bind")
+    grpc_port: int = _opt(50051, "gRPC control-plane port (0: ephemeral)")
+    data_port: int = _opt(50052, "data-plane port (0: ephemeral)")
+    advertise_host: str = _opt("", "address published to clients; empty: host (hostname if host is a wildcard)")
+    dram_capacity: int = _opt(GiB, "bytes of the DRAM tier arena", unit="bytes")
+    slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
+    shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
+    max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")
+    max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
+    verify_checksum_on_get: bool = _opt(False, "verify each block's checksum before sending it")
+    io_timeout_s: float = _opt(30.0, "seconds a peer may stall mid-frame before it is dropped")
+    shutdown_grace_s: float = _opt(10.0, "seconds in-flight requests get to finish at shutdown")
+    announce_file: str = _opt("", "if set, the bound ports are written there as JSON once ready")
+    log_level: str = _opt("info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = _opt("json", "log line format", choices=("json", "text"))
+
+    @property
+    def max_block_size(self) -> int:
+        """The largest block this daemon stores: one slab."""
+        return self.slab_size
+
+    def effective_node_id(self, bound_grpc_port: int | None = None) -> str:
+        """``node_id``, or ``<hostname>-<port>`` if empty; pass the bound port when ``grpc_port`` is 0."""
+        if self.node_id:
+            return self.node_id
+        port = self.grpc_port if bound_grpc_port is None else bound_grpc_port
+        return f"{socket.gethostname()}-{port}"
+
+    def effective_advertise_host(self) -> str:
+        """``advertise_host``, else ``host``, else (``host`` is a wildcard) this machine's hostname."""
+        if self.advertise_host:
+            return self.advertise_host
+        return socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
+
+    def resolved(self, bound_grpc_port: int | None = None) -> ServerConfig:
+        """A copy with ``node_id`` and ``advertise_host`` filled in (see the ``effective_*`` methods)."""
+        return dataclasses.replace(
+            self,
+            node_id=self.effective_node_id(bound_grpc_port),
+            advertise_host=self.effective_advertise_host(),
+        )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
+_TYPES = typing.get_type_hints(ServerConfig)
+
+
+def env_name(name: str) -> str:
+    """The environment variable of field ``name``, e.g. ``KVPOOL_DRAM_CAPACITY``."""
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of field ``name``, e.g. ``--dram-capacity``."""
+    return "--" + name.replace("_", "-")
+
+
+_NOT_BYTES = "not a byte size (examples: 4096, 512MiB, 1GiB)"
+_BYTE_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt](?:i?b)?|b)?", re.IGNORECASE)
+_UNIT_BYTES = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": TiB}
+
+
+def parse_byte_size(text: str | int) -> int:
+    """Parse a byte count such as ``4096``, ``512MiB``, ``1.5G`` or ``64 kib``.
+
+    Units are binary and case-insensitive: K, KB and KiB all mean 1024 bytes (likewise
+    M, G, T). A fraction is allowed when the result is a whole number of bytes.
+
+    Args:
+        text: the text to parse, or a non-negative int (returned as is).
+    Returns:
+        The number of bytes.
+    Raises:
+        ValueError: not a byte size, negative, or not a whole number of bytes.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError("a byte size must be >= 0")
+        return text
+    match = _BYTE_SIZE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(_NOT_BYTES)
+    number, unit = match.groups()
+    size = Fraction(number) * _UNIT_BYTES[(unit or "")[:1].lower()]
+    if size.denominator != 1:
+        raise ValueError("not a whole number of bytes")
+    return int(size)
+
+
+def format_byte_size(n: int) -> str:
+    """Format ``n`` bytes exactly, in the largest binary unit that divides it (``1536MiB``, ``4096``).
+
+    Raises:
+        ValueError: ``n`` is negative.
+    """
+    if n < 0:
+        raise ValueError("a byte size must be >= 0")
+    for suffix, unit in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else ""
+    if word not in _BOOL_WORDS:
+        raise ValueError("not a boolean (true/false, yes/no, on/off, 1/0)")
+    return _BOOL_WORDS[word]
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError("not an integer")
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not math.isfinite(number):
+        raise ValueError("not a finite number")
+    return number
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError("not a string (quote it in YAML)")
+
+
+_CONVERTERS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert a raw value from source ``where`` to field ``name``'s type, or raise ConfigError."""
+    meta = _FIELDS[name].metadata
+    convert = parse_byte_size if meta["unit"] == "bytes" else _CONVERTERS[_TYPES[name]]
+    try:
+        result = convert(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={value!r}: {exc}") from None
+    return result.lower() if meta["choices"] else result
+
+
+def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+Layer = dict[str, tuple[str, Any]]  # field name -> (where it came from, coerced value)
+
+
+def _yaml_layer(path: str) -> Layer:
+    """Read the YAML config file at ``path``; keys are field names."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of setting: value, got {type(data).__name__}")
+    layer: Layer = {}
+    for key, raw in data.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"{path}: unknown key {key!r}{_did_you_mean(str(key), _FIELDS)}")
+        where = f"{path}: {key}"
+        layer[key] = (where, _coerce(key, raw, where))
+    return layer
+
+
+def _env_layer(env: Mapping[str, str]) -> Layer:
+    """Collect ``KVPOOL_*`` settings, refusing unknown ones that are not allow-listed."""
+    known = {env_name(name): name for name in _FIELDS}
+    layer: Layer = {}
+    for key, raw in sorted(env.items()):
+        if not key.startswith(ENV_PREFIX) or key == CONFIG_ENV or key in CLIENT_ENV_VARS:
+            continue
+        if key not in known:
+            choices = [*known, CONFIG_ENV, *CLIENT_ENV_VARS]
+            raise ConfigError(f"{key}: unknown environment variable{_did_you_mean(key, choices)}")
+        layer[known[key]] = (key, _coerce(known[key], raw, key))
+    return layer
+
+
+def _flag_layer(argv: Sequence[str] | None) -> tuple[Layer, str]:
+    """Parse the command line; returns its settings and the ``--config`` path ('' if none)."""
+    parser = build_arg_parser()
+    namespace, extras = parser.parse_known_args(argv)
+    if extras:
+        flag = extras[0].split("=", 1)[0]
+        hint = _did_you_mean(flag, [flag_name(n) for n in _FIELDS] + ["--config"])
+        raise ConfigError(f"command line: unknown argument {extras[0]!r}{hint}")
+    given = vars(namespace)
+    config_path = given.pop("config", "")
+    layer = {name: (flag_name(name), _coerce(name, raw, flag_name(name))) for name, raw in given.items()}
+    return layer, config_path
+
+
+_METAVARS = {int: "N", float: "SECONDS", str: "TEXT"}
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Raises ConfigError instead of exiting, so the daemon reports every config error one way."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(f"command line: {message}")
+
+
+def _show(name: str, value: Any) -> str:
+    if _FIELDS[name].metadata["unit"] == "bytes":
+        return format_byte_size(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return '""' if value == "" else str(value)
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """The daemon's argument parser: one flag per field, help naming its env variable and default.
+
+    Every default is ``argparse.SUPPRESS``, so a parsed namespace holds only the flags given.
+    Parse errors raise :class:`ConfigError` instead of exiting; ``--help`` still prints and exits.
+    """
+    parser = _ArgumentParser(
+        prog="kvpool-server",
+        description="kvpool daemon: a DRAM/SSD KV-cache pool node.",
+        epilog="Precedence: defaults < YAML file < KVPOOL_* environment < flags. "
+        "Byte sizes accept 4096, 512MiB, 1.5G (binary units).",
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", metavar="PATH", help=f"YAML config file [env {CONFIG_ENV}]")
+    for name, spec in _FIELDS.items():
+        meta = spec.metadata
+        help_text = f"{meta['help']} [env {env_name(name)}; default: {_show(name, spec.default)}]"
+        kwargs: dict[str, Any] = {"dest": name, "help": help_text.replace("%", "%%")}
+        if _TYPES[name] is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif meta["choices"]:
+            kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+        else:
+            kwargs["metavar"] = "SIZE" if meta["unit"] == "bytes" else _METAVARS[_TYPES[name]]
+        parser.add_argument(flag_name(name), **kwargs)
+    return parser
+
+
+def load_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> ServerConfig:
+    """Merge defaults < YAML file < environment < flags into a validated config.
+
+    Args:
+        argv: command-line arguments without the program name; None means ``sys.argv[1:]``.
+        env: the environment, e.g. ``os.environ``.
+    Returns:
+        The validated config. ``node_id`` and ``advertise_host`` stay as given (maybe
+        empty); see :meth:`ServerConfig.resolved`.
+    Raises:
+        ConfigError: a setting is unknown, malformed or inconsistent.
+        SystemExit: ``--help`` was given (after printing the help).
+    """
+    flags, flag_config = _flag_layer(argv)
+    path = flag_config or env.get(CONFIG_ENV, "")
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for layer in (_yaml_layer(path) if path else {}, _env_layer(env), flags):
+        for name, (where, value) in layer.items():
+            values[name], origins[name] = value, where
+    config = ServerConfig(**values)
+    validate_config(config, origins)
+    return config
+
+
+def validate_config(config: ServerConfig, origins: Mapping[str, str] | None = None) -> None:
+    """Check ranges, choices and cross-field rules.
+
+    Args:
+        config: the config to check.
+        origins: field name -> where its value came from (``KVPOOL_SLAB_SIZE``, ...), for messages.
+    Raises:
+        ConfigError: the first rule broken, naming the field and where its value came from.
+    """
+    report = _Report(config, origins or {})
+    _check_fields(report)
+    _check_sizes(report)
+    _check_paths(report)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Report:
+    """Words validation errors: each names the field's source (or the field, for defaults)."""
+
+    config: ServerConfig
+    origins: Mapping[str, str]
+
+    def fail(self, name: str, problem: str) -> typing.NoReturn:
+        value = getattr(self.config, name)
+        shown = repr(value) if isinstance(value, str) else _show(name, value)
+        raise ConfigError(f"{self.origins.get(name, name)}={shown}: {problem}")
+
+    def describe(self, name: str) -> str:
+        origin = f"from {self.origins[name]}" if name in self.origins else "default"
+        return f"{name}={_show(name, getattr(self.config, name))} ({origin})"
+
+
+def _check_fields(report: _Report) -> None:
+    config = report.config
+    for name, spec in _FIELDS.items():
+        if spec.metadata["choices"] and getattr(config, name) not in spec.metadata["choices"]:
+            report.fail(name, f"must be one of {', '.join(spec.metadata['choices'])}")
+    if not config.host:
+        report.fail("host", "must not be empty")
+    for name in ("grpc_port", "data_port"):
+        if not 0 <= getattr(config, name) <= 65535:
+            report.fail(name, "must be a port number in 0..65535 (0: ephemeral)")
+    if config.grpc_port == config.data_port != 0:
+        report.fail("data_port", f"must differ from {report.describe('grpc_port')}")
+    if not 1 <= config.max_keys_per_request <= 65535:
+        report.fail("max_keys_per_request", "must be in 1..65535")
+    for name in ("io_timeout_s", "shutdown_grace_s"):
+        if getattr(config, name) <= 0:
+            report.fail(name, "must be > 0")
+
+
+def _check_sizes(report: _Report) -> None:
+    config = report.config
+    if config.slab_size < PAGE_SIZE or config.slab_size % PAGE_SIZE:
+        report.fail("slab_size", f"must be a positive multiple of {PAGE_SIZE}")
+    if config.slab_size > config.dram_capacity:
+        report.fail("slab_size", f"must be <= {report.describe('dram_capacity')}")
+    if config.max_frame_bytes < config.slab_size:
+        problem = f"must be >= {report.describe('slab_size')} so the largest block fits in a frame"
+        report.fail("max_frame_bytes", problem)
+
+
+def _check_paths(report: _Report) -> None:
+    config = report.config
+    if not os.path.isdir(config.shm_dir):
+        report.fail("shm_dir", "not an existing directory")
+    if config.announce_file:
+        parent = os.path.dirname(os.path.abspath(config.announce_file))
+        if not os.path.isdir(parent):
+            report.fail("announce_file", f"its directory {parent} does not exist")

@@ -1,0 +1,1 @@
+"""The gRPC control plane: info, lookups, deletes, stats, health."""

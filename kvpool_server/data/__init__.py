@@ -1,0 +1,1 @@
+"""The data plane: block bytes between clients and the arena."""

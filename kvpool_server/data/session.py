@@ -1,0 +1,224 @@
+"""Serves data-plane frames on one connection, whatever transport carries it.
+
+The loop reads a header, its meta, then moves payload bytes straight between the
+channel and the DRAM arena: a put lands in reserved arena slots, a get is sent
+from pinned arena slots. Nothing is copied in between.
+
+Errors and the connection:
+- a header that cannot be trusted (bad magic, version, sizes over the limits)
+  gets an error frame and the connection is closed, since the stream is lost;
+- a request that is well framed but wrong (too many keys, a block over the limit)
+  has its payload drained, gets an error frame, and the connection goes on;
+- a peer that disappears mid-frame aborts its reservations: nothing half-written
+  ever becomes readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvpool_client.errors import ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
+from kvpool_client.wire import (
+    HEADER_SIZE,
+    DeleteRequest,
+    ErrorResponse,
+    ExistsRequest,
+    FrameHeader,
+    GetRequest,
+    GetResponse,
+    Op,
+    PingRequest,
+    PingResponse,
+    PutRequest,
+    StatusResponse,
+    WireLimits,
+    decode_header,
+    decode_message,
+    encode,
+)
+from kvpool_server.index import BlockEntry
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.dram import DramTier, checksum
+
+log = logging.getLogger("kvpool.data")
+
+_DRAIN_CHUNK = 1 << 20
+
+
+class Channel(Protocol):
+    """What a data-plane transport offers a session: ordered, reliable bytes."""
+
+    peer: str
+
+    async def send(self, buffers: list[bytes | memoryview]) -> None: ...
+
+    async def recv_into(self, targets: list[memoryview]) -> None: ...
+
+    async def recv_exactly(self, nbytes: int) -> bytearray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    limits: WireLimits
+    io_timeout_s: float
+    verify_checksum_on_get: bool
+
+
+class Session:
+    """One client connection's request loop against a :class:`DramTier`."""
+
+    def __init__(self, channel: Channel, tier: DramTier, counters: Counters, config: SessionConfig) -> None:
+        self._channel = channel
+        self._tier = tier
+        self._counters = counters
+        self._config = config
+        self.busy = False  # True while a request is in flight; shutdown waits for it
+
+    async def run(self) -> None:
+        """Serve requests until the peer leaves or the stream breaks."""
+        while True:
+            try:
+                raw = await self._channel.recv_exactly(HEADER_SIZE)
+            except NodeUnavailable:
+                return
+            self.busy = True
+            try:
+                if not await self._serve_frame(raw):
+                    return
+            finally:
+                self.busy = False
+
+    async def _serve_frame(self, raw: bytearray) -> bool:
+        """Handle one frame; False when the connection must close."""
+        try:
+            header = decode_header(raw, self._config.limits)
+        except ProtocolError as exc:
+            await self._send_error(0, Op.PING, exc)
+            return False
+        try:
+            async with asyncio.timeout(self._config.io_timeout_s):
+                await self._dispatch(header)
+        except (NodeUnavailable, TimeoutError) as exc:
+            log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": repr(exc)})
+            self._counters.add("connections_dropped_mid_frame")
+            return False
+        return True
+
+    async def _dispatch(self, header: FrameHeader) -> None:
+        op = Op(header.op & 0x7F)
+        meta = await self._channel.recv_exactly(header.meta_len)
+        try:
+            if header.is_response:
+                raise ProtocolError("a client sent a response frame")
+            request = decode_message(header, meta, self._config.limits)
+        except ProtocolError as exc:
+            await self._drain(header.payload_len)
+            await self._send_error(header.request_id, op, exc)
+            return
+        self._counters.add(f"requests_{op.name.lower()}")
+        match request:
+            case PutRequest():
+                await self._put(request)
+            case GetRequest():
+                await self._get(request)
+            case ExistsRequest():
+                await self._exists(request)
+            case DeleteRequest():
+                await self._delete(request)
+            case PingRequest():
+                await self._channel.send([encode(PingResponse(request.request_id))])
+
+    async def _put(self, request: PutRequest) -> None:
+        ns = request.namespace
+        outcomes = [self._tier.reserve((ns, h), n) for h, n in zip(request.hashes, request.lengths)]
+        try:
+            await self._receive_blocks(outcomes, request.lengths)
+        except BaseException:
+            for outcome in outcomes:
+                if isinstance(outcome, BlockEntry):
+                    self._tier.abort(outcome)
+            raise
+        statuses = []
+        for outcome in outcomes:
+            if isinstance(outcome, BlockEntry):
+                self._tier.commit(outcome)
+                outcome = ErrorCode.OK
+            statuses.append(int(outcome))
+        self._counters.add("bytes_in", sum(request.lengths))
+        await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
+
+    async def _receive_blocks(self, outcomes: list[BlockEntry | ErrorCode], lengths: list[int]) -> None:
+        """Receive the payload into reserved slots; bytes of refused blocks are drained."""
+        targets: list[memoryview] = []
+        scratch = memoryview(bytearray(min(_DRAIN_CHUNK, max(lengths, default=0))))
+        for outcome, length in zip(outcomes, lengths):
+            if isinstance(outcome, BlockEntry):
+                targets.append(self._tier.view(outcome))
+                continue
+            while length:  # refused: read it into scratch and drop it
+                chunk = min(length, len(scratch))
+                targets.append(scratch[:chunk])
+                length -= chunk
+        await self._channel.recv_into(targets)
+
+    async def _get(self, request: GetRequest) -> None:
+        ns = request.namespace
+        entries = [self._tier.acquire((ns, h)) for h in request.hashes]
+        try:
+            statuses, lengths, sums, views = [], [], [], []
+            for entry in entries:
+                status = self._check(entry)
+                statuses.append(int(status))
+                ok = entry is not None and status is ErrorCode.OK
+                lengths.append(entry.length if ok else 0)
+                sums.append(entry.checksum if ok else 0)
+                if ok:
+                    views.append(self._tier.view(entry))
+            head = encode(GetResponse(request.request_id, statuses, lengths, sums))
+            await self._channel.send([head, *views])
+            self._counters.add("bytes_out", sum(lengths))
+        finally:
+            for entry in entries:
+                if entry is not None:
+                    self._tier.release(entry)
+
+    def _check(self, entry: BlockEntry | None) -> ErrorCode:
+        if entry is None:
+            return ErrorCode.NOT_FOUND
+        if self._config.verify_checksum_on_get and checksum(self._tier.view(entry)) != entry.checksum:
+            log.error("checksum mismatch, block dropped", extra={"key": entry.key[1].hex(), "ns": entry.key[0]})
+            self._tier.discard_corrupt(entry)
+            return ErrorCode.CHECKSUM_MISMATCH
+        return ErrorCode.OK
+
+    async def _exists(self, request: ExistsRequest) -> None:
+        ns, statuses, missed = request.namespace, [], False
+        for h in request.hashes:
+            # A prefix lookup stops looking at the first miss: what follows is useless.
+            missed = (missed and request.prefix) or not self._tier.contains((ns, h))
+            statuses.append(int(ErrorCode.NOT_FOUND if missed else ErrorCode.OK))
+        await self._channel.send([encode(StatusResponse(request.request_id, Op.EXISTS, statuses))])
+
+    async def _delete(self, request: DeleteRequest) -> None:
+        ns = request.namespace
+        statuses = [int(ErrorCode.OK if self._tier.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
+        await self._channel.send([encode(StatusResponse(request.request_id, Op.DELETE, statuses))])
+
+    async def _drain(self, nbytes: int) -> None:
+        scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
+        while nbytes:
+            chunk = min(nbytes, len(scratch))
+            await self._channel.recv_into([scratch[:chunk]])
+            nbytes -= chunk
+
+    async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
+        self._counters.add(f"errors_{exc.code.name.lower()}")
+        log.warning("bad request", extra={"peer": self._channel.peer, "error": str(exc)})
+        code = exc.code if not isinstance(exc, LimitExceeded) else ErrorCode.LIMIT_EXCEEDED
+        try:
+            await self._channel.send([encode(ErrorResponse(request_id, op, int(code), str(exc)))])
+        except NodeUnavailable:
+            pass

@@ -1,0 +1,1 @@
+"""Storage tiers of a daemon: DRAM now, SSD below it."""

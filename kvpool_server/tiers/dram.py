@@ -1,0 +1,235 @@
+"""The DRAM tier: blocks in the shared arena, an index, and eviction when full.
+
+Everything here runs on the daemon's event loop thread, so no locks: the index
+and the allocator change only between awaits. Byte transfers happen outside,
+straight into or out of the ``memoryview`` slices this tier hands out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import count, islice
+
+import xxhash
+
+from kvpool_client.errors import ErrorCode
+from kvpool_server.alloc.arena import SharedArena
+from kvpool_server.alloc.slab import Allocation, SlabAllocator
+from kvpool_server.eviction import EvictionPolicy, LRUPolicy
+from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
+from kvpool_server.stats import Counters
+
+# How many candidates per size class to weigh when a whole slab must be freed.
+_SLAB_VICTIM_SCAN = 64
+
+
+def checksum(data: memoryview | bytes) -> int:
+    """The per-block checksum: xxh3-64, about memcpy speed."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+
+
+class DramTier:
+    """Blocks in one shared-memory arena with an index and per-size-class eviction.
+
+    Args:
+        arena: where block bytes live.
+        allocator: slot bookkeeping over ``arena``.
+        counters: where hits, misses and evictions are counted (``dram_*``).
+        policy_factory: builds the eviction order for each size class.
+    """
+
+    def __init__(
+        self,
+        arena: SharedArena,
+        allocator: SlabAllocator,
+        counters: Counters,
+        policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
+    ) -> None:
+        self._arena = arena
+        self._alloc = allocator
+        self._counters = counters
+        self._new_policy = policy_factory
+        self._index: dict[StoreKey, BlockEntry] = {}
+        self._by_offset: dict[int, BlockEntry] = {}
+        self._policies: dict[int, EvictionPolicy] = {}  # slot size -> order of readable blocks
+        self._ticks = count(1)
+
+    # -- writes ---------------------------------------------------------------
+
+    def reserve(self, key: StoreKey, length: int) -> BlockEntry | ErrorCode:
+        """Reserve room for a new block, evicting if needed.
+
+        Returns:
+            A ``WRITING`` entry whose :meth:`view` receives the bytes, or a status:
+            ``ALREADY_EXISTS`` (stored: put-if-absent), ``BUSY`` (another writer),
+            ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE`` (everything evictable is pinned).
+        """
+        existing = self._index.get(key)
+        if existing is not None:
+            return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
+        if not 0 < length <= self._alloc.slab_size:
+            return ErrorCode.BLOCK_TOO_LARGE
+        allocation = self._allocate(length)
+        if allocation is None:
+            return ErrorCode.OUT_OF_SPACE
+        entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1)
+        self._index[key] = self._by_offset[entry.offset] = entry
+        return entry
+
+    def commit(self, entry: BlockEntry) -> None:
+        """Make a fully written block readable: checksum it and let eviction see it."""
+        entry.checksum = checksum(self.view(entry))
+        entry.status = BlockStatus.COMPLETE
+        entry.last_access = next(self._ticks)
+        self._policy(entry.slot_size).insert(entry.key)
+        self._counters.add("dram_blocks_written")
+        self._release_pin(entry)
+
+    def abort(self, entry: BlockEntry) -> None:
+        """Drop a reservation whose bytes never fully arrived."""
+        self._unlink(entry)
+        self._release_pin(entry)
+
+    # -- reads ----------------------------------------------------------------
+
+    def acquire(self, key: StoreKey) -> BlockEntry | None:
+        """Pin a readable block for a reader and count the hit; ``None`` on a miss."""
+        entry = self._index.get(key)
+        if entry is None or not entry.readable:
+            self._counters.add("dram_misses")
+            return None
+        entry.pins += 1
+        entry.last_access = next(self._ticks)
+        self._policies[entry.slot_size].touch(key)
+        self._counters.add("dram_hits")
+        return entry
+
+    def release(self, entry: BlockEntry) -> None:
+        """Unpin a block acquired for reading."""
+        self._release_pin(entry)
+
+    def view(self, entry: BlockEntry) -> memoryview:
+        """The block's bytes in the arena (writable while ``WRITING``)."""
+        return self._arena.slice(entry.offset, entry.length)
+
+    def contains(self, key: StoreKey) -> bool:
+        entry = self._index.get(key)
+        return entry is not None and entry.readable
+
+    def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
+        """Number of leading ``keys`` stored and readable."""
+        hits = 0
+        for key in keys:
+            if not self.contains(key):
+                break
+            hits += 1
+        return hits
+
+    # -- removal --------------------------------------------------------------
+
+    def delete(self, key: StoreKey) -> bool:
+        """Remove a readable block; a pinned one is freed by its last reader."""
+        entry = self._index.get(key)
+        if entry is None or not entry.readable:
+            return False
+        self._unlink(entry)
+        if not entry.pins:
+            self._free(entry)
+        self._counters.add("dram_deletes")
+        return True
+
+    def discard_corrupt(self, entry: BlockEntry) -> None:
+        """Unlink a block whose bytes no longer match its checksum."""
+        if not entry.unlinked:
+            self._unlink(entry)
+            self._counters.add("dram_corrupt_blocks")
+
+    def usage(self) -> TierUsage:
+        return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._index))
+
+    # -- internals ------------------------------------------------------------
+
+    def _policy(self, slot_size: int) -> EvictionPolicy:
+        policy = self._policies.get(slot_size)
+        if policy is None:
+            policy = self._policies[slot_size] = self._new_policy()
+        return policy
+
+    def _allocate(self, length: int) -> Allocation | None:
+        allocation = self._alloc.allocate(length)
+        while allocation is None and self._evict_for(self._alloc.slot_size_for(length)):
+            allocation = self._alloc.allocate(length)
+        return allocation
+
+    def _evict_for(self, slot_size: int) -> bool:
+        """Free room for one slot of ``slot_size``; False when nothing can go."""
+        victim = self._first_evictable(self._policies.get(slot_size))
+        if victim is not None:
+            self._evict(victim)
+            return True
+        slab = self._oldest_evictable_slab(exclude=slot_size)
+        if slab is None:
+            return False
+        for entry in self._entries_in_slab(slab):
+            self._evict(entry)
+        return True
+
+    def _first_evictable(self, policy: EvictionPolicy | None) -> BlockEntry | None:
+        for key in policy.candidates() if policy else ():
+            entry = self._index[key]
+            if not entry.pins:
+                return entry
+        return None
+
+    def _oldest_evictable_slab(self, exclude: int) -> int | None:
+        """The slab of another size class whose blocks are all unpinned, oldest first."""
+        best: tuple[int, int] | None = None  # (last access, slab)
+        for size, policy in self._policies.items():
+            if size == exclude:
+                continue
+            for key in islice(policy.candidates(), _SLAB_VICTIM_SCAN):
+                entry = self._index[key]
+                slab = self._alloc.slab_of(entry.offset)
+                if (best is None or entry.last_access < best[0]) and self._slab_evictable(slab):
+                    best = (entry.last_access, slab)
+                    break
+        return None if best is None else best[1]
+
+    def _slab_evictable(self, slab: int) -> bool:
+        return all(e.readable and not e.pins for e in self._entries_in_slab(slab))
+
+    def _entries_in_slab(self, slab: int) -> list[BlockEntry]:
+        size = self._alloc.slab_slot_size(slab)
+        start = slab * self._alloc.slab_size
+        offsets = range(start, start + self._alloc.slab_size - size + 1, size) if size else ()
+        return [self._by_offset[o] for o in offsets if o in self._by_offset]
+
+    def _evict(self, entry: BlockEntry) -> None:
+        self._unlink(entry)
+        self._free(entry)
+        self._counters.add("dram_evictions")
+
+    def _unlink(self, entry: BlockEntry) -> None:
+        if self._index.get(entry.key) is entry:
+            del self._index[entry.key]
+        policy = self._policies.get(entry.slot_size)
+        if policy is not None:
+            policy.remove(entry.key)
+        entry.unlinked = True
+
+    def _release_pin(self, entry: BlockEntry) -> None:
+        entry.pins -= 1
+        if entry.unlinked and not entry.pins:
+            self._free(entry)
+
+    def _free(self, entry: BlockEntry) -> None:
+        del self._by_offset[entry.offset]
+        self._alloc.free(entry.offset)

@@ -1,0 +1,30 @@
+"""Fixtures shared by the integration tests: real daemons in separate processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, start_daemon
+
+
+@pytest.fixture
+def daemon_factory() -> Iterator[Callable[..., DaemonProcess]]:
+    """Start daemons with extra flags; all are stopped (and killed if stuck) at teardown."""
+    started: list[DaemonProcess] = []
+
+    def start(*args: str, **kwargs: object) -> DaemonProcess:
+        daemon = start_daemon(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
+    """One small daemon: 64 MiB arena in 1 MiB slabs."""
+    return daemon_factory("--dram-capacity", "64MiB", "--slab-size", "1MiB")
