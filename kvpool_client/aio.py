@@ -19,7 +19,8 @@ from kvpool_client.keys import BlockKey
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult, failure_code, to_codes
 from kvpool_client.routing import Member, Router, StaticRouter
-from kvpool_client.transport.tcp import AsyncTcpConnection
+from kvpool_client.transport.aio_socket import AsyncSocketChannel
+from kvpool_client.transport.tcp import open_async_connection
 from kvpool_client.wire import WireLimits
 
 T = TypeVar("T")
@@ -32,7 +33,7 @@ class _AsyncNode:
         self.address = address
         self._config = config
         self._info: NodeInfo | None = None
-        self._idle: list[AsyncTcpConnection] = []
+        self._idle: list[AsyncSocketChannel] = []
         self.control = AsyncControlClient(address, config.request_timeout_s)
 
     async def info(self) -> NodeInfo:
@@ -40,15 +41,15 @@ class _AsyncNode:
             self._info = await self.control.server_info()
         return self._info
 
-    async def acquire(self) -> AsyncTcpConnection:
+    async def acquire(self) -> AsyncSocketChannel:
         if self._idle:
             return self._idle.pop()
         endpoint = (await self.info()).data_endpoints.get("tcp")
         if endpoint is None:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        return await AsyncTcpConnection.open(endpoint, self._config.connect_timeout_s)
+        return await open_async_connection(endpoint, self._config.connect_timeout_s)
 
-    def release(self, connection: AsyncTcpConnection) -> None:
+    def release(self, connection: AsyncSocketChannel) -> None:
         if len(self._idle) < self._config.max_idle_connections:
             self._idle.append(connection)
         else:

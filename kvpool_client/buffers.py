@@ -28,13 +28,17 @@ def byte_view(obj: Any, *, writable: bool) -> memoryview:
         return _tensor_view(obj, writable)
     try:
         view = memoryview(obj)
-    except TypeError as exc:
-        raise UsageError(f"{type(obj).__name__} does not expose a buffer") from exc
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{type(obj).__name__} does not expose a buffer: {exc}") from exc
     if not view.c_contiguous:
         raise UsageError("buffer is not C-contiguous; pass a contiguous copy")
     if writable and view.readonly:
         raise UsageError(f"destination {type(obj).__name__} is read-only")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.format == "B" and view.ndim == 1:
+        return view
+    if not view.nbytes:
+        return memoryview(b"") if not writable else memoryview(bytearray())
+    return view.cast("B")
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -50,5 +54,8 @@ def _tensor_view(tensor: Any, writable: bool) -> memoryview:
     if writable and tensor.requires_grad:
         raise UsageError("destination tensor requires grad")
     flat = tensor.detach().reshape(-1)
-    # Any dtype (bfloat16 included) reinterpreted as bytes, sharing storage.
-    return memoryview(flat.view(__import__("torch").uint8).numpy())
+    try:
+        # Any dtype (bfloat16 included) reinterpreted as bytes, sharing storage.
+        return memoryview(flat.view(__import__("torch").uint8).numpy())
+    except (RuntimeError, TypeError) as exc:  # conjugate or other lazy views
+        raise UsageError(f"tensor cannot be viewed as bytes: {exc}") from exc

@@ -51,7 +51,7 @@ class _Node:
         endpoint = self.info().data_endpoints.get("tcp")
         if endpoint is None:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        return TcpConnection(endpoint, self._config.request_timeout_s)
+        return TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
 
     def release(self, connection: TcpConnection) -> None:
         with self._lock:

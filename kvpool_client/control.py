@@ -26,6 +26,10 @@ class NodeInfo:
     data_endpoints: dict[str, str]  # transport -> host:port
     limits: WireLimits
     protocol_version: int
+    version: str = ""
+    state: str = ""
+    dram_capacity_bytes: int = 0
+    started_at_unix_s: float = 0.0
 
     @classmethod
     def from_proto(cls, address: str, info: pb.ServerInfo) -> NodeInfo:
@@ -36,7 +40,17 @@ class NodeInfo:
             )
         limits = WireLimits(info.limits.max_keys, info.limits.max_block_size, info.limits.max_payload)
         endpoints = {e.transport: e.address for e in info.endpoints}
-        return cls(address, info.node_id, endpoints, limits, info.protocol_version)
+        return cls(
+            address,
+            info.node_id,
+            endpoints,
+            limits,
+            info.protocol_version,
+            version=info.version,
+            state=info.state,
+            dram_capacity_bytes=info.dram_capacity_bytes,
+            started_at_unix_s=info.started_at_unix_s,
+        )
 
 
 def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:

@@ -139,7 +139,7 @@ def get(
     statuses = list(response.statuses)
     filled: list[memoryview | None] = [None] * len(targets)
     sinks: list[memoryview] = []
-    scratch = memoryview(bytearray(min(_DRAIN_CHUNK, max(response.lengths, default=0))))
+    scratch: memoryview | None = None  # only for blocks that do not fit their target
     for i, (target, length) in enumerate(zip(targets, response.lengths)):
         if statuses[i] != ErrorCode.OK:
             continue
@@ -150,6 +150,7 @@ def get(
             sinks.append(target)
         else:
             statuses[i] = ErrorCode.SIZE_MISMATCH
+            scratch = scratch or memoryview(bytearray(min(_DRAIN_CHUNK, max(response.lengths))))
             sinks.extend(_scratch_slices(scratch, length))
     yield ReceiveInto(sinks)
     if verify:

@@ -14,9 +14,10 @@ from typing import Protocol
 
 import xxhash
 
+from kvpool_client.errors import UsageError
 from kvpool_client.keys import BlockKey
 
-_U64 = float(1 << 64)
+_U53 = float(1 << 53)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,9 @@ def rendezvous_score(node_id: str, key_hash: bytes, weight: float) -> float:
     depend on the other nodes, which is what makes movement minimal.
     """
     # Seeding with the node id gives each node an independent hash of the key.
-    u = xxhash.xxh3_64_intdigest(key_hash, seed=xxhash.xxh3_64_intdigest(node_id.encode())) or 1
-    return -weight / math.log(u / _U64)
+    h = xxhash.xxh3_64_intdigest(key_hash, seed=xxhash.xxh3_64_intdigest(node_id.encode()))
+    u = ((h >> 11) + 0.5) / _U53  # 53 bits, strictly inside (0, 1): log(u) is never 0
+    return -weight / math.log(u)
 
 
 def place(key_hash: bytes, members: Sequence[Member], count: int = 1) -> list[Member]:
@@ -64,15 +66,15 @@ class StaticRouter:
 
     def __init__(self, addresses: Sequence[str], replicas: int = 1) -> None:
         if not addresses:
-            raise ValueError("at least one node address is required")
+            raise UsageError("at least one node address is required")
         if len(set(addresses)) != len(addresses):
-            raise ValueError(f"duplicate node addresses in {list(addresses)}")
+            raise UsageError(f"duplicate node addresses in {list(addresses)}")
         self._members = [Member(a, a) for a in addresses]
         self._replicas = max(1, min(replicas, len(addresses)))
 
     def owners(self, key: BlockKey) -> list[Member]:
         if len(self._members) == 1:
-            return self._members
+            return list(self._members)
         return place(key.hash, self._members, self._replicas)
 
     def members(self) -> list[Member]:

@@ -23,13 +23,14 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.wire import WireLimits
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
 from kvpool_server.control.service import ControlService, NodeIdentity
 from kvpool_server.data.session import Session, SessionConfig
-from kvpool_server.data.tcp import TcpChannel, TcpListener
+from kvpool_server.data.tcp import TcpListener
 from kvpool_server.logs import configure_logging
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
@@ -63,11 +64,11 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.config
         name = f"kvpool-{os.getpid()}-{cfg.grpc_port}-{time.monotonic_ns()}"
-        self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity)
+        self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
         tier = DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
         session_config = SessionConfig(self.limits, cfg.io_timeout_s, cfg.verify_checksum_on_get)
 
-        async def serve_connection(channel: TcpChannel) -> None:
+        async def serve_connection(channel: AsyncSocketChannel) -> None:
             session = Session(channel, tier, self.counters, session_config)
             self._sessions.add(session)
             try:

@@ -58,6 +58,7 @@ class ServerConfig:
     data_port: int = _opt(50052, "data-plane port (0: ephemeral)")
     advertise_host: str = _opt("", "address published to clients; empty: host (hostname if host is a wildcard)")
     dram_capacity: int = _opt(GiB, "bytes of the DRAM tier arena", unit="bytes")
+    prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
     slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
     shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
     max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")

@@ -78,3 +78,28 @@ async def _wait(loop: asyncio.AbstractEventLoop, sock: socket.socket, *, writabl
         await ready
     finally:
         remove(fd)
+
+
+class AsyncSocketChannel:
+    """Ordered bytes over one non-blocking stream socket on the running loop.
+
+    The same thin channel serves the asyncio client and the daemon's sessions.
+    """
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self.peer = peer
+
+    async def send(self, buffers: list[bytes | memoryview]) -> None:
+        await send_all(self._loop, self._sock, buffers)
+
+    async def recv_into(self, targets: list[memoryview]) -> None:
+        await recv_all_into(self._loop, self._sock, targets)
+
+    async def recv_exactly(self, nbytes: int) -> bytearray:
+        return await recv_exactly(self._loop, self._sock, nbytes)
+
+    def close(self) -> None:
+        self._sock.close()

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kvpool_client.errors import NodeUnavailable, RequestTimeout
-from kvpool_client.transport.aio_socket import recv_all_into, recv_exactly, send_all
+from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.iovec import IOV_MAX, advance
 
+# Large kernel buffers let one sendmsg hand over a whole block and cut wake-ups.
 SOCKET_BUFFER_BYTES = 4 << 20
 
 
@@ -32,18 +33,23 @@ def _connect(address: str, timeout: float) -> socket.socket:
         raise RequestTimeout(f"connect to {address} timed out after {timeout}s") from exc
     except OSError as exc:
         raise NodeUnavailable(f"cannot connect to {address}: {exc}") from exc
+    tune_socket(sock)
+    return sock
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Low latency for small frames, big kernel buffers for block payloads."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
-    return sock
 
 
 class TcpConnection:
     """A blocking connection; every call is bounded by ``timeout`` seconds of silence."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:
         self.address = address
-        self._sock = _connect(address, timeout)
+        self._sock = _connect(address, connect_timeout)
         self._sock.settimeout(timeout)
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
@@ -82,29 +88,7 @@ def _socket_errors(address: str, what: str) -> Iterator[None]:
         raise NodeUnavailable(f"{what} to {address} failed: {exc}") from exc
 
 
-class AsyncTcpConnection:
-    """A non-blocking connection driven by the running event loop."""
-
-    def __init__(self, address: str, sock: socket.socket) -> None:
-        self.address = address
-        self._sock = sock
-        self._loop = asyncio.get_running_loop()
-
-    @classmethod
-    async def open(cls, address: str, timeout: float) -> AsyncTcpConnection:
-        loop = asyncio.get_running_loop()
-        sock = await loop.run_in_executor(None, _connect, address, timeout)  # DNS + connect may block
-        sock.setblocking(False)
-        return cls(address, sock)
-
-    async def send(self, buffers: list[bytes | memoryview]) -> None:
-        await send_all(self._loop, self._sock, buffers)
-
-    async def recv_into(self, targets: list[memoryview]) -> None:
-        await recv_all_into(self._loop, self._sock, targets)
-
-    async def recv_exactly(self, nbytes: int) -> bytearray:
-        return await recv_exactly(self._loop, self._sock, nbytes)
-
-    def close(self) -> None:
-        self._sock.close()
+async def open_async_connection(address: str, timeout: float) -> AsyncSocketChannel:
+    """Connect without blocking the loop (name resolution and connect run in a thread)."""
+    sock = await asyncio.get_running_loop().run_in_executor(None, _connect, address, timeout)
+    return AsyncSocketChannel(sock, address)

@@ -1,8 +1,8 @@
 """The DRAM arena: one preallocated file in shared memory, mapped once.
 
 It lives in ``/dev/shm`` (tmpfs) so that a later same-node transport can map it
-and copy a block by offset. The file is created exclusively, sized up front and
-touched page by page at start, so the daemon fails at start, not on the hundredth
+and copy a block by offset. The file is created exclusively and its pages are
+allocated and mapped up front, so the daemon fails at start, not on the hundredth
 put, when the machine cannot hold it.
 """
 
@@ -20,7 +20,8 @@ class SharedArena:
         directory: tmpfs folder, normally ``/dev/shm``.
         name: file name, unique per daemon.
         capacity: bytes to map.
-        prefault: touch every page now so that missing memory fails at start.
+        prefault: allocate and map every page now, so that missing memory fails at
+            start and the hot path takes no page faults.
 
     Raises:
         OSError: the file exists already, or the memory cannot be reserved.
@@ -31,14 +32,15 @@ class SharedArena:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, capacity)
-            self._map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # MAP_POPULATE maps every page now: a first write into a fresh slot would
+            # otherwise take one page fault per 4 KiB and halve put throughput.
+            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if prefault else 0)
+            self._map = mmap.mmap(fd, capacity, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
         os.close(fd)
-        if prefault:
-            self._map.madvise(mmap.MADV_WILLNEED)
         self.capacity = capacity
         self.view = memoryview(self._map)
 

@@ -93,7 +93,8 @@ class SlabAllocator:
         index, within = divmod(offset, self.slab_size)
         slab = self._slab_at(index)
         slot, misaligned = divmod(within, slab.slot_size or 1)
-        if not slab.slot_size or misaligned or slot in slab.free_slots:
+        in_tail = slab.slot_size and slot >= self.slab_size // slab.slot_size
+        if not slab.slot_size or misaligned or in_tail or slot in slab.free_slots:
             raise ValueError(f"offset {offset} is not an allocated slot")
         slab.free_slots.append(slot)
         slab.used -= 1

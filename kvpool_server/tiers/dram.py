@@ -151,6 +151,8 @@ class DramTier:
         if not entry.unlinked:
             self._unlink(entry)
             self._counters.add("dram_corrupt_blocks")
+            if not entry.pins:
+                self._free(entry)
 
     def usage(self) -> TierUsage:
         return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._index))
@@ -170,16 +172,21 @@ class DramTier:
         return allocation
 
     def _evict_for(self, slot_size: int) -> bool:
-        """Free room for one slot of ``slot_size``; False when nothing can go."""
+        """Free room for one slot of ``slot_size``; False when nothing can go.
+
+        Evicts the class's own least recent block, unless another size class holds
+        an evictable slab whose blocks are older still: then that whole slab changes
+        class, so a block size in demand can grow at the expense of a cold one.
+        """
         victim = self._first_evictable(self._policies.get(slot_size))
-        if victim is not None:
-            self._evict(victim)
-            return True
         slab = self._oldest_evictable_slab(exclude=slot_size)
-        if slab is None:
+        if slab is not None and (victim is None or slab[0] < victim.last_access):
+            for entry in self._entries_in_slab(slab[1]):
+                self._evict(entry)
+            return True
+        if victim is None:
             return False
-        for entry in self._entries_in_slab(slab):
-            self._evict(entry)
+        self._evict(victim)
         return True
 
     def _first_evictable(self, policy: EvictionPolicy | None) -> BlockEntry | None:
@@ -189,8 +196,8 @@ class DramTier:
                 return entry
         return None
 
-    def _oldest_evictable_slab(self, exclude: int) -> int | None:
-        """The slab of another size class whose blocks are all unpinned, oldest first."""
+    def _oldest_evictable_slab(self, exclude: int) -> tuple[int, int] | None:
+        """(last access, slab) of the oldest fully evictable slab of another size class."""
         best: tuple[int, int] | None = None  # (last access, slab)
         for size, policy in self._policies.items():
             if size == exclude:
@@ -201,7 +208,7 @@ class DramTier:
                 if (best is None or entry.last_access < best[0]) and self._slab_evictable(slab):
                     best = (entry.last_access, slab)
                     break
-        return None if best is None else best[1]
+        return best
 
     def _slab_evictable(self, slab: int) -> bool:
         return all(e.readable and not e.pins for e in self._entries_in_slab(slab))

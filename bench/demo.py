@@ -1,0 +1,137 @@
+"""Demo workload: an engine's view of kvpool on a local 3-node pool.
+
+Plays multi-turn chats that share a system prompt, the way a prefill node would:
+hash the prompt into block keys, ask the pool how many leading blocks it holds,
+load those into KV tensors, "compute" the rest, and write the new blocks back.
+Every loaded block is checked against the bytes that were written.
+
+Run: python bench/demo.py [--nodes host:port,...] [--conversations 6 --turns 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvpool_client import BlockKey, BlockKeyBuilder, KVPoolClient, Namespace  # noqa: E402
+from kvpool_server.local import LocalCluster  # noqa: E402
+
+# Qwen2.5-0.5B's KV shape: 24 layers x (K, V) x 2 KV heads x head_dim 64, 16 tokens per block, bf16.
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS = 24, 2, 64, 16
+BLOCK_SHAPE = (LAYERS, 2, KV_HEADS, BLOCK_TOKENS, HEAD_DIM)
+NAMESPACE = Namespace("demo-qwen2.5-0.5b", "bf16", f"L{LAYERS}-KV2-H{KV_HEADS}-D{HEAD_DIM}-T{BLOCK_TOKENS}")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReport:
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    blocks: int
+    hit_blocks: int
+    loaded_bytes: int
+    written_blocks: int
+    millis: float
+
+
+def kv_block_for(key: BlockKey) -> torch.Tensor:
+    """The KV bytes a model would compute for a block: deterministic from its key."""
+    generator = torch.Generator().manual_seed(int.from_bytes(key.hash[:8], "little"))
+    return torch.randn(BLOCK_SHAPE, generator=generator).to(torch.bfloat16)
+
+
+def make_conversations(count: int, turns: int, seed: int) -> list[list[list[int]]]:
+    """Token ids of each turn's prompt: shared system prompt + growing history."""
+    rng = random.Random(seed)
+    system = [rng.randrange(32000) for _ in range(512)]
+    chats = []
+    for _ in range(count):
+        history, prompts = list(system), []
+        for _ in range(turns):
+            history += [rng.randrange(32000) for _ in range(rng.randrange(80, 300))]
+            prompts.append(list(history))
+            history += [rng.randrange(32000) for _ in range(rng.randrange(40, 120))]  # the model's answer
+        chats.append(prompts)
+    return chats
+
+
+def serve_turn(client: KVPoolClient, builder: BlockKeyBuilder, tokens: list[int]) -> tuple[int, int, int]:
+    """One prefill: load the cached prefix, compute and store the rest.
+
+    Returns:
+        (blocks hit, bytes loaded, blocks written).
+    """
+    keys = builder.keys(tokens)
+    hits = client.lookup(keys)
+    pages = [torch.empty(BLOCK_SHAPE, dtype=torch.bfloat16) for _ in range(hits)]
+    loaded = client.get(keys[:hits], pages)
+    loaded.raise_for_errors()
+    for key, page in zip(keys, pages):
+        if not torch.equal(page, kv_block_for(key)):
+            raise AssertionError(f"block {key} came back with wrong bytes")
+    missing = keys[loaded.prefix_hits :]
+    written = client.put(missing, [kv_block_for(k) for k in missing])
+    written.raise_for_errors()
+    return hits, sum(p.numel() * p.element_size() for p in pages), written.stored
+
+
+def run(client: KVPoolClient, conversations: int, turns: int, seed: int) -> list[TurnReport]:
+    builder = BlockKeyBuilder(NAMESPACE, block_size=BLOCK_TOKENS, seed="0")
+    chats, reports = make_conversations(conversations, turns, seed), []
+    for turn in range(turns):  # round-robin, like concurrent users
+        for index, prompts in enumerate(chats):
+            start = time.perf_counter()
+            hits, loaded, written = serve_turn(client, builder, prompts[turn])
+            millis = (time.perf_counter() - start) * 1e3
+            blocks = len(prompts[turn]) // BLOCK_TOKENS
+            reports.append(TurnReport(index, turn, len(prompts[turn]), blocks, hits, loaded, written, millis))
+            print(
+                f"chat {index} turn {turn}: {len(prompts[turn]):5d} tokens, {blocks:3d} blocks, "
+                f"{hits:3d} from the pool ({loaded / 2**20:6.1f} MiB loaded), {written:3d} written, {millis:6.1f} ms"
+            )
+    return reports
+
+
+def summarize(client: KVPoolClient, reports: list[TurnReport]) -> None:
+    blocks = sum(r.blocks for r in reports)
+    hits = sum(r.hit_blocks for r in reports)
+    loaded = sum(r.loaded_bytes for r in reports)
+    print(f"\n{len(reports)} prefills, {blocks} blocks: {hits} loaded from the pool ({hits / blocks:.0%}), "
+          f"{blocks - hits} computed; {loaded / 2**20:.1f} MiB loaded, every block verified")
+    for address in client.config.nodes:
+        stats = client.stats(address)
+        dram = stats.tiers[0]
+        print(f"  {stats.node_id:>8} {address}: {dram.blocks:4d} blocks, "
+              f"{dram.used_bytes / 2**20:6.1f} MiB used, {dram.hits} hits, {dram.misses} misses")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", help="use running nodes (host:port,...) instead of starting 3 locally")
+    parser.add_argument("--conversations", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    if args.nodes:
+        with KVPoolClient(args.nodes.split(",")) as client:
+            summarize(client, run(client, args.conversations, args.turns, args.seed))
+        return 0
+    print("starting a local kvpool: 3 daemons on 127.0.0.1 ...")
+    with LocalCluster(3, "--dram-capacity", "256MiB", "--slab-size", "1MiB") as cluster:
+        print("nodes:", ", ".join(cluster.addresses), "\n")
+        with KVPoolClient(cluster.addresses) as client:
+            summarize(client, run(client, args.conversations, args.turns, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Exit codes of kvpoolctl and the one-line errors that carry them."""
+
+from __future__ import annotations
+
+import enum
+
+from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
+
+
+class ExitCode(enum.IntEnum):
+    """Stable process exit codes; scripts branch on them."""
+
+    OK = 0
+    ERROR = 1  # unexpected: a bug, or a node failure with no better code
+    USAGE = 2  # bad arguments or unreadable input (argparse exits 2 as well)
+    UNREACHABLE = 3  # a node refused, dropped or did not answer in time
+    NOT_FOUND = 4  # no such block or node
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, then exit with ``code``."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_UNREACHABLE_HINT = "is kvpool-server running? set --nodes or KVPOOL_NODES"
+_UNREACHABLE_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT})
+_USAGE_CODES = frozenset({ErrorCode.INVALID_ARGUMENT, ErrorCode.BLOCK_TOO_LARGE})
+
+
+def unreachable(address: str, exc: KVPoolError) -> CliError:
+    """The error for a node that failed a control call (``exc``) at ``address``."""
+    if isinstance(exc, RequestTimeout) or exc.code is ErrorCode.TIMEOUT:
+        return CliError(ExitCode.UNREACHABLE, f"{address} did not answer in time: raise --timeout or check the node")
+    if exc.code is ErrorCode.SHUTTING_DOWN:
+        return CliError(ExitCode.UNREACHABLE, f"{address} is shutting down: use another node in --nodes")
+    return CliError(ExitCode.UNREACHABLE, f"cannot reach {address}: {_UNREACHABLE_HINT}")
+
+
+def from_kvpool_error(exc: KVPoolError) -> CliError:
+    """The error for an SDK exception that names no address we can trust."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    if isinstance(exc, (NodeUnavailable, RequestTimeout)) or exc.code in _UNREACHABLE_CODES:
+        return CliError(ExitCode.UNREACHABLE, f"{message}: {_UNREACHABLE_HINT}")
+    if isinstance(exc, UsageError) or exc.code in _USAGE_CODES:
+        return CliError(ExitCode.USAGE, message)
+    return CliError(ExitCode.ERROR, f"{exc}")
+
+
+def from_status(status: ErrorCode, key: str, node: str) -> CliError:
+    """The error for a per-key ``status`` that is not a success.
+
+    Args:
+        key: the key as ``namespace/hexhash``.
+        node: the address of the node that owns the key.
+    """
+    if status is ErrorCode.NOT_FOUND:
+        return CliError(ExitCode.NOT_FOUND, f"no block {key} on {node}: check --namespace and --key")
+    if status in _UNREACHABLE_CODES:
+        return CliError(ExitCode.UNREACHABLE, f"{node} failed on {key} ({status.name}): {_UNREACHABLE_HINT}")
+    if status is ErrorCode.OUT_OF_SPACE:
+        return CliError(ExitCode.ERROR, f"{node} is out of space (every block is in use): retry later")
+    if status in _USAGE_CODES:
+        return CliError(ExitCode.USAGE, f"{node} rejected {key} ({status.name})")
+    return CliError(ExitCode.ERROR, f"{node} failed on {key} ({status.name}): see its log")

@@ -1,0 +1,173 @@
+"""``status`` and ``stats``: what each node says about itself on the control plane.
+
+Nodes are asked in parallel, so one unreachable node costs one timeout, not one
+per node. An unreachable node is a row of its own, and the exit code is 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from kvpool_client.admin import format as fmt
+from kvpool_client.admin.exits import CliError, ExitCode, unreachable
+from kvpool_client.control import translate_rpc_error
+from kvpool_client.errors import KVPoolError
+from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.proto import kvpool_pb2_grpc
+
+_MAX_PARALLEL = 16
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """One node's ServerInfo and Stats, or the error that kept us from them."""
+
+    address: str
+    info: pb.ServerInfo | None = None
+    stats: pb.Stats | None = None
+    error: KVPoolError | None = None
+
+    def dram(self) -> pb.TierStats:
+        """The DRAM tier's stats (empty if the node reports none)."""
+        tiers = self.stats.tiers if self.stats is not None else ()
+        return next((t for t in tiers if t.name == "dram"), pb.TierStats(name="dram"))
+
+
+def probe(address: str, timeout: float) -> NodeReport:
+    """Ask one node for its ServerInfo and Stats; never raises for a node failure."""
+    # ControlClient.server_info keeps only what the data plane needs; status wants all of ServerInfo.
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = kvpool_pb2_grpc.KVPoolStub(channel)
+        info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+        stats = stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
+    except grpc.RpcError as exc:
+        return NodeReport(address, error=translate_rpc_error(address, exc))
+    finally:
+        channel.close()
+    return NodeReport(address, info, stats)
+
+
+def probe_all(addresses: tuple[str, ...], timeout: float) -> list[NodeReport]:
+    """:func:`probe` each address in parallel; reports in the order given."""
+    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(addresses))) as pool:
+        return list(pool.map(lambda a: probe(a, timeout), addresses))
+
+
+def run_status(args: argparse.Namespace) -> ExitCode:
+    """One row per node: identity, endpoints, DRAM use, blocks, hit rate, uptime."""
+    reports = probe_all(args.nodes, args.timeout)
+    if args.json:
+        fmt.print_json({"nodes": [_status_json(r) for r in reports]})
+    else:
+        headers = ("NODE", "ADDRESS", "STATE", "DATA", "DRAM USED", "BLOCKS", "HIT RATE", "UPTIME")
+        print(fmt.table(headers, [_status_row(r) for r in reports], right=(5, 6, 7)))
+    return _report_failures(reports)
+
+
+def run_stats(args: argparse.Namespace) -> ExitCode:
+    """Every counter and tier of each node, or of the one node ``args.node`` names."""
+    addresses = args.nodes
+    if args.node is not None:
+        addresses = (_resolve(args.node, args.nodes, args.timeout),)
+    reports = probe_all(addresses, args.timeout)
+    if args.json:
+        fmt.print_json({"nodes": [_stats_json(r) for r in reports]})
+    else:
+        print("\n\n".join(_stats_text(r) for r in reports))
+    return _report_failures(reports)
+
+
+def _resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
+    """The control address of ``node``: an address as is, else the node whose id it is.
+
+    Raises:
+        CliError: NOT_FOUND if no reachable node in ``addresses`` has that id.
+    """
+    if ":" in node:
+        return node
+    reports = probe_all(addresses, timeout)
+    for report in reports:
+        if report.info is not None and report.info.node_id == node:
+            return report.address
+    down = [r.address for r in reports if r.error is not None]
+    also = f" ({len(down)} unreachable: {', '.join(down)})" if down else ""
+    raise CliError(ExitCode.NOT_FOUND, f"no node with id {node!r} among --nodes{also}: run `kvpoolctl status`")
+
+
+def _report_failures(reports: list[NodeReport]) -> ExitCode:
+    failed = [r for r in reports if r.error is not None]
+    for report in failed:
+        assert report.error is not None
+        print(f"kvpoolctl: error: {unreachable(report.address, report.error).message}", file=sys.stderr)
+    return ExitCode.UNREACHABLE if failed else ExitCode.OK
+
+
+def _status_row(report: NodeReport) -> tuple[object, ...]:
+    if report.info is None or report.stats is None:
+        return ("-", report.address, "unreachable", "-", "-", "-", "-", "-")
+    dram = report.dram()
+    endpoints = " ".join(f"{e.transport}://{e.address}" for e in report.info.endpoints) or "-"
+    used = f"{fmt.size(dram.used_bytes)} / {fmt.size(dram.capacity_bytes)}"
+    hit_rate = fmt.percent(dram.hits, dram.hits + dram.misses)
+    return (report.info.node_id, report.address, report.info.state or "-", endpoints, used,
+            dram.blocks, hit_rate, fmt.duration(report.stats.uptime_s))
+
+
+def _status_json(report: NodeReport) -> dict[str, object]:
+    if report.info is None or report.stats is None:
+        return {"address": report.address, "reachable": False, "error": str(report.error)}
+    info, dram = report.info, report.dram()
+    lookups = dram.hits + dram.misses
+    return {
+        "address": report.address,
+        "reachable": True,
+        "node_id": info.node_id,
+        "version": info.version,
+        "state": info.state,
+        "data_endpoints": {e.transport: e.address for e in info.endpoints},
+        "dram_used_bytes": dram.used_bytes,
+        "dram_capacity_bytes": dram.capacity_bytes,
+        "blocks": dram.blocks,
+        "hits": dram.hits,
+        "misses": dram.misses,
+        "hit_rate": dram.hits / lookups if lookups else None,
+        "uptime_s": report.stats.uptime_s,
+    }
+
+
+def _stats_text(report: NodeReport) -> str:
+    if report.stats is None:
+        return f"node {report.address}: unreachable"
+    stats = report.stats
+    title = f"node {stats.node_id} at {report.address}, up {fmt.duration(stats.uptime_s)}"
+    tier_headers = ("TIER", "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES", "HIT RATE", "EVICTIONS")
+    tier_rows = [
+        (t.name, fmt.size(t.capacity_bytes), fmt.size(t.used_bytes), t.blocks, t.hits, t.misses,
+         fmt.percent(t.hits, t.hits + t.misses), t.evictions)
+        for t in stats.tiers
+    ]
+    counters = sorted(stats.counters.items()) or [("(none yet)", "")]
+    return "\n\n".join((
+        title,
+        fmt.table(tier_headers, tier_rows, right=range(1, 8)),
+        fmt.table(("COUNTER", "VALUE"), counters, right=(1,)),
+    ))
+
+
+def _stats_json(report: NodeReport) -> dict[str, object]:
+    if report.stats is None:
+        return {"address": report.address, "reachable": False, "error": str(report.error)}
+    stats = report.stats
+    tiers = [
+        {"name": t.name, "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks,
+         "hits": t.hits, "misses": t.misses, "evictions": t.evictions}
+        for t in stats.tiers
+    ]
+    return {"address": report.address, "reachable": True, "node_id": stats.node_id, "uptime_s": stats.uptime_s,
+            "tiers": tiers, "counters": dict(sorted(stats.counters.items()))}

@@ -1,0 +1,428 @@
+"""Sans-IO exchanges, h11-style: driven step by step with bytes from the real encoder, no sockets.
+
+Each exchange is a generator: it yields the I/O it wants (Send, Receive, ReceiveInto)
+and is resumed with the result. The tests play the server by hand, then run the same
+exchanges through run_sync/run_async over an in-memory byte pipe that replays a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+
+import pytest
+import xxhash
+
+from kvpool_client import exchange
+from kvpool_client.errors import (
+    ErrorCode,
+    KVPoolError,
+    LimitExceeded,
+    NodeUnavailable,
+    ProtocolError,
+    RequestTimeout,
+    ServerError,
+    UsageError,
+    error_for_code,
+)
+from kvpool_client.exchange import Receive, ReceiveInto, Send, run_async, run_sync
+from kvpool_client.wire import (
+    HEADER_SIZE,
+    DeleteRequest,
+    ErrorResponse,
+    ExistsRequest,
+    GetRequest,
+    GetResponse,
+    Op,
+    PingRequest,
+    PingResponse,
+    PutRequest,
+    StatusResponse,
+    WireLimits,
+    encode,
+)
+
+LIMITS = WireLimits(max_keys=16, max_block_size=4 << 20, max_payload=16 << 20)
+NS = "model@fp16@L2@tp0of1"
+H = [bytes([i]) * 32 for i in range(8)]
+OK, NOT_FOUND, EXISTS_ = ErrorCode.OK, ErrorCode.NOT_FOUND, ErrorCode.ALREADY_EXISTS
+
+
+def xxh(data: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def answer(gen: Generator, frame: bytes) -> object:
+    """Feed one encoded response frame to an exchange that just sent its request.
+
+    Returns the step after the frame (a ReceiveInto for a GET), or the exchange's
+    return value once it finishes.
+    """
+    step = next_step(gen, None)
+    assert step == Receive(HEADER_SIZE), step
+    meta = frame[HEADER_SIZE:]
+    step = next_step(gen, bytearray(frame[:HEADER_SIZE]))
+    if meta:
+        assert step == Receive(len(meta)), step
+        step = next_step(gen, bytearray(meta))
+    return step
+
+
+class Done:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Done) and other.value == self.value
+
+    def __repr__(self) -> str:
+        return f"Done({self.value!r})"
+
+
+def next_step(gen: Generator, reply: object) -> object:
+    try:
+        return gen.send(reply)
+    except StopIteration as stop:
+        return Done(stop.value)
+
+
+def fill(targets: list[memoryview], payload: bytes) -> None:
+    """What a transport does with ReceiveInto: the payload, in order, across the targets."""
+    assert sum(len(t) for t in targets) == len(payload), ([len(t) for t in targets], len(payload))
+    pos = 0
+    for target in targets:
+        target[:] = payload[pos : pos + len(target)]
+        pos += len(target)
+
+
+def start(gen: Generator) -> Send:
+    step = next(gen)
+    assert isinstance(step, Send), step
+    return step
+
+
+# -- put, exists, delete, ping step by step -----------------------------------------
+
+
+def test_put_sends_header_then_the_callers_buffers_and_returns_statuses() -> None:
+    blocks = [memoryview(b"abcd"), memoryview(bytearray(b"xyz"))]
+    request = PutRequest(7, NS, H[:2], [4, 3])
+    gen = exchange.put(request, blocks, LIMITS)
+    sent = start(gen)
+    assert sent.buffers[0] == encode(request)
+    assert sent.buffers[1] is blocks[0] and sent.buffers[2] is blocks[1], "blocks must be sent zero-copy"
+    result = answer(gen, encode(StatusResponse(7, Op.PUT, [OK, EXISTS_])))
+    assert result == Done([OK, EXISTS_]), result
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_exists_step_by_step(prefix: bool) -> None:
+    request = ExistsRequest(3, NS, H[:3], prefix=prefix)
+    gen = exchange.exists(request, LIMITS)
+    assert start(gen).buffers == [encode(request)]
+    result = answer(gen, encode(StatusResponse(3, Op.EXISTS, [OK, OK, NOT_FOUND])))
+    assert result == Done([OK, OK, NOT_FOUND]), result
+
+
+def test_delete_step_by_step() -> None:
+    request = DeleteRequest(4, NS, H[:2])
+    gen = exchange.delete(request, LIMITS)
+    assert start(gen).buffers == [encode(request)]
+    assert answer(gen, encode(StatusResponse(4, Op.DELETE, [OK, NOT_FOUND]))) == Done([OK, NOT_FOUND])
+
+
+def test_ping_reads_only_the_header() -> None:
+    gen = exchange.ping(PingRequest(9), LIMITS)
+    assert start(gen).buffers == [encode(PingRequest(9))]
+    assert next_step(gen, None) == Receive(HEADER_SIZE)
+    frame = encode(PingResponse(9))
+    assert len(frame) == HEADER_SIZE, "a ping response has no meta"
+    assert next_step(gen, bytearray(frame)) == Done(None)
+
+
+def test_empty_batches_round_trip() -> None:
+    gen = exchange.exists(ExistsRequest(1, NS, []), LIMITS)
+    start(gen)
+    assert answer(gen, encode(StatusResponse(1, Op.EXISTS, []))) == Done([])
+    gen = exchange.get(GetRequest(2, NS, []), [], LIMITS, verify=True)
+    start(gen)
+    step = answer(gen, encode(GetResponse(2, [], [], [])))
+    assert step == ReceiveInto([]), step
+    assert next_step(gen, None) == Done(([], []))
+
+
+# -- get ----------------------------------------------------------------------------
+
+
+def test_get_lands_payload_in_the_callers_targets() -> None:
+    a, c = bytearray(4), bytearray(5)
+    targets = [memoryview(a), memoryview(bytearray(9)), memoryview(c)]
+    request = GetRequest(11, NS, H[:3])
+    gen = exchange.get(request, targets, LIMITS, verify=True)
+    assert start(gen).buffers == [encode(request)]
+    response = GetResponse(11, [OK, NOT_FOUND, OK], [4, 0, 5], [xxh(b"AAAA"), 0, xxh(b"CCCCC")])
+    step = answer(gen, encode(response))
+    assert isinstance(step, ReceiveInto), step
+    assert [t.obj for t in step.targets] == [a, c], "payload must go straight into the caller's buffers"
+    fill(step.targets, b"AAAA" + b"CCCCC")
+    done = next_step(gen, None)
+    assert isinstance(done, Done), done
+    statuses, filled = done.value
+    assert statuses == [OK, NOT_FOUND, OK], statuses
+    assert filled[0] is targets[0] and filled[1] is None and filled[2] is targets[2], filled
+    assert (bytes(a), bytes(c)) == (b"AAAA", b"CCCCC")
+
+
+def test_get_allocates_when_the_target_is_none() -> None:
+    gen = exchange.get(GetRequest(1, NS, H[:2]), [None, None], LIMITS, verify=False)
+    start(gen)
+    step = answer(gen, encode(GetResponse(1, [OK, OK], [3, 6], [0, 0])))
+    assert isinstance(step, ReceiveInto) and [len(t) for t in step.targets] == [3, 6], step
+    fill(step.targets, b"abc" + b"defghi")
+    statuses, filled = next_step(gen, None).value  # type: ignore[attr-defined]
+    assert statuses == [OK, OK] and [bytes(f) for f in filled] == [b"abc", b"defghi"], (statuses, filled)
+    assert all(not f.readonly for f in filled), "allocated buffers belong to the caller: writable"
+
+
+def test_size_mismatch_drains_into_scratch_and_later_keys_still_land() -> None:
+    first, second, third = bytearray(4), bytearray(4), bytearray(2)
+    targets = [memoryview(first), memoryview(second), memoryview(third)]
+    gen = exchange.get(GetRequest(5, NS, H[:3]), targets, LIMITS, verify=True)
+    start(gen)
+    payload = b"1111" + b"22222222" + b"33"
+    response = GetResponse(5, [OK, OK, OK], [4, 8, 2], [xxh(b"1111"), xxh(b"22222222"), xxh(b"33")])
+    step = answer(gen, encode(response))
+    assert isinstance(step, ReceiveInto), step
+    sizes = [len(t) for t in step.targets]
+    assert sizes == [4, 8, 2], f"the 8 stored bytes of key 1 must be drained, not skipped: {sizes}"
+    assert step.targets[1].obj is not second, "a mismatched block must not touch the caller's buffer"
+    fill(step.targets, payload)
+    statuses, filled = next_step(gen, None).value  # type: ignore[attr-defined]
+    assert statuses == [OK, ErrorCode.SIZE_MISMATCH, OK], statuses
+    assert filled[1] is None and bytes(second) == b"\0" * 4, bytes(second)
+    assert (bytes(first), bytes(third)) == (b"1111", b"33"), (bytes(first), bytes(third))
+
+
+def test_a_large_mismatched_block_drains_in_scratch_sized_chunks() -> None:
+    big = (1 << 20) + (1 << 19)  # more than the 1 MiB scratch
+    gen = exchange.get(GetRequest(5, NS, H[:2]), [memoryview(bytearray(10)), None], LIMITS, verify=False)
+    start(gen)
+    step = answer(gen, encode(GetResponse(5, [OK, OK], [big, 3], [0, 0])))
+    assert isinstance(step, ReceiveInto), step
+    assert [len(t) for t in step.targets] == [1 << 20, 1 << 19, 3], [len(t) for t in step.targets]
+    fill(step.targets, b"\x01" * big + b"end")
+    statuses, filled = next_step(gen, None).value  # type: ignore[attr-defined]
+    assert statuses == [ErrorCode.SIZE_MISMATCH, OK] and bytes(filled[1]) == b"end", (statuses, filled)
+
+
+def test_verify_flags_a_bad_checksum() -> None:
+    targets = [memoryview(bytearray(4)), memoryview(bytearray(4))]
+    gen = exchange.get(GetRequest(6, NS, H[:2]), targets, LIMITS, verify=True)
+    start(gen)
+    step = answer(gen, encode(GetResponse(6, [OK, OK], [4, 4], [xxh(b"good"), xxh(b"good")])))
+    fill(step.targets, b"good" + b"evil")  # type: ignore[attr-defined]
+    statuses, filled = next_step(gen, None).value  # type: ignore[attr-defined]
+    assert statuses == [OK, ErrorCode.CHECKSUM_MISMATCH], statuses
+    assert filled[0] is targets[0] and filled[1] is None, filled
+
+
+def test_without_verify_a_bad_checksum_is_not_checked() -> None:
+    gen = exchange.get(GetRequest(6, NS, H[:1]), [None], LIMITS, verify=False)
+    start(gen)
+    step = answer(gen, encode(GetResponse(6, [OK], [4], [12345])))
+    fill(step.targets, b"evil")  # type: ignore[attr-defined]
+    statuses, filled = next_step(gen, None).value  # type: ignore[attr-defined]
+    assert statuses == [OK] and bytes(filled[0]) == b"evil", (statuses, filled)
+
+
+def test_get_with_a_wrong_number_of_results_is_a_protocol_error() -> None:
+    gen = exchange.get(GetRequest(8, NS, H[:2]), [None, None], LIMITS, verify=False)
+    start(gen)
+    with pytest.raises(ProtocolError, match="expected 2 GET results"):
+        answer(gen, encode(GetResponse(8, [OK], [1], [0])))
+
+
+# -- failures -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (ErrorCode.PROTOCOL, ProtocolError),
+        (ErrorCode.UNSUPPORTED_VERSION, ProtocolError),
+        (ErrorCode.LIMIT_EXCEEDED, LimitExceeded),
+        (ErrorCode.INVALID_ARGUMENT, UsageError),
+        (ErrorCode.UNAVAILABLE, NodeUnavailable),
+        (ErrorCode.SHUTTING_DOWN, NodeUnavailable),
+        (ErrorCode.TIMEOUT, RequestTimeout),
+        (ErrorCode.OUT_OF_SPACE, ServerError),
+        (ErrorCode.INTERNAL, ServerError),
+    ],
+)
+def test_an_error_response_raises_the_mapped_exception(code: ErrorCode, kind: type[KVPoolError]) -> None:
+    gen = exchange.put(PutRequest(12, NS, H[:1], [2]), [memoryview(b"hi")], LIMITS)
+    start(gen)
+    with pytest.raises(kind) as raised:
+        answer(gen, encode(ErrorResponse(12, Op.PUT, code, "node says no")))
+    assert type(raised.value) is kind and raised.value.code is code, (type(raised.value), raised.value.code)
+    assert "node says no" in str(raised.value), str(raised.value)
+    assert next_step(gen, None) == Done(None), "the exchange is over after raising"
+
+
+def test_an_unknown_error_code_is_an_internal_server_error() -> None:
+    gen = exchange.get(GetRequest(13, NS, H[:1]), [None], LIMITS, verify=True)
+    start(gen)
+    with pytest.raises(ServerError) as raised:
+        answer(gen, encode(ErrorResponse(13, Op.GET, 999, "")))
+    assert raised.value.code is ErrorCode.INTERNAL and "999" in str(raised.value), str(raised.value)
+
+
+def test_error_for_code_matches_what_exchanges_raise() -> None:
+    for code in ErrorCode:
+        if code is ErrorCode.OK:
+            continue
+        error = error_for_code(code, "m")
+        assert error.code is code and isinstance(error, KVPoolError), (code, error)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(encode(StatusResponse(99, Op.PUT, [OK])), id="wrong-request-id"),
+        pytest.param(encode(StatusResponse(21, Op.DELETE, [OK])), id="wrong-op"),
+        pytest.param(encode(ErrorResponse(99, Op.PUT, ErrorCode.INTERNAL, "x")), id="error-for-another-request"),
+        pytest.param(encode(ErrorResponse(21, Op.GET, ErrorCode.INTERNAL, "x")), id="error-for-another-op"),
+        pytest.param(encode(PutRequest(21, NS, H[:1], [0])), id="a-request-not-a-response"),
+        pytest.param(encode(GetResponse(21, [OK], [0], [0])), id="get-response-to-a-put"),
+    ],
+)
+def test_a_response_that_does_not_answer_the_request_is_a_protocol_error(frame: bytes) -> None:
+    gen = exchange.put(PutRequest(21, NS, H[:1], [1]), [memoryview(b"x")], LIMITS)
+    start(gen)
+    with pytest.raises(ProtocolError) as raised:
+        answer(gen, frame)
+    assert type(raised.value) is ProtocolError, f"got {type(raised.value).__name__}: {raised.value}"
+
+
+def test_a_status_count_mismatch_is_a_protocol_error() -> None:
+    gen = exchange.delete(DeleteRequest(22, NS, H[:3]), LIMITS)
+    start(gen)
+    with pytest.raises(ProtocolError, match="expected 3 statuses"):
+        answer(gen, encode(StatusResponse(22, Op.DELETE, [OK, OK])))
+
+
+def test_a_ping_answered_with_another_op_is_a_protocol_error() -> None:
+    gen = exchange.ping(PingRequest(23), LIMITS)
+    start(gen)
+    with pytest.raises(ProtocolError):
+        answer(gen, encode(StatusResponse(23, Op.EXISTS, [])))
+
+
+def test_a_garbled_header_is_a_protocol_error() -> None:
+    gen = exchange.exists(ExistsRequest(24, NS, H[:1]), LIMITS)
+    start(gen)
+    assert next_step(gen, None) == Receive(HEADER_SIZE)
+    bad = b"XX" + encode(StatusResponse(24, Op.EXISTS, [OK]))[2:HEADER_SIZE]
+    with pytest.raises(ProtocolError, match="magic"):
+        gen.send(bytearray(bad))
+
+
+# -- through run_sync / run_async over an in-memory byte pipe -----------------------
+
+
+class ScriptedConnection:
+    """A byte pipe: replays scripted response bytes, records what was sent."""
+
+    def __init__(self, *frames: bytes) -> None:
+        self._incoming = b"".join(frames)
+        self._pos = 0
+        self.sent: list[bytes] = []
+
+    @property
+    def unread(self) -> int:
+        return len(self._incoming) - self._pos
+
+    def _take(self, n: int) -> bytes:
+        if n > self.unread:
+            raise EOFError(f"asked for {n} bytes, {self.unread} left in the script")
+        chunk = self._incoming[self._pos : self._pos + n]
+        self._pos += n
+        return chunk
+
+    def send(self, buffers: list[bytes | memoryview]) -> None:
+        self.sent.append(b"".join(bytes(b) for b in buffers))
+
+    def recv_exactly(self, nbytes: int) -> bytearray:
+        return bytearray(self._take(nbytes))
+
+    def recv_into(self, targets: list[memoryview]) -> None:
+        for target in targets:
+            target[:] = self._take(len(target))
+
+
+class AsyncScriptedConnection:
+    def __init__(self, *frames: bytes) -> None:
+        self.sync = ScriptedConnection(*frames)
+
+    async def send(self, buffers: list[bytes | memoryview]) -> None:
+        self.sync.send(buffers)
+
+    async def recv_exactly(self, nbytes: int) -> bytearray:
+        return self.sync.recv_exactly(nbytes)
+
+    async def recv_into(self, targets: list[memoryview]) -> None:
+        self.sync.recv_into(targets)
+
+
+def test_run_sync_put_then_get_on_one_connection() -> None:
+    put_request = PutRequest(1, NS, H[:2], [3, 4])
+    get_request = GetRequest(2, NS, H[:3])
+    get_response = GetResponse(2, [OK, OK, NOT_FOUND], [3, 4, 0], [xxh(b"abc"), xxh(b"defg"), 0])
+    conn = ScriptedConnection(
+        encode(StatusResponse(1, Op.PUT, [OK, OK])),
+        encode(get_response) + b"abc" + b"defg",
+    )
+    stored = run_sync(conn, exchange.put(put_request, [memoryview(b"abc"), memoryview(b"defg")], LIMITS))
+    assert stored == [OK, OK], stored
+    into = bytearray(4)
+    statuses, filled = run_sync(conn, exchange.get(get_request, [None, memoryview(into), None], LIMITS, verify=True))
+    assert statuses == [OK, OK, NOT_FOUND] and bytes(filled[0]) == b"abc" and filled[2] is None, (statuses, filled)
+    assert bytes(into) == b"defg"
+    assert conn.sent == [encode(put_request) + b"abcdefg", encode(get_request)], conn.sent
+    assert conn.unread == 0, f"{conn.unread} response bytes left unread"
+
+
+def test_run_sync_drains_a_mismatch_and_leaves_the_stream_aligned() -> None:
+    conn = ScriptedConnection(
+        encode(GetResponse(1, [OK, OK], [6, 2], [0, 0])) + b"xxxxxx" + b"ok",
+        encode(PingResponse(2)),
+    )
+    statuses, filled = run_sync(
+        conn, exchange.get(GetRequest(1, NS, H[:2]), [memoryview(bytearray(3)), None], LIMITS, verify=False)
+    )
+    assert statuses == [ErrorCode.SIZE_MISMATCH, OK] and bytes(filled[1]) == b"ok", (statuses, filled)
+    assert run_sync(conn, exchange.ping(PingRequest(2), LIMITS)) is None
+    assert conn.unread == 0
+
+
+def test_run_sync_exists_delete_and_errors() -> None:
+    conn = ScriptedConnection(
+        encode(StatusResponse(1, Op.EXISTS, [OK, NOT_FOUND])),
+        encode(StatusResponse(2, Op.DELETE, [NOT_FOUND])),
+        encode(ErrorResponse(3, Op.GET, ErrorCode.SHUTTING_DOWN, "draining")),
+    )
+    assert run_sync(conn, exchange.exists(ExistsRequest(1, NS, H[:2], prefix=True), LIMITS)) == [OK, NOT_FOUND]
+    assert run_sync(conn, exchange.delete(DeleteRequest(2, NS, H[:1]), LIMITS)) == [NOT_FOUND]
+    with pytest.raises(NodeUnavailable, match="draining"):
+        run_sync(conn, exchange.get(GetRequest(3, NS, H[:1]), [None], LIMITS, verify=True))
+    assert conn.unread == 0
+    assert len(conn.sent) == 3
+
+
+def test_run_async_get() -> None:
+    conn = AsyncScriptedConnection(encode(GetResponse(4, [OK], [5], [xxh(b"hello")])) + b"hello")
+    statuses, filled = asyncio.run(
+        run_async(conn, exchange.get(GetRequest(4, NS, H[:1]), [None], LIMITS, verify=True))  # type: ignore[arg-type]
+    )
+    assert statuses == [OK] and bytes(filled[0]) == b"hello", (statuses, filled)
+    assert conn.sync.sent == [encode(GetRequest(4, NS, H[:1]))] and conn.sync.unread == 0
