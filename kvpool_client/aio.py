@@ -42,8 +42,11 @@ class _AsyncNode:
         return self._info
 
     async def acquire(self) -> AsyncSocketChannel:
-        if self._idle:
-            return self._idle.pop()
+        while self._idle:
+            pooled = self._idle.pop()
+            if pooled.reusable():
+                return pooled
+            pooled.close()
         endpoint = (await self.info()).data_endpoints.get("tcp")
         if endpoint is None:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")

@@ -45,9 +45,14 @@ class _Node:
         return info
 
     def acquire(self) -> TcpConnection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                pooled = self._idle.pop() if self._idle else None
+            if pooled is None:
+                break
+            if pooled.reusable():
+                return pooled
+            pooled.close()
         endpoint = self.info().data_endpoints.get("tcp")
         if endpoint is None:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")

@@ -184,10 +184,11 @@ def _response(request_id: int, op: Op, limits: WireLimits) -> Exchange[Response]
     header = decode_header((yield Receive(HEADER_SIZE)), limits)
     meta = (yield Receive(header.meta_len)) if header.meta_len else b""
     response = decode_message(header, meta, limits)
+    if isinstance(response, ErrorResponse):
+        # Raised whatever it addresses: a node that could not parse our header cannot echo its id.
+        raise error_for_code(response.code, response.message)
     if not header.is_response or header.request_id != request_id or header.op & 0x7F != op:
         raise ProtocolError(f"response {header} does not answer {op.name} request {request_id}")
-    if isinstance(response, ErrorResponse):
-        raise error_for_code(response.code, response.message)
     return response  # type: ignore[return-value]
 
 

@@ -63,10 +63,10 @@ class Daemon:
 
     async def start(self) -> None:
         cfg = self.config
-        name = f"kvpool-{os.getpid()}-{cfg.grpc_port}-{time.monotonic_ns()}"
+        name = f"kvpool-{os.getpid()}-{time.monotonic_ns()}"
         self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
         tier = DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
-        session_config = SessionConfig(self.limits, cfg.io_timeout_s, cfg.verify_checksum_on_get)
+        session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
             session = Session(channel, tier, self.counters, session_config)
@@ -76,9 +76,12 @@ class Daemon:
             finally:
                 self._sessions.discard(session)
 
-        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection)
+        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, stall_timeout=cfg.io_timeout_s)
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        try:
+            grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        except RuntimeError as exc:  # grpc reports a port in use this way
+            raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}: {exc}") from exc
         if grpc_port == 0:
             raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}")
         resolved = cfg.resolved(grpc_port)
@@ -129,7 +132,10 @@ class Daemon:
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
         if self._arena is not None:
-            self._arena.close()
+            try:
+                self._arena.close()
+            except BufferError:
+                log.warning("arena still mapped by an unfinished request; it is freed at exit")
         log.info("stopped")
 
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from kvpool_client.errors import NodeUnavailable, RequestTimeout
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.iovec import IOV_MAX, advance
+from kvpool_client.transport.liveness import reusable
 
 # Large kernel buffers let one sendmsg hand over a whole block and cut wake-ups.
 SOCKET_BUFFER_BYTES = 4 << 20
@@ -72,6 +73,9 @@ class TcpConnection:
         data = bytearray(nbytes)
         self.recv_into([memoryview(data)])
         return data
+
+    def reusable(self) -> bool:
+        return reusable(self._sock)
 
     def close(self) -> None:
         self._sock.close()

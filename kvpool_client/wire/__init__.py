@@ -5,6 +5,7 @@ from kvpool_client.wire.codec import (
     decode_header,
     decode_message,
     encode,
+    header_identity,
     payload_length,
     payload_lengths,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "decode_header",
     "decode_message",
     "encode",
+    "header_identity",
     "payload_length",
     "payload_lengths",
 ]

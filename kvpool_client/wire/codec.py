@@ -188,6 +188,18 @@ def decode_header(data: bytes | bytearray | memoryview, limits: WireLimits) -> F
     return FrameHeader(op, status, request_id, meta_len, payload_len)
 
 
+def header_identity(data: bytes | bytearray | memoryview) -> tuple[int, Op]:
+    """(request id, op) of a header that failed to decode, to address the error reply.
+
+    Falls back to (0, PING) when the bytes are not even a kvpool header of our version.
+    """
+    if len(data) == HEADER_SIZE:
+        magic, version, op, _, _, request_id, _, _ = _HEADER.unpack(data)
+        if magic == MAGIC and version == PROTOCOL_VERSION and op & ~RESPONSE_BIT in _VALID_OPS:
+            return request_id, Op(op & ~RESPONSE_BIT)
+    return 0, Op.PING
+
+
 def decode_message(header: FrameHeader, meta: bytes | bytearray | memoryview, limits: WireLimits) -> Message:
     """Decode the meta section announced by ``header`` into a typed message.
 

@@ -48,7 +48,15 @@ class SharedArena:
         return self.view[offset : offset + length]
 
     def close(self) -> None:
-        """Unmap and remove the file. Views handed out must have been released."""
+        """Remove the file, then unmap it.
+
+        The file goes first: shared memory left behind would outlive the daemon.
+        Unmapping fails while a view is still exported (a session cancelled at
+        shutdown may hold one); the mapping then goes with the process.
+
+        Raises:
+            BufferError: views of the arena are still alive (the file is removed anyway).
+        """
+        self.path.unlink(missing_ok=True)
         self.view.release()
         self._map.close()
-        self.path.unlink(missing_ok=True)

@@ -15,7 +15,6 @@ Errors and the connection:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +37,7 @@ from kvpool_client.wire import (
     decode_header,
     decode_message,
     encode,
+    header_identity,
 )
 from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters
@@ -57,13 +57,14 @@ class Channel(Protocol):
 
     async def recv_into(self, targets: list[memoryview]) -> None: ...
 
+    async def recv_some(self, target: memoryview) -> int: ...
+
     async def recv_exactly(self, nbytes: int) -> bytearray: ...
 
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
     limits: WireLimits
-    io_timeout_s: float
     verify_checksum_on_get: bool
 
 
@@ -78,16 +79,27 @@ class Session:
         self.busy = False  # True while a request is in flight; shutdown waits for it
 
     async def run(self) -> None:
-        """Serve requests until the peer leaves or the stream breaks."""
+        """Serve requests until the peer leaves, stalls mid-frame or breaks the stream.
+
+        Waiting for the first byte of a frame has no time limit (an idle pooled
+        connection is fine); from then on every wait is bounded by the channel's
+        stall timeout.
+        """
+        head = bytearray(HEADER_SIZE)
         while True:
             try:
-                raw = await self._channel.recv_exactly(HEADER_SIZE)
+                started = await self._channel.recv_some(memoryview(head))
             except NodeUnavailable:
                 return
             self.busy = True
             try:
-                if not await self._serve_frame(raw):
+                await self._channel.recv_into([memoryview(head)[started:]])
+                if not await self._serve_frame(head):
                     return
+            except (NodeUnavailable, TimeoutError) as exc:
+                log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
+                self._counters.add("connections_dropped_mid_frame")
+                return
             finally:
                 self.busy = False
 
@@ -96,15 +108,9 @@ class Session:
         try:
             header = decode_header(raw, self._config.limits)
         except ProtocolError as exc:
-            await self._send_error(0, Op.PING, exc)
+            await self._send_error(*header_identity(raw), exc)
             return False
-        try:
-            async with asyncio.timeout(self._config.io_timeout_s):
-                await self._dispatch(header)
-        except (NodeUnavailable, TimeoutError) as exc:
-            log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": repr(exc)})
-            self._counters.add("connections_dropped_mid_frame")
-            return False
+        await self._dispatch(header)
         return True
 
     async def _dispatch(self, header: FrameHeader) -> None:

@@ -19,10 +19,11 @@ ConnectionHandler = Callable[[AsyncSocketChannel], Coroutine[Any, Any, None]]
 class TcpListener:
     """Accepts connections and runs ``handler`` for each on its own task."""
 
-    def __init__(self, host: str, port: int, handler: ConnectionHandler) -> None:
+    def __init__(self, host: str, port: int, handler: ConnectionHandler, stall_timeout: float | None) -> None:
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
         self._sock.setblocking(False)
         self._handler = handler
+        self._stall_timeout = stall_timeout
         self._accept_task: asyncio.Task[None] | None = None
         self.connections: set[asyncio.Task[None]] = set()
 
@@ -38,7 +39,7 @@ class TcpListener:
         while True:
             sock, addr = await loop.sock_accept(self._sock)
             tune_socket(sock)
-            task = loop.create_task(self._serve(AsyncSocketChannel(sock, f"{addr[0]}:{addr[1]}")))
+            task = loop.create_task(self._serve(AsyncSocketChannel(sock, f"{addr[0]}:{addr[1]}", self._stall_timeout)))
             self.connections.add(task)
             task.add_done_callback(self.connections.discard)
 
