@@ -38,10 +38,12 @@ ensure_debian_packages() {
 
 case "${1:-}" in
   demo)
+    ensure_debian_packages etcd-server
     ensure_venv
     exec "$VENV/bin/python" bench/demo.py "${@:2}"
     ;;
   test)
+    ensure_debian_packages etcd-server
     ensure_venv
     exec "$VENV/bin/python" -m pytest -q "${@:2}"
     ;;

@@ -184,10 +184,12 @@ def _response(request_id: int, op: Op, limits: WireLimits) -> Exchange[Response]
     header = decode_header((yield Receive(HEADER_SIZE)), limits)
     meta = (yield Receive(header.meta_len)) if header.meta_len else b""
     response = decode_message(header, meta, limits)
-    if isinstance(response, ErrorResponse):
-        # Raised whatever it addresses: a node that could not parse our header cannot echo its id.
+    answers = header.is_response and header.request_id == request_id and header.op & 0x7F == op
+    # A node that could not parse our header addresses its error to (0, PING).
+    unaddressed = header.request_id == 0 and header.op & 0x7F == Op.PING
+    if isinstance(response, ErrorResponse) and (answers or unaddressed):
         raise error_for_code(response.code, response.message)
-    if not header.is_response or header.request_id != request_id or header.op & 0x7F != op:
+    if not answers:
         raise ProtocolError(f"response {header} does not answer {op.name} request {request_id}")
     return response  # type: ignore[return-value]
 

@@ -1,5 +1,8 @@
 """kvpool-server: the storage daemon's entry point and life cycle.
 
+The main loop runs gRPC and accepts data connections; data connections are served
+on worker loops (one thread each) that share the DRAM tier.
+
 Phases: ``start`` (arena, tier, listeners, health SERVING, announce), ``serve``
 until SIGTERM or SIGINT, then ``shutdown``: health NOT_SERVING, stop accepting,
 let in-flight requests finish within the grace period, close everything. Every
@@ -9,11 +12,13 @@ wait in shutdown has a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -22,6 +27,7 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.wire import WireLimits
@@ -31,7 +37,11 @@ from kvpool_server.config import ConfigError, ServerConfig, load_config
 from kvpool_server.control.service import ControlService, NodeIdentity
 from kvpool_server.data.session import Session, SessionConfig
 from kvpool_server.data.tcp import TcpListener
+from kvpool_server.data.workers import LoopThread
 from kvpool_server.logs import configure_logging
+from kvpool_server.membership.handoff import hand_off
+from kvpool_server.membership.presence import NodePresence
+from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 
@@ -54,12 +64,16 @@ class Daemon:
         self.config = config
         self.counters = Counters()
         self.limits = WireLimits(config.max_keys_per_request, config.max_block_size, config.max_frame_bytes)
-        self._sessions: set[Session] = set()
+        self._sessions: set[Session] = set()  # touched by every worker thread
+        self._sessions_lock = threading.Lock()
+        self._workers: list[LoopThread] = []
         self._arena: SharedArena | None = None
         self._data: TcpListener | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = asyncio.Event()
+        self._background: set[asyncio.Task[object]] = set()
+        self.presence = NodePresence(config.etcd_endpoints, config.cluster, config.lease_ttl_s)
 
     async def start(self) -> None:
         cfg = self.config
@@ -69,14 +83,19 @@ class Daemon:
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
-            session = Session(channel, tier, self.counters, session_config)
-            self._sessions.add(session)
+            session = Session(channel, tier, self.counters, session_config, lambda: self.presence.accepting_writes)
+            with self._sessions_lock:
+                self._sessions.add(session)
             try:
                 await session.run()
             finally:
-                self._sessions.discard(session)
+                with self._sessions_lock:
+                    self._sessions.discard(session)
 
-        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, stall_timeout=cfg.io_timeout_s)
+        self._workers = [LoopThread(f"kvpool-data-{i}") for i in range(cfg.effective_data_workers())]
+        for worker in self._workers:
+            worker.start()
+        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, self._workers, cfg.io_timeout_s)
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         try:
             grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
@@ -93,14 +112,41 @@ class Daemon:
             slab_size=cfg.slab_size,
             started_at=time.time(),
         )
-        kvpool_pb2_grpc.add_KVPoolServicer_to_server(ControlService(identity, tier, self.counters), self._grpc)
+        control = ControlService(identity, tier, self.counters, self.presence, lambda: self._start_handoff(tier, identity))
+        kvpool_pb2_grpc.add_KVPoolServicer_to_server(control, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._data.start()
         await self._grpc.start()
+        await self.presence.start(self._record(identity, grpc_port))
+        await self.presence.set_state(NodeState.ACTIVE)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
         self._announce(resolved.node_id, grpc_port, self._data.port)
         log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
+
+    def _record(self, identity: NodeIdentity, grpc_port: int) -> NodeRecord:
+        host = self.config.resolved(grpc_port).advertise_host
+        return NodeRecord(
+            node_id=identity.node_id,
+            address=f"{host}:{grpc_port}",
+            data_endpoints=dict(identity.endpoints),
+            capacity_bytes=self.config.dram_capacity,
+            weight=self.config.node_weight,
+            version=identity.version,
+            registered_at=identity.started_at,
+        )
+
+    def _start_handoff(self, tier: DramTier, identity: NodeIdentity) -> None:
+        """Copy this node's blocks to their next owners, in the background."""
+        store = self.presence.store
+        if store is None:
+            log.warning("hand-off needs etcd membership; skipped")
+            return
+        task = asyncio.get_running_loop().create_task(
+            hand_off(tier, store, self.presence.cluster, identity.node_id, self.counters)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _announce(self, node_id: str, grpc_port: int, data_port: int) -> None:
         if not self.config.announce_file:
@@ -118,17 +164,29 @@ class Daemon:
         """Block until :meth:`request_stop` (wired to SIGTERM and SIGINT)."""
         await self._stopping.wait()
 
+    def _any_request_in_flight(self) -> bool:
+        with self._sessions_lock:
+            return any(s.busy for s in self._sessions)
+
     async def shutdown(self) -> None:
         grace = self.config.shutdown_grace_s
         log.info("shutting down", extra={"grace_s": grace})
+        # Draining first: clients stop placing writes here while reads still work.
+        with contextlib.suppress(InvalidTransition):
+            await self.presence.set_state(NodeState.DRAINING)
         await self._health.enter_graceful_shutdown()
         if self._data is not None:
             await self._data.stop_accepting()
         deadline = time.monotonic() + grace
-        while any(s.busy for s in self._sessions) and time.monotonic() < deadline:
+        while self._any_request_in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
         if self._data is not None:
-            await _cancel_all(self._data.connections, timeout=max(0.1, deadline - time.monotonic()))
+            await self._data.close_connections(timeout=max(0.1, deadline - time.monotonic()))
+        for worker in self._workers:
+            worker.stop(timeout=max(0.1, deadline - time.monotonic()))
+        for task in self._background:
+            task.cancel()
+        await self.presence.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
         if self._arena is not None:
@@ -137,14 +195,6 @@ class Daemon:
             except BufferError:
                 log.warning("arena still mapped by an unfinished request; it is freed at exit")
         log.info("stopped")
-
-
-async def _cancel_all(tasks: set[asyncio.Task[None]], timeout: float) -> None:
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=timeout)
 
 
 async def run(config: ServerConfig) -> None:

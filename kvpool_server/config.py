@@ -34,7 +34,7 @@ ENV_PREFIX = "KVPOOL_"
 CONFIG_ENV = "KVPOOL_CONFIG"
 # Read by kvpool_client in the same environment; the daemon ignores them.
 CLIENT_ENV_VARS = frozenset(
-    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_CLUSTER", "KVPOOL_ETCD_ENDPOINTS"}
+    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM"}
 )
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -57,10 +57,15 @@ class ServerConfig:
     grpc_port: int = _opt(50051, "gRPC control-plane port (0: ephemeral)")
     data_port: int = _opt(50052, "data-plane port (0: ephemeral)")
     advertise_host: str = _opt("", "address published to clients; empty: host (hostname if host is a wildcard)")
+    etcd_endpoints: str = _opt("", "etcd client URLs, comma separated (http://host:port); empty: standalone")
+    cluster: str = _opt("default", "cluster name: the etcd prefix /kvpool/<cluster>/")
+    lease_ttl_s: int = _opt(10, "etcd lease TTL: a dead node leaves the membership this long after dying")
+    node_weight: float = _opt(1.0, "placement weight: a node of weight 2 owns twice the keys")
     dram_capacity: int = _opt(GiB, "bytes of the DRAM tier arena", unit="bytes")
     prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
     slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
     shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
+    data_workers: int = _opt(0, "data-plane event loops, one thread each; 0: one per CPU, at most 8")
     max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")
     max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
     verify_checksum_on_get: bool = _opt(False, "verify each block's checksum before sending it")
@@ -74,6 +79,10 @@ class ServerConfig:
     def max_block_size(self) -> int:
         """The largest block this daemon stores: one slab."""
         return self.slab_size
+
+    def effective_data_workers(self) -> int:
+        """``data_workers``, or one per CPU (at most 8) when 0."""
+        return self.data_workers or min(8, os.cpu_count() or 1)
 
     def effective_node_id(self, bound_grpc_port: int | None = None) -> str:
         """``node_id``, or ``<hostname>-<port>`` if empty; pass the bound port when ``grpc_port`` is 0."""
@@ -383,6 +392,14 @@ def _check_fields(report: _Report) -> None:
             report.fail(name, "must be a port number in 0..65535 (0: ephemeral)")
     if config.grpc_port == config.data_port != 0:
         report.fail("data_port", f"must differ from {report.describe('grpc_port')}")
+    if config.lease_ttl_s < 1:
+        report.fail("lease_ttl_s", "must be >= 1")
+    if not config.node_weight > 0:
+        report.fail("node_weight", "must be > 0")
+    if not config.cluster or not config.cluster.replace("-", "").replace("_", "").isalnum():
+        report.fail("cluster", "must be non-empty letters, digits, '-' or '_'")
+    if not 0 <= config.data_workers <= 64:
+        report.fail("data_workers", "must be in 0..64 (0: one per CPU)")
     if not 1 <= config.max_keys_per_request <= 65535:
         report.fail("max_keys_per_request", "must be in 1..65535")
     for name in ("io_timeout_s", "shutdown_grace_s"):

@@ -59,6 +59,11 @@ class KVPoolStub:
                 request_serializer=kvpool_dot_v1_dot_kvpool__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.Stats.FromString,
                 _registered_method=True)
+        self.SetState = channel.unary_unary(
+                '/kvpool.v1.KVPool/SetState',
+                request_serializer=kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.FromString,
+                _registered_method=True)
 
 
 class KVPoolServicer:
@@ -98,6 +103,13 @@ class KVPoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetState(self, request, context):
+        """Drain (stop taking writes, keep serving reads) or return to active.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVPoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +137,11 @@ def add_KVPoolServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.GetStatsRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_kvpool__pb2.Stats.SerializeToString,
+            ),
+            'SetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetState,
+                    request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +279,33 @@ class KVPool:
             '/kvpool.v1.KVPool/GetStats',
             kvpool_dot_v1_dot_kvpool__pb2.GetStatsRequest.SerializeToString,
             kvpool_dot_v1_dot_kvpool__pb2.Stats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.KVPool/SetState',
+            kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.SerializeToString,
+            kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ kvpool ``ErrorCode`` in the trailing metadata key ``kvpool-error-code``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -17,6 +18,8 @@ from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_client.wire import PROTOCOL_VERSION, WireLimits
 from kvpool_client.wire.frames import MAX_HASH_BYTES, MAX_NAMESPACE_BYTES
 from kvpool_server.index import StoreKey
+from kvpool_server.membership.presence import NodePresence
+from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 
@@ -36,10 +39,21 @@ class NodeIdentity:
 
 
 class ControlService(kvpool_pb2_grpc.KVPoolServicer):
-    def __init__(self, identity: NodeIdentity, tier: DramTier, counters: Counters) -> None:
+    """Answers control calls; ``start_handoff`` launches a background hand-off on drain."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        tier: DramTier,
+        counters: Counters,
+        presence: NodePresence,
+        start_handoff: Callable[[], None],
+    ) -> None:
         self._identity = identity
         self._tier = tier
         self._counters = counters
+        self._presence = presence
+        self._start_handoff = start_handoff
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         ident = self._identity
@@ -55,7 +69,7 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
                 max_block_size=ident.limits.max_block_size,
                 max_payload=ident.limits.max_payload,
             ),
-            state="active",
+            state=str(self._presence.state),
             started_at_unix_s=ident.started_at,
         )
 
@@ -84,16 +98,34 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             evictions=counters.get("dram_evictions"),
         )
         uptime = time.time() - self._identity.started_at
-        return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=[dram], counters=counters.snapshot())
+        snapshot = counters.snapshot()
+        snapshot["etcd_registered"] = int(self._presence.session == "registered")
+        return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=[dram], counters=snapshot)
+
+    async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+        if request.state not in ("draining", "active"):
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"state must be draining or active, not {request.state!r}")
+        try:
+            await self._presence.set_state(request.state)
+        except InvalidTransition as exc:
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if request.handoff and request.state == "draining":
+            self._start_handoff()
+        return await self.GetServerInfo(pb.GetServerInfoRequest(), context)
 
     async def _keys(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> list[StoreKey]:
         """Validate a batch of keys or abort the call with INVALID_ARGUMENT."""
         problem = _keys_problem(request, self._identity.limits)
         if problem:
-            self._counters.add("errors_invalid_argument")
-            context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(ErrorCode.INVALID_ARGUMENT))),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         return [(request.namespace, h) for h in request.hashes]
+
+    async def _abort(self, context: grpc.aio.ServicerContext, status: grpc.StatusCode, message: str) -> None:
+        """End the call with ``status``; the kvpool code rides in the trailing metadata."""
+        self._counters.add(f"errors_{status.name.lower()}")
+        code = ErrorCode.INVALID_ARGUMENT if status is grpc.StatusCode.INVALID_ARGUMENT else ErrorCode.INTERNAL
+        context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(code))),))
+        await context.abort(status, message)
 
 
 def _keys_problem(request: pb.KeysRequest, limits: WireLimits) -> str | None:

@@ -16,6 +16,7 @@ Errors and the connection:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,11 +72,19 @@ class SessionConfig:
 class Session:
     """One client connection's request loop against a :class:`DramTier`."""
 
-    def __init__(self, channel: Channel, tier: DramTier, counters: Counters, config: SessionConfig) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        tier: DramTier,
+        counters: Counters,
+        config: SessionConfig,
+        accepting_writes: Callable[[], bool],
+    ) -> None:
         self._channel = channel
         self._tier = tier
         self._counters = counters
         self._config = config
+        self._accepting_writes = accepting_writes  # False while the node drains
         self.busy = False  # True while a request is in flight; shutdown waits for it
 
     async def run(self) -> None:
@@ -139,7 +148,11 @@ class Session:
 
     async def _put(self, request: PutRequest) -> None:
         ns = request.namespace
-        outcomes = [self._tier.reserve((ns, h), n) for h, n in zip(request.hashes, request.lengths)]
+        outcomes: list[BlockEntry | ErrorCode]
+        if self._accepting_writes():
+            outcomes = [self._tier.reserve((ns, h), n) for h, n in zip(request.hashes, request.lengths)]
+        else:
+            outcomes = [ErrorCode.DRAINING] * len(request.hashes)
         try:
             await self._receive_blocks(outcomes, request.lengths)
         except BaseException:

@@ -1,14 +1,16 @@
 """The DRAM tier: blocks in the shared arena, an index, and eviction when full.
 
-Everything here runs on the daemon's event loop thread, so no locks: the index
-and the allocator change only between awaits. Byte transfers happen outside,
-straight into or out of the ``memoryview`` slices this tier hands out.
+Data-plane worker threads and the control plane share one tier, so every public
+method takes the tier's lock; each holds it for a few dictionary operations only.
+Byte transfers happen outside the lock, straight into or out of the
+``memoryview`` slices this tier hands out, while the block is pinned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+import threading
 from itertools import count, islice
 
 import xxhash
@@ -61,6 +63,7 @@ class DramTier:
         self._by_offset: dict[int, BlockEntry] = {}
         self._policies: dict[int, EvictionPolicy] = {}  # slot size -> order of readable blocks
         self._ticks = count(1)
+        self._lock = threading.Lock()
 
     # -- writes ---------------------------------------------------------------
 
@@ -72,57 +75,67 @@ class DramTier:
             ``ALREADY_EXISTS`` (stored: put-if-absent), ``BUSY`` (another writer),
             ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE`` (everything evictable is pinned).
         """
-        existing = self._index.get(key)
-        if existing is not None:
-            return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
         if not 0 < length <= self._alloc.slab_size:
             return ErrorCode.BLOCK_TOO_LARGE
-        allocation = self._allocate(length)
-        if allocation is None:
-            return ErrorCode.OUT_OF_SPACE
-        entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1)
-        self._index[key] = self._by_offset[entry.offset] = entry
-        return entry
+        with self._lock:
+            existing = self._index.get(key)
+            if existing is not None:
+                return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
+            allocation = self._allocate(length)
+            if allocation is None:
+                return ErrorCode.OUT_OF_SPACE
+            entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1)
+            self._index[key] = self._by_offset[entry.offset] = entry
+            return entry
 
     def commit(self, entry: BlockEntry) -> None:
         """Make a fully written block readable: checksum it and let eviction see it."""
-        entry.checksum = checksum(self.view(entry))
-        entry.status = BlockStatus.COMPLETE
-        entry.last_access = next(self._ticks)
-        self._policy(entry.slot_size).insert(entry.key)
+        entry.checksum = checksum(self.view(entry))  # outside the lock: the writer owns the slot
+        with self._lock:
+            entry.status = BlockStatus.COMPLETE
+            entry.last_access = next(self._ticks)
+            self._policy(entry.slot_size).insert(entry.key)
+            self._release_pin(entry)
         self._counters.add("dram_blocks_written")
-        self._release_pin(entry)
 
     def abort(self, entry: BlockEntry) -> None:
         """Drop a reservation whose bytes never fully arrived."""
-        self._unlink(entry)
-        self._release_pin(entry)
+        with self._lock:
+            self._unlink(entry)
+            self._release_pin(entry)
 
     # -- reads ----------------------------------------------------------------
 
     def acquire(self, key: StoreKey) -> BlockEntry | None:
         """Pin a readable block for a reader and count the hit; ``None`` on a miss."""
-        entry = self._index.get(key)
-        if entry is None or not entry.readable:
-            self._counters.add("dram_misses")
-            return None
-        entry.pins += 1
-        entry.last_access = next(self._ticks)
-        self._policies[entry.slot_size].touch(key)
-        self._counters.add("dram_hits")
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is not None and entry.readable:
+                entry.pins += 1
+                entry.last_access = next(self._ticks)
+                self._policies[entry.slot_size].touch(key)
+            else:
+                entry = None
+        self._counters.add("dram_hits" if entry is not None else "dram_misses")
         return entry
 
     def release(self, entry: BlockEntry) -> None:
         """Unpin a block acquired for reading."""
-        self._release_pin(entry)
+        with self._lock:
+            self._release_pin(entry)
 
     def view(self, entry: BlockEntry) -> memoryview:
         """The block's bytes in the arena (writable while ``WRITING``)."""
         return self._arena.slice(entry.offset, entry.length)
 
     def contains(self, key: StoreKey) -> bool:
-        entry = self._index.get(key)
+        entry = self._index.get(key)  # one dict read: atomic under the GIL
         return entry is not None and entry.readable
+
+    def readable_keys(self) -> list[StoreKey]:
+        """A snapshot of every readable block's key."""
+        with self._lock:
+            return [key for key, entry in self._index.items() if entry.readable]
 
     def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
         """Number of leading ``keys`` stored and readable."""
@@ -137,25 +150,29 @@ class DramTier:
 
     def delete(self, key: StoreKey) -> bool:
         """Remove a readable block; a pinned one is freed by its last reader."""
-        entry = self._index.get(key)
-        if entry is None or not entry.readable:
-            return False
-        self._unlink(entry)
-        if not entry.pins:
-            self._free(entry)
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.readable:
+                return False
+            self._unlink(entry)
+            if not entry.pins:
+                self._free(entry)
         self._counters.add("dram_deletes")
         return True
 
     def discard_corrupt(self, entry: BlockEntry) -> None:
         """Unlink a block whose bytes no longer match its checksum."""
-        if not entry.unlinked:
+        with self._lock:
+            if entry.unlinked:
+                return
             self._unlink(entry)
-            self._counters.add("dram_corrupt_blocks")
             if not entry.pins:
                 self._free(entry)
+        self._counters.add("dram_corrupt_blocks")
 
     def usage(self) -> TierUsage:
-        return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._index))
+        with self._lock:
+            return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._index))
 
     # -- internals ------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""The daemon's side of cluster membership: registering in etcd under a lease."""

@@ -1,0 +1,87 @@
+"""Hand-off on drain: copy this node's blocks to the nodes that own them next.
+
+A draining node leaves the placement, so its keys now map to other nodes. Copying
+the blocks there before the node leaves keeps the pool's hit rate instead of
+letting those prefixes be recomputed. Blocks are sent straight from the arena
+(pinned for the copy) with the regular client, in batches, one owner at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from kvpool_client.aio import AsyncKVPoolClient
+from kvpool_client.errors import KVPoolError
+from kvpool_client.keys import BlockKey
+from kvpool_client.membership.cluster import list_nodes, read_config
+from kvpool_client.membership.etcd import EtcdStore
+from kvpool_client.membership.records import ClusterConfig, NodeState
+from kvpool_client.routing import Member, place
+from kvpool_server.index import StoreKey
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.dram import DramTier
+
+log = logging.getLogger("kvpool.membership.handoff")
+
+_BATCH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffReport:
+    blocks: int  # blocks this node held
+    copies: int  # copies stored (or already present) on their new owners
+    failed: int  # copies that could not be stored
+
+
+async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str, counters: Counters) -> HandoffReport:
+    """Copy every readable block to its owners among the other active nodes.
+
+    Raises:
+        EtcdError: the membership could not be read.
+    """
+    listing = await list_nodes(store, cluster)
+    config = await read_config(store, cluster) or ClusterConfig()
+    targets = [
+        Member(r.node_id, r.address, r.weight)
+        for r in listing.nodes.values()
+        if r.state is NodeState.ACTIVE and r.node_id != self_id
+    ]
+    keys = tier.readable_keys()
+    if not targets:
+        log.warning("hand-off skipped: no other active node", extra={"blocks": len(keys)})
+        return HandoffReport(len(keys), 0, 0)
+    by_owner: dict[str, list[StoreKey]] = defaultdict(list)
+    for key in keys:
+        for owner in place(key[1], targets, config.replicas):
+            by_owner[owner.address].append(key)
+    copies = failed = 0
+    for address, owned in by_owner.items():
+        stored, lost = await _copy_to(tier, address, owned)
+        copies, failed = copies + stored, failed + lost
+    counters.add("handoff_copies", copies)
+    counters.add("handoff_failures", failed)
+    log.info("hand-off done", extra={"blocks": len(keys), "copies": copies, "failed": failed})
+    return HandoffReport(len(keys), copies, failed)
+
+
+async def _copy_to(tier: DramTier, address: str, keys: list[StoreKey]) -> tuple[int, int]:
+    """Put ``keys`` to the node at ``address``; returns (stored, failed)."""
+    stored = failed = 0
+    async with AsyncKVPoolClient([address]) as client:
+        for start in range(0, len(keys), _BATCH):
+            entries = [e for e in (tier.acquire(k) for k in keys[start : start + _BATCH]) if e is not None]
+            try:
+                result = await client.put(
+                    [BlockKey(e.key[0], e.key[1]) for e in entries], [tier.view(e) for e in entries]
+                )
+                ok = len(entries) - len(result.failures())
+            except KVPoolError as exc:
+                log.warning("hand-off batch failed", extra={"target": address, "error": str(exc)})
+                ok = 0
+            finally:
+                for entry in entries:
+                    tier.release(entry)
+            stored, failed = stored + ok, failed + len(entries) - ok
+    return stored, failed
