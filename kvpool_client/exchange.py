@@ -51,11 +51,18 @@ class Receive:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceiveUpTo:
+    """Whatever has arrived, 1 to ``nbytes`` bytes: reads header and meta in one call."""
+
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReceiveInto:
     targets: list[memoryview]
 
 
-Step = Send | Receive | ReceiveInto
+Step = Send | Receive | ReceiveUpTo | ReceiveInto
 Exchange = Generator[Step, Any, T]
 
 
@@ -64,6 +71,8 @@ class SyncConnection(Protocol):
 
     def recv_exactly(self, nbytes: int) -> bytearray: ...
 
+    def recv_upto(self, nbytes: int) -> bytes: ...
+
     def recv_into(self, targets: list[memoryview]) -> None: ...
 
 
@@ -71,6 +80,8 @@ class AsyncConnection(Protocol):
     async def send(self, buffers: list[bytes | memoryview]) -> None: ...
 
     async def recv_exactly(self, nbytes: int) -> bytearray: ...
+
+    async def recv_upto(self, nbytes: int) -> bytes: ...
 
     async def recv_into(self, targets: list[memoryview]) -> None: ...
 
@@ -98,6 +109,8 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
             reply = await connection.send(step.buffers)
         elif isinstance(step, Receive):
             reply = await connection.recv_exactly(step.nbytes)
+        elif isinstance(step, ReceiveUpTo):
+            reply = await connection.recv_upto(step.nbytes)
         else:
             reply = await connection.recv_into(step.targets)
 
@@ -107,6 +120,8 @@ def _perform_sync(connection: SyncConnection, step: Step) -> Any:
         return connection.send(step.buffers)
     if isinstance(step, Receive):
         return connection.recv_exactly(step.nbytes)
+    if isinstance(step, ReceiveUpTo):
+        return connection.recv_upto(step.nbytes)
     return connection.recv_into(step.targets)
 
 
@@ -116,7 +131,7 @@ def _perform_sync(connection: SyncConnection, step: Step) -> Any:
 def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -> Exchange[list[int]]:
     """Send blocks; returns one status per key (OK, ALREADY_EXISTS, BUSY, ...)."""
     yield Send([encode(request), *blocks])
-    response = yield from _response(request.request_id, Op.PUT, limits)
+    response = yield from _response(request.request_id, Op.PUT, limits, _status_meta(len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
@@ -133,7 +148,7 @@ def get(
         block whose length differs from its target is drained: ``SIZE_MISMATCH``.
     """
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.GET, limits)
+    response = yield from _response(request.request_id, Op.GET, limits, _get_meta(len(request.hashes)))
     if not isinstance(response, GetResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} GET results, got {response!r}")
     statuses = list(response.statuses)
@@ -162,28 +177,40 @@ def get(
 
 def exists(request: ExistsRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.EXISTS, limits)
+    response = yield from _response(request.request_id, Op.EXISTS, limits, _status_meta(len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
 def delete(request: DeleteRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.DELETE, limits)
+    response = yield from _response(request.request_id, Op.DELETE, limits, _status_meta(len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
 def ping(request: PingRequest, limits: WireLimits) -> Exchange[None]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.PING, limits)
+    response = yield from _response(request.request_id, Op.PING, limits, 0)
     if not isinstance(response, PingResponse):
         raise ProtocolError(f"expected a PING response, got {response!r}")
 
 
-def _response(request_id: int, op: Op, limits: WireLimits) -> Exchange[Response]:
-    """Read one response frame's header and meta; raise the node's error if it sent one."""
-    header = decode_header((yield Receive(HEADER_SIZE)), limits)
-    meta = (yield Receive(header.meta_len)) if header.meta_len else b""
-    response = decode_message(header, meta, limits)
+def _response(request_id: int, op: Op, limits: WireLimits, expected_meta: int) -> Exchange[Response]:
+    """Read one response frame's header and meta; raise the node's error if it sent one.
+
+    Header and meta usually come in one receive of up to ``HEADER_SIZE + expected_meta``
+    bytes: the meta of a successful answer has exactly that size, so the read never
+    reaches into the payload; an error answer has no payload at all.
+    """
+    head = bytearray()
+    while len(head) < HEADER_SIZE:
+        head += yield ReceiveUpTo(HEADER_SIZE + expected_meta - len(head))
+    header = decode_header(head[:HEADER_SIZE], limits)
+    end = HEADER_SIZE + header.meta_len
+    if len(head) > end:
+        raise ProtocolError(f"meta of {header.meta_len} bytes is shorter than the {expected_meta} expected")
+    if len(head) < end:
+        head += yield Receive(end - len(head))
+    response = decode_message(header, memoryview(head)[HEADER_SIZE:], limits)
     answers = header.is_response and header.request_id == request_id and header.op & 0x7F == op
     # A node that could not parse our header addresses its error to (0, PING).
     unaddressed = header.request_id == 0 and header.op & 0x7F == Op.PING
@@ -192,6 +219,14 @@ def _response(request_id: int, op: Op, limits: WireLimits) -> Exchange[Response]
     if not answers:
         raise ProtocolError(f"response {header} does not answer {op.name} request {request_id}")
     return response  # type: ignore[return-value]
+
+
+def _status_meta(count: int) -> int:
+    return 4 + count  # count u32, one status byte per key
+
+
+def _get_meta(count: int) -> int:
+    return 4 + 13 * count  # count u32, status u8 + length u32 + checksum u64 per key
 
 
 def _statuses(response: Response, count: int) -> list[int]:

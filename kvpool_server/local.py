@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvpool_server.membership.local_etcd import LocalEtcd
 
 
 @dataclass
@@ -39,6 +42,10 @@ class DaemonProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def remove_files(self) -> None:
+        """Delete the announce file and log (after :meth:`stop`)."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Signal the daemon and wait; SIGKILL if it does not exit in ``timeout``."""
@@ -82,29 +89,52 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
 
 
 class LocalCluster:
-    """Several daemons on loopback, stopped together (use as a context manager).
+    """A local pool on loopback: an etcd member and several daemons registered in it.
+
+    Use as a context manager; everything started is stopped together.
 
     Args:
         size: number of daemons.
         daemon_args: extra ``kvpool-server`` flags for every daemon.
+        with_etcd: start an etcd and register the daemons in it; without it the
+            daemons run standalone and clients take the static address list.
+        cluster: the cluster name in etcd.
     """
 
-    def __init__(self, size: int, *daemon_args: str) -> None:
+    def __init__(self, size: int, *daemon_args: str, with_etcd: bool = True, cluster: str = "local") -> None:
+        self.cluster = cluster
+        self.etcd: LocalEtcd | None = None
         self.daemons: list[DaemonProcess] = []
         try:
+            if with_etcd:
+                self.etcd = LocalEtcd().start()
             for index in range(size):
-                self.daemons.append(start_daemon("--node-id", f"node-{index}", *daemon_args))
+                self.add_daemon(*daemon_args, node_id=f"node-{index}")
         except BaseException:
             self.stop()
             raise
+
+    def add_daemon(self, *daemon_args: str, node_id: str) -> DaemonProcess:
+        """Start one more daemon in this cluster."""
+        membership = ("--etcd-endpoints", self.etcd.endpoint, "--cluster", self.cluster) if self.etcd else ()
+        daemon = start_daemon("--node-id", node_id, *membership, *daemon_args)
+        self.daemons.append(daemon)
+        return daemon
 
     @property
     def addresses(self) -> list[str]:
         return [d.address for d in self.daemons]
 
+    @property
+    def etcd_endpoints(self) -> tuple[str, ...]:
+        return (self.etcd.endpoint,) if self.etcd else ()
+
     def stop(self) -> None:
         for daemon in self.daemons:
             daemon.stop()
+            daemon.remove_files()
+        if self.etcd is not None:
+            self.etcd.close()
 
     def __enter__(self) -> LocalCluster:
         return self

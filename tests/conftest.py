@@ -22,6 +22,7 @@ def daemon_factory() -> Iterator[Callable[..., DaemonProcess]]:
     yield start
     for daemon in started:
         daemon.stop()
+        daemon.remove_files()
 
 
 @pytest.fixture

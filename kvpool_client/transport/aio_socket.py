@@ -72,6 +72,12 @@ class AsyncSocketChannel:
         """Receive at least one byte into ``target``, waiting as long as it takes."""
         return await self._recv_once([target], None)
 
+    async def recv_upto(self, nbytes: int) -> bytes:
+        """Receive between 1 and ``nbytes`` bytes, bounded by the stall timeout."""
+        data = bytearray(nbytes)
+        received = await self._recv_once([memoryview(data)], self._stall_timeout)
+        return bytes(data[:received])
+
     async def recv_exactly(self, nbytes: int) -> bytearray:
         """Receive exactly ``nbytes`` into a new buffer (headers and meta, not payload)."""
         data = bytearray(nbytes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,12 +47,20 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 class TcpConnection:
-    """A blocking connection; every call is bounded by ``timeout`` seconds of silence."""
+    """A blocking connection; every call is bounded by ``timeout`` seconds of silence.
+
+    The timeout is the kernel's (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking socket:
+    Python's own socket timeouts would poll() before every send and receive.
+    """
 
     def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:
         self.address = address
         self._sock = _connect(address, connect_timeout)
-        self._sock.settimeout(timeout)
+        self._sock.settimeout(None)
+        seconds, micros = int(timeout), int((timeout % 1) * 1e6)
+        interval = struct.pack("ll", seconds, micros)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, interval)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, interval)
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
         pending = [memoryview(b).cast("B") for b in buffers if len(b)]
@@ -74,6 +83,13 @@ class TcpConnection:
         self.recv_into([memoryview(data)])
         return data
 
+    def recv_upto(self, nbytes: int) -> bytes:
+        with _socket_errors(self.address, "receive"):
+            data = self._sock.recv(nbytes)
+        if not data:
+            raise NodeUnavailable(f"{self.address} closed the connection")
+        return data
+
     def reusable(self) -> bool:
         return reusable(self._sock)
 
@@ -86,7 +102,7 @@ def _socket_errors(address: str, what: str) -> Iterator[None]:
     """Map socket exceptions to kvpool's: a timeout, or an unavailable node."""
     try:
         yield
-    except TimeoutError as exc:
+    except (TimeoutError, BlockingIOError) as exc:  # BlockingIOError: SO_RCVTIMEO/SO_SNDTIMEO expired
         raise RequestTimeout(f"{what} to {address} timed out") from exc
     except OSError as exc:
         raise NodeUnavailable(f"{what} to {address} failed: {exc}") from exc

@@ -40,6 +40,7 @@ from kvpool_client.wire import (
     encode,
     header_identity,
 )
+from kvpool_server.data.readahead import ReadAhead
 from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier, checksum
@@ -60,7 +61,7 @@ class Channel(Protocol):
 
     async def recv_some(self, target: memoryview) -> int: ...
 
-    async def recv_exactly(self, nbytes: int) -> bytearray: ...
+    async def recv_upto(self, nbytes: int) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class Session:
         accepting_writes: Callable[[], bool],
     ) -> None:
         self._channel = channel
+        self._reader = ReadAhead(channel)
         self._tier = tier
         self._counters = counters
         self._config = config
@@ -94,16 +96,14 @@ class Session:
         connection is fine); from then on every wait is bounded by the channel's
         stall timeout.
         """
-        head = bytearray(HEADER_SIZE)
         while True:
             try:
-                started = await self._channel.recv_some(memoryview(head))
+                await self._reader.wait_frame()
             except NodeUnavailable:
                 return
             self.busy = True
             try:
-                await self._channel.recv_into([memoryview(head)[started:]])
-                if not await self._serve_frame(head):
+                if not await self._serve_frame(await self._reader.recv_exactly(HEADER_SIZE)):
                     return
             except (NodeUnavailable, TimeoutError) as exc:
                 log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
@@ -124,7 +124,7 @@ class Session:
 
     async def _dispatch(self, header: FrameHeader) -> None:
         op = Op(header.op & 0x7F)
-        meta = await self._channel.recv_exactly(header.meta_len)
+        meta = await self._reader.recv_exactly(header.meta_len)
         try:
             if header.is_response:
                 raise ProtocolError("a client sent a response frame")
@@ -181,7 +181,7 @@ class Session:
                 chunk = min(length, len(scratch))
                 targets.append(scratch[:chunk])
                 length -= chunk
-        await self._channel.recv_into(targets)
+        await self._reader.recv_into(targets)
 
     async def _get(self, request: GetRequest) -> None:
         ns = request.namespace
@@ -230,7 +230,7 @@ class Session:
         scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
         while nbytes:
             chunk = min(nbytes, len(scratch))
-            await self._channel.recv_into([scratch[:chunk]])
+            await self._reader.recv_into([scratch[:chunk]])
             nbytes -= chunk
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:

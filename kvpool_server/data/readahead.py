@@ -1,0 +1,60 @@
+"""Read-ahead for frame heads: header and meta in one receive instead of two or three.
+
+A request's header and meta are small and arrive together, so the session asks
+the socket for up to :data:`HEAD_CHUNK` bytes at a time while it reads them; what
+runs over (the first bytes of a put's payload, or the next pipelined frame) is
+kept and handed out first. Payload reads go straight from the socket into their
+targets once the read-ahead is used up, so at most ``HEAD_CHUNK`` bytes of a
+block are copied once more.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+HEAD_CHUNK = 512
+
+
+class _Channel(Protocol):
+    async def recv_some(self, target: memoryview) -> int: ...
+
+    async def recv_upto(self, nbytes: int) -> bytes: ...
+
+    async def recv_into(self, targets: list[memoryview]) -> None: ...
+
+
+class ReadAhead:
+    """The receiving side of a channel, with a small read-ahead buffer."""
+
+    def __init__(self, channel: _Channel) -> None:
+        self._channel = channel
+        self._pending = bytearray()
+
+    async def wait_frame(self) -> None:
+        """Wait, without a time limit, until the next frame's first bytes are here."""
+        if not self._pending:
+            chunk = bytearray(HEAD_CHUNK)
+            received = await self._channel.recv_some(memoryview(chunk))
+            self._pending += memoryview(chunk)[:received]
+
+    async def recv_exactly(self, nbytes: int) -> bytearray:
+        """Exactly ``nbytes`` (a header or meta), reading ahead up to ``HEAD_CHUNK``."""
+        while len(self._pending) < nbytes:
+            self._pending += await self._channel.recv_upto(max(nbytes - len(self._pending), HEAD_CHUNK))
+        data = self._pending[:nbytes]
+        del self._pending[:nbytes]
+        return data
+
+    async def recv_into(self, targets: list[memoryview]) -> None:
+        """Fill ``targets`` exactly: read-ahead bytes first, then straight from the socket."""
+        rest = list(targets)
+        while self._pending and rest:
+            target = rest[0]
+            count = min(len(target), len(self._pending))
+            target[:count] = self._pending[:count]
+            del self._pending[:count]
+            rest[0] = target[count:]
+            if not len(rest[0]):
+                rest.pop(0)
+        if rest:
+            await self._channel.recv_into(rest)
