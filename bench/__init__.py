@@ -1,0 +1,1 @@
+"""Benchmarks of kvpool against memcpy, a raw TCP stream and Redis (run ``bench/blocks.py``)."""

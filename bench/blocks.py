@@ -1,0 +1,222 @@
+"""Block put/get benchmark of kvpool on loopback, with memcpy, raw TCP and Redis baselines.
+
+Usage: ``.venv/bin/python bench/blocks.py [--quick] [--out bench/results]``
+
+One run starts a kvpool daemon, redis-server and a raw socket server, spawns 1 and
+4 client processes, and measures every (system, op, block size, batch, clients)
+cell for a bounded time. Every block a get returns is verified against the
+checksum of the bytes it was written from (untimed). Writes ``blocks.json``,
+``blocks.md`` and ``blocks_{get,put}.png`` to ``--out`` and prints the table and
+the target ratios. Everything started is stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import os
+import platform
+import signal
+import subprocess
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import machine, report
+from bench.cells import Cell, missing, summarize
+from bench.harness import CellFailed, Pools
+from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
+from bench.workload import CellSpec, KiB, MiB
+
+BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
+BATCHES = (1, 32)
+CLIENTS = (1, 4)
+SYSTEMS = ("memcpy", "socket", "kvpool", "redis")
+FULL_DURATION_S = 1.5
+QUICK_DURATION_S = 0.2
+NOISY_CORES = 0.25  # other processes' CPU above which a cell is measured again
+MAX_RETRIES = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_DURATION_S} s per cell instead of {FULL_DURATION_S}"
+    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="output folder")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per cell (overrides --quick)")
+    parser.add_argument("--dram-capacity", default="3GiB", help="kvpool DRAM arena, also Redis maxmemory")
+    parser.add_argument("--slab-size", default="4MiB", help="kvpool slab size")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    parser.add_argument(
+        "--retry-budget", type=float, default=None, help="seconds for re-measuring cells disturbed by other processes"
+    )
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install a missing redis-server")
+    return parser.parse_args(argv)
+
+
+def plan_cells(endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float) -> list[CellSpec]:
+    """Every cell of the run, grouped by system so each server is busy in one stretch."""
+    specs: list[CellSpec] = []
+    for system in systems:
+        ops = ("copy",) if system == "memcpy" else ("put", "get")
+        for clients in CLIENTS:
+            for block in BLOCK_SIZES:
+                for batch in BATCHES:
+                    for op in ops:
+                        server = endpoints.get(system)
+                        address, pid = (server.address, server.pid) if server else ("", None)
+                        spec = CellSpec(system, op, block, batch, clients, address, duration_s, os.urandom(8), pid)
+                        specs.append(spec)
+    return specs
+
+
+def run_cell(spec: CellSpec, pools: Pools, available: bool) -> Cell:
+    if not available:
+        return missing(spec, f"{spec.system} server unavailable")
+    before = machine.sample()
+    try:
+        cell = summarize(spec, pools.run(spec))
+        return replace(cell, foreign_cores=machine.foreign_cores(before, machine.sample()))
+    except CellFailed as exc:
+        print(f"  FAILED: {exc}", file=sys.stderr)
+        return missing(spec, str(exc).strip().splitlines()[-1])
+
+
+@dataclass(slots=True)
+class RetryBudget:
+    """Seconds a run may spend measuring disturbed cells again."""
+
+    seconds: float
+
+
+def measure(spec: CellSpec, pools: Pools, available: bool, budget: RetryBudget) -> Cell:
+    """Run a cell; while other processes disturbed it and retry time is left, run it again.
+
+    Keeps the least disturbed attempt. Each attempt writes fresh keys.
+    """
+    best = run_cell(spec, pools, available)
+    attempts = 1
+    while _disturbed(best) and attempts <= MAX_RETRIES and budget.seconds > 0:
+        started = time.monotonic()
+        again = run_cell(replace(spec, tag=os.urandom(8)), pools, available)
+        budget.seconds -= time.monotonic() - started
+        attempts += 1
+        if again.ok and (again.foreign_cores or 0.0) < (best.foreign_cores or 0.0):
+            best = again
+    return replace(best, attempts=attempts)
+
+
+def _disturbed(cell: Cell) -> bool:
+    return cell.ok and (cell.foreign_cores or 0.0) > NOISY_CORES
+
+
+def progress_line(index: int, total: int, cell: Cell, elapsed: float) -> str:
+    shape = f"{cell.system:6} {cell.op:4} {report.size_label(cell.block_size):>7} x{cell.batch:<2} c{cell.clients}"
+    if not cell.ok:
+        return f"[{index:2}/{total}] {shape}: missing ({cell.error})"
+    server = f"{cell.server_cpu_us:.0f}" if cell.server_cpu_us is not None else "-"
+    return (
+        f"[{index:2}/{total}] {shape}: {cell.gbps:5.2f} GB/s {cell.ops_per_s:7.0f} ops/s "
+        f"p50/p99 {cell.p50_us:.0f}/{cell.p99_us:.0f} us, cpu/op client {cell.client_cpu_us:.0f} server {server} us, "
+        f"other load {cell.foreign_cores} ({cell.attempts}x, {elapsed:.1f} s)"
+    )
+
+
+def start_everything(
+    stack: ExitStack, args: argparse.Namespace, systems: list[str]
+) -> tuple[dict[str, Endpoint | None], Pools]:
+    """Client pools first (they import in the background while servers start), then servers."""
+    pools = stack.enter_context(Pools(CLIENTS))
+    endpoints: dict[str, Endpoint | None] = {}
+    if "kvpool" in systems:
+        endpoints["kvpool"] = stack.enter_context(kvpool_daemon(args.dram_capacity, args.slab_size))
+    if "redis" in systems:
+        endpoints["redis"] = stack.enter_context(
+            redis_server(args.dram_capacity.lower().replace("ib", "b"), not args.no_install)
+        )
+    if "socket" in systems:
+        endpoints["socket"] = stack.enter_context(socket_server())
+    return endpoints, pools
+
+
+def run_all(args: argparse.Namespace, systems: list[str], duration_s: float, retry_s: float, cells: list[Cell]) -> None:
+    """Run every cell, appending to ``cells`` as they finish (kept on Ctrl-C)."""
+    with ExitStack() as stack:
+        started = time.monotonic()
+        endpoints, pools = start_everything(stack, args, systems)
+        print(f"servers and clients up in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        specs = plan_cells(endpoints, systems, duration_s)
+        budget = RetryBudget(retry_s)
+        for index, spec in enumerate(specs, 1):
+            started = time.monotonic()
+            available = spec.system == "memcpy" or endpoints.get(spec.system) is not None
+            cell = measure(spec, pools, available, budget)
+            cells.append(cell)
+            print(progress_line(index, len(specs), cell, time.monotonic() - started), file=sys.stderr, flush=True)
+
+
+def run_meta(
+    args: argparse.Namespace, duration_s: float, started: str, seconds: float, cells: list[Cell]
+) -> dict[str, Any]:
+    loads = [c.foreign_cores for c in cells if c.foreign_cores is not None]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    return {
+        "started": started,
+        "seconds": round(seconds, 1),
+        "quick": args.quick,
+        "duration_s": duration_s,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "commit": commit.stdout.strip(),
+        "dram_capacity": args.dram_capacity,
+        "slab_size": args.slab_size,
+        "mean_other_load_cores": round(sum(loads) / len(loads), 2) if loads else None,
+    }
+
+
+def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(out / "blocks.json", cells, meta)
+    report.write_markdown(out / "blocks.md", cells, meta)
+    plots = report.write_plots(out, cells)
+    print(report.markdown_table(cells))
+    print("\nRatios (this run):")
+    print(report.ratio_lines(report.ratios(cells)))
+    print(f"\nWrote {out / 'blocks.json'}, {out / 'blocks.md'}, " + ", ".join(str(p) for p in plots))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up on kill as on Ctrl-C
+    args = parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"unknown systems: {', '.join(sorted(unknown))}")
+    duration_s = args.duration or (QUICK_DURATION_S if args.quick else FULL_DURATION_S)
+    started, t0 = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
+    cells: list[Cell] = []
+    status = 0
+    try:
+        retry_s = args.retry_budget if args.retry_budget is not None else (10.0 if args.quick else 45.0)
+        run_all(args, systems, duration_s, retry_s, cells)
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything stopped; writing the cells measured so far", file=sys.stderr)
+        status = 130
+    write_outputs(args.out, cells, run_meta(args, duration_s, started, time.monotonic() - t0, cells))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

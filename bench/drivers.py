@@ -1,0 +1,185 @@
+"""The client side of each benchmarked system, behind one small interface.
+
+A driver turns a list of :class:`~bench.workload.BlockRef` into its own request
+form *before* timing (:meth:`Driver.prepare`: kvpool keys, Redis key bytes, a packed
+socket request), then performs the op inside the timed section. Every driver raises
+:class:`BenchError` when a system answers anything but full success, so a cell never
+reports the speed of failing requests.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import redis
+
+from bench import sockio
+from bench.workload import REGION_BYTES, BlockRef, region
+from kvpool_client import BlockKey, KVPoolClient, Namespace
+
+_DELETE_CHUNK = 1024
+
+
+class BenchError(RuntimeError):
+    """A system failed or returned wrong bytes: the cell is invalid."""
+
+
+class Driver(Protocol):
+    stores: bool  # True if what a put stores can be read back (kvpool, Redis)
+
+    def prepare(self, refs: list[BlockRef], block_size: int) -> Any: ...
+
+    def put(self, request: Any, sources: Sequence[memoryview]) -> None: ...
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        """Fetch blocks; returns the buffers now holding them (``targets`` when zero-copy)."""
+        ...
+
+    def forget(self, refs: list[BlockRef]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class KvpoolDriver:
+    """kvpool's blocking client: one pooled data connection per worker process."""
+
+    stores = True
+
+    def __init__(self, endpoint: str) -> None:
+        self._client = KVPoolClient([endpoint])
+        self._namespace = Namespace("bench", "u8", "raw").id
+
+    def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
+        return [BlockKey(self._namespace, r.key) for r in refs]
+
+    def put(self, request: Any, sources: Sequence[memoryview]) -> None:
+        result = self._client.put(request, sources)
+        if result.stored != len(request):
+            raise BenchError(f"kvpool put stored {result.stored}/{len(request)}: {result.failures()[:3]}")
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        result = self._client.get(request, into=targets)
+        if result.hits != len(request):
+            raise BenchError(f"kvpool get hit {result.hits}/{len(request)}: {result.failures()[:3]}")
+        return targets
+
+    def forget(self, refs: list[BlockRef]) -> None:
+        for start in range(0, len(refs), _DELETE_CHUNK):
+            self._client.delete(self.prepare(refs[start : start + _DELETE_CHUNK], 0))
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class RedisDriver:
+    """redis-py with the hiredis parser: SET/GET for one block, MSET/MGET for a batch."""
+
+    stores = True
+
+    def __init__(self, endpoint: str) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self._redis = redis.Redis(host=host, port=int(port), socket_timeout=60)
+        self._redis.ping()
+
+    def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
+        return [r.key for r in refs]
+
+    def put(self, request: Any, sources: Sequence[memoryview]) -> None:
+        if len(request) == 1:
+            ok = self._redis.set(request[0], sources[0])
+        else:
+            ok = self._redis.mset(dict(zip(request, sources, strict=True)))
+        if not ok:
+            raise BenchError(f"redis put of {len(request)} keys failed")
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        values = [self._redis.get(request[0])] if len(request) == 1 else self._redis.mget(request)
+        if any(v is None for v in values):
+            raise BenchError(f"redis get missed {sum(v is None for v in values)}/{len(request)} keys")
+        return values
+
+    def forget(self, refs: list[BlockRef]) -> None:
+        for start in range(0, len(refs), _DELETE_CHUNK):
+            self._redis.delete(*(r.key for r in refs[start : start + _DELETE_CHUNK]))
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+class SocketDriver:
+    """One blocking TCP connection to the stream server of :mod:`bench.servers`."""
+
+    stores = False
+
+    def __init__(self, endpoint: str, worker: int) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self._sock = socket.create_connection((host, int(port)))
+        sockio.tune(self._sock)
+        self._base = worker * REGION_BYTES  # the server holds every worker's region back to back
+
+    def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
+        offsets = np.array([self._base + r.offset for r in refs], dtype="<u8")
+        return sockio.HEADER.pack(sockio.GET, block_size, len(refs)) + offsets.tobytes()
+
+    def put(self, request: Any, sources: Sequence[memoryview]) -> None:
+        head = sockio.HEADER.pack(sockio.PUT, len(sources[0]), len(sources))
+        sockio.send_views(self._sock, [head, *sources])
+        if sockio.recv_exact(self._sock, 1) != sockio.ACK:
+            raise BenchError("socket server did not acknowledge a put")
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        self._sock.sendall(request)
+        sockio.recv_views(self._sock, [t.data for t in targets])
+        return targets
+
+    def forget(self, refs: list[BlockRef]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class MemcpyDriver:
+    """numpy ``copyto`` from the worker's region into the destination ring: the memory ceiling."""
+
+    stores = False
+
+    def __init__(self, worker: int) -> None:
+        self._region = region(worker)
+
+    def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
+        return [self._region[r.offset : r.offset + block_size] for r in refs]
+
+    def put(self, request: Any, sources: Sequence[memoryview]) -> None:
+        raise BenchError("memcpy has no put; use op 'copy'")
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        for source, target in zip(request, targets, strict=True):
+            np.copyto(target, source)
+        return targets
+
+    def forget(self, refs: list[BlockRef]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_driver(system: str, endpoint: str, worker: int) -> Driver:
+    """Connect the driver of ``system``.
+
+    Raises:
+        ValueError: an unknown system.
+    """
+    if system == "kvpool":
+        return KvpoolDriver(endpoint)
+    if system == "redis":
+        return RedisDriver(endpoint)
+    if system == "socket":
+        return SocketDriver(endpoint, worker)
+    if system == "memcpy":
+        return MemcpyDriver(worker)
+    raise ValueError(f"unknown system {system!r}")

@@ -1,0 +1,176 @@
+"""Results out: a JSON file of every cell, a markdown table, plots, and the target ratios."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.cells import Cell
+from bench.workload import KiB, MiB
+
+SYSTEMS = ("kvpool", "redis", "socket", "memcpy")
+_RATIO_BLOCK = 384 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    name: str
+    value: float | None  # None: a cell it needs is missing
+    target: float
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        return "ok" if self.value >= self.target else "BELOW TARGET"
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes % MiB == 0 else f"{nbytes // KiB} KiB"
+
+
+def find(cells: Sequence[Cell], system: str, op: str, block: int, batch: int, clients: int) -> Cell | None:
+    for cell in cells:
+        if (cell.system, cell.op, cell.block_size, cell.batch, cell.clients) == (system, op, block, batch, clients):
+            return cell
+    return None
+
+
+def ratios(cells: Sequence[Cell]) -> list[Ratio]:
+    """The targets the daemon and client are tuned against, from this run's cells only."""
+
+    def gbps(system: str, batch: int, clients: int) -> float | None:
+        cell = find(cells, system, "get", _RATIO_BLOCK, batch, clients)
+        return cell.gbps if cell is not None else None
+
+    def ratio(name: str, top: tuple[str, int, int], bottom: tuple[str, int, int], target: float) -> Ratio:
+        return Ratio(name, _div(gbps(*top), gbps(*bottom)), target)
+
+    return [
+        ratio("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.3),
+        ratio(
+            "384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7
+        ),
+        ratio("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
+        ratio("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
+    ]
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def markdown_table(cells: Sequence[Cell]) -> str:
+    """Every cell, ordered so the systems of one shape sit next to each other."""
+    order = {name: i for i, name in enumerate(SYSTEMS)}
+    rows = sorted(cells, key=lambda c: (c.op != "put", c.block_size, c.batch, c.clients, order.get(c.system, 99)))
+    lines = [
+        "| op | block | batch | clients | system | GB/s | ops/s | p50 us | p99 us | client CPU us/op "
+        "| server CPU us/op | other load |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in rows:
+        metrics = [
+            _num(c.gbps, 2),
+            _num(c.ops_per_s, 0),
+            _num(c.p50_us, 0),
+            _num(c.p99_us, 0),
+            _num(c.client_cpu_us, 0),
+            _num(c.server_cpu_us, 0),
+            _num(c.foreign_cores, 2),
+        ]
+        if not c.ok:
+            metrics = ["missing"] + [""] * 6
+        lines.append(
+            f"| {c.op} | {size_label(c.block_size)} | {c.batch} | {c.clients} | {c.system} | "
+            + " | ".join(metrics)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def ratio_lines(values: Sequence[Ratio]) -> str:
+    return "\n".join(
+        f"- {r.name}: {_num(r.value, 2) if r.value is not None else 'n/a'} (target >= {r.target}) {r.verdict}"
+        for r in values
+    )
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def write_json(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> None:
+    ratio_rows = [{**asdict(r), "verdict": r.verdict} for r in ratios(cells)]
+    path.write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells], "ratios": ratio_rows}, indent=2))
+
+
+def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> None:
+    errors = [
+        f"- {c.system} {c.op} {size_label(c.block_size)} x{c.batch} c{c.clients}: {c.error}" for c in cells if not c.ok
+    ]
+    text = [
+        "# kvpool block benchmark (loopback)",
+        "",
+        f"Run: {meta.get('started')}, {meta.get('cpus')} CPUs, {'quick' if meta.get('quick') else 'full'} mode, "
+        f"{meta.get('duration_s')} s per cell. GB/s = 1e9 bytes/s over all clients; latency per call; "
+        "CPU us/op = CPU time (user + kernel) of all clients, and of the server process, per call "
+        "while timed; "
+        "other load = cores used meanwhile by processes outside the benchmark (noise; "
+        f"mean {meta.get('mean_other_load_cores')}).",
+        "",
+        markdown_table(cells),
+        "",
+        "## Ratios",
+        "",
+        ratio_lines(ratios(cells)),
+    ]
+    if errors:
+        text += ["", "## Missing cells", "", *errors]
+    path.write_text("\n".join(text) + "\n")
+
+
+def write_plots(out: Path, cells: Sequence[Cell]) -> list[Path]:
+    """Grouped bars of GB/s per system per block size: one PNG per op kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = []
+    for op, title in (("get", "get (memcpy: copy)"), ("put", "put")):
+        path = out / f"blocks_{op}.png"
+        _plot_op(path, [c for c in cells if c.op == op or (op == "get" and c.op == "copy")], title)
+        written.append(path)
+    return written
+
+
+def _plot_op(path: Path, cells: Sequence[Cell], title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    blocks = sorted({c.block_size for c in cells})
+    systems = [s for s in SYSTEMS if any(c.system == s for c in cells)]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharey=True)
+    width = 0.8 / max(1, len(systems))
+    for ax, (clients, batch) in zip(axes.flat, ((1, 1), (1, 32), (4, 1), (4, 32)), strict=True):
+        for i, system in enumerate(systems):
+            values = [_gbps_of(cells, system, b, batch, clients) for b in blocks]
+            ax.bar([x + (i - (len(systems) - 1) / 2) * width for x in range(len(blocks))], values, width, label=system)
+        ax.set_xticks(range(len(blocks)), [size_label(b) for b in blocks])
+        ax.set_title(f"{clients} client{'s' if clients > 1 else ''}, batch {batch}")
+        ax.set_ylabel("GB/s")
+        ax.grid(axis="y", alpha=0.3)
+    if systems:
+        axes.flat[0].legend()
+    fig.suptitle(f"kvpool vs baselines on loopback: {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _gbps_of(cells: Sequence[Cell], system: str, block: int, batch: int, clients: int) -> float:
+    for c in cells:
+        if (c.system, c.block_size, c.batch, c.clients) == (system, block, batch, clients) and c.gbps is not None:
+            return c.gbps
+    return 0.0
