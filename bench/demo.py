@@ -1,9 +1,12 @@
 """Demo workload: an engine's view of kvpool on a local 3-node pool.
 
-Plays multi-turn chats that share a system prompt, the way a prefill node would:
-hash the prompt into block keys, ask the pool how many leading blocks it holds,
-load those into KV tensors, "compute" the rest, and write the new blocks back.
-Every loaded block is checked against the bytes that were written.
+Starts etcd and three daemons on 127.0.0.1 (each registers itself; the cluster
+keeps 2 replicas of every block), then plays multi-turn chats that share a
+system prompt, the way a prefill node would: hash the prompt into block keys, ask
+the pool how many leading blocks it holds, load those into KV tensors, "compute"
+the rest, and write the new blocks back. Every loaded block is checked against
+the bytes that were written. Last, one daemon is killed with SIGKILL and the
+longest prompt is served again: its blocks come from the surviving replicas.
 
 Run: python bench/demo.py [--nodes host:port,...] [--conversations 6 --turns 4]
 """
@@ -11,8 +14,8 @@ Run: python bench/demo.py [--nodes host:port,...] [--conversations 6 --turns 4]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvpool_client import BlockKey, BlockKeyBuilder, KVPoolClient, Namespace  # noqa: E402
+from kvpool_client import BlockKey, BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace  # noqa: E402
 from kvpool_server.local import LocalCluster  # noqa: E402
 
 # Qwen2.5-0.5B's KV shape: 24 layers x (K, V) x 2 KV heads x head_dim 64, 16 tokens per block, bf16.
@@ -84,9 +87,10 @@ def serve_turn(client: KVPoolClient, builder: BlockKeyBuilder, tokens: list[int]
     return hits, sum(p.numel() * p.element_size() for p in pages), written.stored
 
 
-def run(client: KVPoolClient, conversations: int, turns: int, seed: int) -> list[TurnReport]:
+def run(client: KVPoolClient, chats: list[list[list[int]]]) -> list[TurnReport]:
     builder = BlockKeyBuilder(NAMESPACE, block_size=BLOCK_TOKENS, seed="0")
-    chats, reports = make_conversations(conversations, turns, seed), []
+    reports: list[TurnReport] = []
+    turns = len(chats[0])
     for turn in range(turns):  # round-robin, like concurrent users
         for index, prompts in enumerate(chats):
             start = time.perf_counter()
@@ -101,17 +105,30 @@ def run(client: KVPoolClient, conversations: int, turns: int, seed: int) -> list
     return reports
 
 
-def summarize(client: KVPoolClient, reports: list[TurnReport]) -> None:
+def summarize(client: KVPoolClient, addresses: list[str], reports: list[TurnReport]) -> None:
     blocks = sum(r.blocks for r in reports)
     hits = sum(r.hit_blocks for r in reports)
     loaded = sum(r.loaded_bytes for r in reports)
     print(f"\n{len(reports)} prefills, {blocks} blocks: {hits} loaded from the pool ({hits / blocks:.0%}), "
           f"{blocks - hits} computed; {loaded / 2**20:.1f} MiB loaded, every block verified")
-    for address in client.config.nodes:
+    for address in addresses:
         stats = client.stats(address)
         dram = stats.tiers[0]
         print(f"  {stats.node_id:>8} {address}: {dram.blocks:4d} blocks, "
               f"{dram.used_bytes / 2**20:6.1f} MiB used, {dram.hits} hits, {dram.misses} misses")
+
+
+def survive_a_crash(cluster: LocalCluster, client: KVPoolClient, prompt: list[int]) -> None:
+    """Kill one daemon with SIGKILL, then serve the longest prompt again from the replicas."""
+    victim = cluster.daemons[0]
+    victim.stop(signal.SIGKILL)
+    print(f"\nkilled {victim.node_id} (SIGKILL); serving the longest prompt again ...")
+    start = time.perf_counter()
+    hits, loaded, written = serve_turn(client, BlockKeyBuilder(NAMESPACE, BLOCK_TOKENS, seed="0"), prompt)
+    millis = (time.perf_counter() - start) * 1e3
+    blocks = len(prompt) // BLOCK_TOKENS
+    print(f"{blocks} blocks, {hits} from the surviving replicas ({loaded / 2**20:.1f} MiB), "
+          f"{written} recomputed, {millis:.1f} ms, every block verified")
 
 
 def main() -> int:
@@ -121,15 +138,19 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    chats = make_conversations(args.conversations, args.turns, args.seed)
     if args.nodes:
-        with KVPoolClient(args.nodes.split(",")) as client:
-            summarize(client, run(client, args.conversations, args.turns, args.seed))
+        nodes = args.nodes.split(",")
+        with KVPoolClient(nodes) as client:
+            summarize(client, nodes, run(client, chats))
         return 0
-    print("starting a local kvpool: 3 daemons on 127.0.0.1 ...")
-    with LocalCluster(3, "--dram-capacity", "256MiB", "--slab-size", "1MiB") as cluster:
-        print("nodes:", ", ".join(cluster.addresses), "\n")
-        with KVPoolClient(cluster.addresses) as client:
-            summarize(client, run(client, args.conversations, args.turns, args.seed))
+    print("starting a local kvpool on 127.0.0.1: etcd and 3 daemons, 2 replicas per block ...")
+    with LocalCluster(3, "--dram-capacity", "256MiB", "--slab-size", "1MiB", "--lease-ttl-s", "3") as cluster:
+        print("etcd:", cluster.etcd_endpoints[0], " nodes:", ", ".join(cluster.addresses), "\n")
+        config = ClientConfig(etcd_endpoints=cluster.etcd_endpoints, cluster=cluster.cluster, replicas=2)
+        with KVPoolClient(config=config) as client:
+            summarize(client, cluster.addresses, run(client, chats))
+            survive_a_crash(cluster, client, max((p[-1] for p in chats), key=len))
     return 0
 
 

@@ -1,6 +1,7 @@
 """kvpool client SDK: block keys, and blocking and asyncio clients of a kvpool cluster."""
 
 from kvpool_client.aio import AsyncKVPoolClient
+from kvpool_client.breaker import CircuitBreaker, CircuitState
 from kvpool_client.client import KVPoolClient
 from kvpool_client.config import ClientConfig
 from kvpool_client.errors import (
@@ -21,6 +22,8 @@ __all__ = [
     "BatchResult",
     "BlockKey",
     "BlockKeyBuilder",
+    "CircuitBreaker",
+    "CircuitState",
     "ClientConfig",
     "ErrorCode",
     "GetResult",

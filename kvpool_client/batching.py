@@ -1,21 +1,23 @@
 """Split a caller's batch into per-node requests and put the answers back in order.
 
-Pure planning shared by the blocking and asyncio clients: no I/O here. A batch is
-grouped by owning node, namespace and hash size (one frame carries one of each),
-then chunked to the node's limits on keys and payload bytes.
+Pure planning shared by the blocking and asyncio clients: no I/O here. Keys assigned
+to nodes (by :mod:`~kvpool_client.replication` for writes, :mod:`~kvpool_client.failover`
+for reads) are grouped by node, namespace and hash size (one frame carries one of
+each), then chunked to the node's limits on keys and payload bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 from kvpool_client import exchange
 from kvpool_client.buffers import byte_view
-from kvpool_client.errors import ErrorCode, UsageError
+from kvpool_client.errors import ErrorCode, KVPoolError, UsageError
 from kvpool_client.keys import BlockKey
+from kvpool_client.results import failure_code
 from kvpool_client.routing import Member, Router
 from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits
 
@@ -30,20 +32,38 @@ class Job:
     hashes: list[bytes]
 
 
-def plan(keys: Sequence[BlockKey], router: Router) -> list[Job]:
-    """Group ``keys`` by owner, namespace and hash size, keeping the caller's order."""
-    jobs: dict[tuple[str, str, int], Job] = {}
+def check_keys(keys: Sequence[BlockKey]) -> None:
+    """Raises UsageError for the first element of ``keys`` that is not a :class:`BlockKey`."""
     for index, key in enumerate(keys):
         if not isinstance(key, BlockKey):
             raise UsageError(f"key {index} is a {type(key).__name__}, expected BlockKey")
-        owner = router.owners(key)[0]
-        slot = (owner.address, key.namespace, len(key.hash))
+
+
+def group(keys: Sequence[BlockKey], assignments: Iterable[tuple[int, Member]]) -> list[Job]:
+    """Jobs for ``(batch index, member)`` pairs: one per member, namespace and hash size.
+
+    Jobs come in first-seen order and keep the order of the assignments inside each.
+    """
+    jobs: dict[tuple[str, str, int], Job] = {}
+    for index, member in assignments:
+        key = keys[index]
+        slot = (member.node_id, key.namespace, len(key.hash))
         job = jobs.get(slot)
         if job is None:
-            job = jobs[slot] = Job(owner, key.namespace, [], [])
+            job = jobs[slot] = Job(member, key.namespace, [], [])
         job.indices.append(index)
         job.hashes.append(key.hash)
     return list(jobs.values())
+
+
+def plan(keys: Sequence[BlockKey], router: Router) -> list[Job]:
+    """Group ``keys`` by their first reader, namespace and hash size, keeping the caller's order.
+
+    Raises:
+        UsageError: an element of ``keys`` is not a BlockKey.
+    """
+    check_keys(keys)
+    return group(keys, ((i, router.placement(k).read_order[0]) for i, k in enumerate(keys)))
 
 
 def chunk(job: Job, limits: WireLimits, sizes: Sequence[int] | None = None) -> list[Job]:
@@ -77,13 +97,33 @@ def source_views(keys: Sequence[BlockKey], blocks: Sequence[Any], limits_for: Ca
     Raises:
         UsageError: counts differ, a block is empty, too large or not a contiguous buffer.
     """
+    views = block_views(keys, blocks)
+    check_block_sizes(views, limits_for)
+    return views
+
+
+def block_views(keys: Sequence[BlockKey], blocks: Sequence[Any]) -> list[memoryview]:
+    """Byte views of the blocks to put (no size check yet: that needs the nodes' limits).
+
+    Raises:
+        UsageError: counts differ, or a block is not a contiguous buffer.
+    """
     if len(keys) != len(blocks):
         raise UsageError(f"{len(keys)} keys but {len(blocks)} blocks")
-    views = [byte_view(b, writable=False) for b in blocks]
+    return [byte_view(b, writable=False) for b in blocks]
+
+
+def check_block_sizes(views: Sequence[memoryview], limits_for: Callable[[int], int]) -> None:
+    """Raises UsageError (BLOCK_TOO_LARGE) for the first empty block or one over ``limits_for(i)``."""
     for i, view in enumerate(views):
         if not 0 < len(view) <= limits_for(i):
             raise UsageError(f"block {i} is {len(view)} bytes; allowed 1..{limits_for(i)}", ErrorCode.BLOCK_TOO_LARGE)
-    return views
+
+
+def block_limit(owners: Iterable[Member], known: Mapping[str, WireLimits]) -> int:
+    """The largest block every owner with known limits accepts (the default limit if none is known)."""
+    sizes = [known[m.node_id].max_block_size for m in owners if m.node_id in known]
+    return min(sizes) if sizes else WireLimits().max_block_size
 
 
 def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[memoryview | None]:
@@ -132,3 +172,27 @@ def leading_ok(statuses: Sequence[int]) -> int:
         if status != ErrorCode.OK:
             return i
     return len(statuses)
+
+
+def statuses_of(job: Job, outcome: list[int] | KVPoolError) -> list[int]:
+    """A job's per-key statuses: the node's answer, or its failure's code for every key."""
+    if isinstance(outcome, KVPoolError):
+        return [failure_code(outcome)] * len(job.indices)
+    return outcome
+
+
+def get_answer(
+    job: Job, outcome: tuple[list[int], list[memoryview | None]] | KVPoolError
+) -> tuple[list[int], list[memoryview | None]]:
+    """A get job's per-key statuses and filled buffers (none when the node failed)."""
+    if isinstance(outcome, KVPoolError):
+        return [failure_code(outcome)] * len(job.indices), [None] * len(job.indices)
+    return outcome
+
+
+class RoundPlan(Protocol):
+    """A multi-round plan (:class:`~kvpool_client.replication.WritePlan`, :class:`~kvpool_client.failover.ReadPlan`)."""
+
+    def next_round(self, usable: Callable[[str], bool]) -> list[Job]: ...
+
+    def record(self, job: Job, codes: Sequence[int]) -> None: ...

@@ -4,45 +4,68 @@ Batched put / get / exists / lookup / delete of blocks. Bytes go from the caller
 buffers to the node and back into the caller's buffers with no copy in Python.
 Failures of a node show up per key (``UNAVAILABLE``, ``TIMEOUT``) so one bad node
 does not fail a whole batch; misuse raises :class:`~kvpool_client.errors.UsageError`.
+
+Placement, replication and failover are planned by pure modules
+(:mod:`~kvpool_client.replication`, :mod:`~kvpool_client.failover`); this module
+only runs the planned requests: one node's in the caller's thread, the others'
+on a small thread pool, so a batch spread over nodes costs one round trip.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kvpool_client import batching
+from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.exchange import Exchange, run_sync
+from kvpool_client.failover import ReadPlan
 from kvpool_client.keys import BlockKey
+from kvpool_client.placement_source import (
+    Placement,
+    PlacementSource,
+    StaticSource,
+    ThreadedMembershipSource,
+    member_at,
+)
 from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.results import GetResult, PutResult, failure_code, to_codes
-from kvpool_client.routing import Member, Router, StaticRouter
+from kvpool_client.replication import DeleteTally, WritePlan, fan_out
+from kvpool_client.results import GetResult, PutResult
+from kvpool_client.routing import Member, Router
 from kvpool_client.transport.tcp import TcpConnection
 from kvpool_client.wire import WireLimits
 
 T = TypeVar("T")
+Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
+Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
 
 
 class _Node:
     """One node's cached info and idle connections (thread-safe)."""
 
-    def __init__(self, address: str, config: ClientConfig) -> None:
-        self.address = address
+    def __init__(self, member: Member, config: ClientConfig) -> None:
+        self.member = member
+        self.address = member.address
         self._config = config
         self._lock = threading.Lock()
         self._info: NodeInfo | None = None
         self._idle: list[TcpConnection] = []
-        self.control = ControlClient(address, config.request_timeout_s)
+        self.control = ControlClient(member.address, config.request_timeout_s)
 
     def info(self) -> NodeInfo:
         info = self._info
         if info is None:
             info = self._info = self.control.server_info()
         return info
+
+    def cached_limits(self) -> WireLimits | None:
+        info = self._info
+        return None if info is None else info.limits
 
     def acquire(self) -> TcpConnection:
         while True:
@@ -53,8 +76,8 @@ class _Node:
             if pooled.reusable():
                 return pooled
             pooled.close()
-        endpoint = self.info().data_endpoints.get("tcp")
-        if endpoint is None:
+        endpoint = self.member.data_address or self.info().data_endpoints.get("tcp")
+        if not endpoint:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
         return TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
 
@@ -78,12 +101,15 @@ class _Node:
 
 
 class KVPoolClient:
-    """Blocking client of a kvpool cluster.
+    """Blocking client of a kvpool cluster; safe to share between threads.
 
     Args:
         nodes: control-plane addresses ``host:port``; or pass ``config``.
-        config: full settings (timeouts, pool size, checksum verification).
-        router: placement; defaults to rendezvous hashing over ``nodes``.
+        config: full settings (static nodes or etcd, replication, timeouts).
+        router: placement to use instead of the one ``config`` implies.
+        breaker: circuit breaker to use (tests inject one with a fake clock).
+    Raises:
+        UsageError: the settings are invalid.
     """
 
     def __init__(
@@ -92,35 +118,50 @@ class KVPoolClient:
         *,
         config: ClientConfig | None = None,
         router: Router | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.config = config or ClientConfig(nodes=tuple(nodes or ()))
-        self._router = router or StaticRouter(self.config.nodes)
-        self._nodes = {a: _Node(a, self.config) for a in self.config.nodes}
+        self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
+        self._nodes: dict[str, _Node] = {}
+        self._nodes_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._requests = batching.RequestFactory(self.config.verify_checksums)
+        self._source: PlacementSource = (
+            ThreadedMembershipSource(self.config)
+            if self.config.uses_etcd and router is None
+            else StaticSource(self.config, router)
+        )
 
     def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent (put is idempotent: keys are content addresses).
+
+        Each key goes to its ``R`` write owners in parallel and succeeds when the
+        write quorum of them stored it.
 
         Args:
             keys: one key per block.
             blocks: contiguous buffers (torch CPU tensors, numpy arrays, bytes, ...).
 
         Returns:
-            Per-key status: OK, ALREADY_EXISTS, BUSY, or the failure.
+            Per-key status (OK, ALREADY_EXISTS, BUSY, or the failure) and the nodes
+            that stored each key.
 
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        jobs = batching.plan(keys, self._router)
-        max_block = {i: self._limits(job.member).max_block_size for job in jobs for i in job.indices}
-        views = batching.source_views(keys, blocks, max_block.__getitem__)
-        statuses: list[int] = [ErrorCode.INTERNAL] * len(keys)
-        for piece, limits in self._pieces(jobs, [len(v) for v in views]):
-            batching.scatter(statuses, piece, self._statuses(piece, self._requests.put(piece, views, limits)))
-        return PutResult(to_codes(statuses))
+        batching.check_keys(keys)
+        views = batching.block_views(keys, blocks)
+        placement = self._source.current()
+        placements = [placement.router.placement(k) for k in keys]
+        known = self._limits_of(m for p in placements for m in p.write_owners)
+        batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
+        plan = WritePlan(keys, placements, placement.write_quorum)
+        sizes = [len(v) for v in views]
+        self._drive(plan, lambda job, lim: self._requests.put(job, views, lim), batching.statuses_of, sizes)
+        return PutResult(tuple(plan.statuses()), plan.stored_on())
 
     def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
-        """Fetch blocks into the caller's buffers.
+        """Fetch blocks into the caller's buffers, falling back to replicas.
 
         Args:
             into: one writable contiguous buffer per key, each exactly the block's
@@ -129,20 +170,21 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
+        batching.check_keys(keys)
         targets = batching.target_views(keys, into)
-        statuses: list[int] = [ErrorCode.INTERNAL] * len(keys)
+        plan = ReadPlan(keys, self._read_orders(keys))
         filled: list[memoryview | None] = [None] * len(keys)
-        for piece, limits in self._pieces(batching.plan(keys, self._router)):
-            try:
-                codes, views = self._run(piece, self._requests.get(piece, targets, limits))
-            except KVPoolError as exc:
-                codes, views = [failure_code(exc)] * len(piece.indices), []
-            batching.scatter(statuses, piece, codes)
-            batching.scatter(filled, piece, views)
-        return GetResult(to_codes(statuses), tuple(filled))
+
+        def answer(job: batching.Job, outcome: Outcome) -> list[int]:
+            codes, views = batching.get_answer(job, outcome)
+            batching.scatter(filled, job, views)
+            return codes
+
+        self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer)
+        return GetResult(plan.statuses(), tuple(filled))
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """Whether each key is stored; an unreachable node counts as not stored."""
+        """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
         return [s is ErrorCode.OK for s in self._probe(keys, prefix=False)]
 
     def lookup(self, keys: Sequence[BlockKey]) -> int:
@@ -150,24 +192,40 @@ class KVPoolClient:
         return batching.leading_ok(self._probe(keys, prefix=True))
 
     def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """Remove blocks; True where a block was removed.
+        """Remove blocks from every reachable reader; True where some node removed one.
 
         Raises:
-            NodeUnavailable, RequestTimeout: a node holding some of the keys failed.
+            NodeUnavailable, RequestTimeout: no reader of some key could be reached.
         """
-        statuses: list[int] = [ErrorCode.INTERNAL] * len(keys)
-        for piece, limits in self._pieces(batching.plan(keys, self._router)):
-            batching.scatter(statuses, piece, self._run(piece, self._requests.delete(piece, limits)))
-        return [s == ErrorCode.OK for s in statuses]
+        batching.check_keys(keys)
+        tally = DeleteTally(len(keys))
+        jobs = fan_out(keys, self._read_orders(keys), self.breaker.gate())
+        failure: KVPoolError | None = None
+        for job, outcome in self._run_round(jobs, lambda job, lim: self._requests.delete(job, lim)):
+            if isinstance(outcome, KVPoolError):
+                failure = failure or outcome
+            tally.record(job, None if isinstance(outcome, KVPoolError) else outcome)
+        if tally.unreached():
+            raise failure or NodeUnavailable(f"no reader of key {tally.unreached()[0]} is reachable")
+        return tally.removed
+
+    def placement(self) -> Placement:
+        """The placement the next operation will use (router, write quorum, revision)."""
+        return self._source.current()
 
     def server_info(self, address: str) -> NodeInfo:
-        return self._node(address).info()
+        return self._node_at(address).info()
 
     def stats(self, address: str) -> pb.Stats:
-        return self._node(address).control.stats()
+        return self._node_at(address).control.stats()
 
     def close(self) -> None:
-        for node in self._nodes.values():
+        close_source = getattr(self._source, "close", None)
+        if close_source is not None:
+            close_source()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for node in list(self._nodes.values()):
             node.close()
 
     def __enter__(self) -> KVPoolClient:
@@ -179,45 +237,60 @@ class KVPoolClient:
     # -- internals ------------------------------------------------------------
 
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        statuses: list[int] = [ErrorCode.INTERNAL] * len(keys)
-        for piece, limits in self._pieces(batching.plan(keys, self._router)):
-            batching.scatter(statuses, piece, self._statuses(piece, self._requests.exists(piece, limits, prefix)))
-        return to_codes(statuses)
+        batching.check_keys(keys)
+        plan = ReadPlan(keys, self._read_orders(keys), prefix=prefix)
+        self._drive(plan, lambda job, lim: self._requests.exists(job, lim, prefix), batching.statuses_of)
+        return plan.statuses()
 
-    def _pieces(
-        self, jobs: list[batching.Job], sizes: Sequence[int] | None = None
-    ) -> Iterator[tuple[batching.Job, WireLimits]]:
-        for job in jobs:
-            limits = self._limits(job.member)
-            for piece in batching.chunk(job, limits, sizes):
-                yield piece, limits
+    def _read_orders(self, keys: Sequence[BlockKey]) -> list[tuple[Member, ...]]:
+        router = self._source.current().router
+        return [router.placement(k).read_order for k in keys]
 
-    def _node(self, address: str) -> _Node:
-        node = self._nodes.get(address)
-        if node is None:
-            node = self._nodes[address] = _Node(address, self.config)
-        return node
+    def _drive(
+        self,
+        plan: batching.RoundPlan,
+        build: Build,
+        answer: Callable[[batching.Job, Outcome], list[int]],
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Run ``plan`` round after round until it has nothing left to send."""
+        while jobs := plan.next_round(self.breaker.gate()):
+            for piece, outcome in self._run_round(jobs, build, sizes):
+                plan.record(piece, answer(piece, outcome))
 
-    def _limits(self, member: Member) -> WireLimits:
+    def _run_round(
+        self, jobs: list[batching.Job], build: Build, sizes: Sequence[int] | None = None
+    ) -> list[tuple[batching.Job, Outcome]]:
+        """Every job's pieces and outcomes; the first job runs here, the others on the pool."""
+        if not jobs:
+            return []
+        futures = [self._executor().submit(self._node_job, job, build, sizes) for job in jobs[1:]]
+        results = self._node_job(jobs[0], build, sizes)
+        for future in futures:
+            results.extend(future.result())
+        return results
+
+    def _node_job(
+        self, job: batching.Job, build: Build, sizes: Sequence[int] | None
+    ) -> list[tuple[batching.Job, Outcome]]:
+        """Run one node's job, chunked to its limits; after a node failure the rest fail alike."""
+        node = self._node(job.member)
         try:
-            return self._node(member.address).info().limits
-        except KVPoolError:
-            return WireLimits()  # the node is down: its keys fail per key when tried
-
-    def _statuses(self, job: batching.Job, exchange: Exchange[list[int]]) -> list[int]:
-        """Run a per-key-status exchange; a node failure becomes that code for each key."""
-        try:
-            return self._run(job, exchange)
+            limits = node.info().limits
         except KVPoolError as exc:
-            return [failure_code(exc)] * len(job.indices)
+            self._report(node, exc)
+            return [(job, exc)]
+        results: list[tuple[batching.Job, Outcome]] = []
+        down: KVPoolError | None = None
+        for piece in batching.chunk(job, limits, sizes):
+            outcome = down or self._exchange(node, build(piece, limits))
+            if isinstance(outcome, (NodeUnavailable, RequestTimeout)):
+                down = outcome
+            results.append((piece, outcome))
+        return results
 
-    def _run(self, job: batching.Job, exchange: Exchange[T]) -> T:
-        """Run one exchange on a pooled connection of the job's node.
-
-        Raises:
-            KVPoolError: the node failed; its pooled connections are dropped.
-        """
-        node = self._node(job.member.address)
+    def _exchange(self, node: _Node, exchange: Exchange[T]) -> T | KVPoolError:
+        """Run one exchange on a pooled connection; a failure is returned, and reported to the breaker."""
         try:
             connection = node.acquire()
             try:
@@ -225,8 +298,67 @@ class KVPoolClient:
             except BaseException:
                 connection.close()
                 raise
-        except NodeUnavailable:
-            node.forget()
-            raise
+        except KVPoolError as exc:
+            self._report(node, exc)
+            return exc
         node.release(connection)
+        self.breaker.success(node.member.node_id)
         return result
+
+    def _report(self, node: _Node, exc: KVPoolError) -> None:
+        """Tell the breaker how a request to ``node`` ended in ``exc``."""
+        if isinstance(exc, (NodeUnavailable, RequestTimeout)):
+            node.forget()
+            self.breaker.failure(node.member.node_id)
+        else:  # the node answered, if only to refuse
+            self.breaker.success(node.member.node_id)
+
+    def _limits_of(self, members: Iterable[Member]) -> dict[str, WireLimits]:
+        """Known limits of ``members``, asking (in parallel) the nodes not asked yet that may be asked."""
+        unique = {m.node_id: m for m in members}
+        gate = self.breaker.gate()
+        missing = [m for m in unique.values() if self._node(m).cached_limits() is None and gate(m.node_id)]
+        if len(missing) > 1:
+            list(self._executor().map(self._fetch_info, missing))
+        elif missing:
+            self._fetch_info(missing[0])
+        known = {n: self._node(m).cached_limits() for n, m in unique.items()}
+        return {n: lim for n, lim in known.items() if lim is not None}
+
+    def _fetch_info(self, member: Member) -> None:
+        node = self._node(member)
+        try:
+            node.info()
+        except KVPoolError as exc:
+            self._report(node, exc)
+        else:
+            self.breaker.success(member.node_id)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._nodes_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="kvpool-io")
+        return self._pool
+
+    def _node(self, member: Member) -> _Node:
+        """The node state for ``member``; replaced (and its failures forgotten) if its addresses changed."""
+        node = self._nodes.get(member.node_id)
+        if node is not None and (node.address, node.member.data_address) == (member.address, member.data_address):
+            return node
+        with self._nodes_lock:
+            old = self._nodes.get(member.node_id)
+            if old is not None and (old.address, old.member.data_address) == (member.address, member.data_address):
+                return old
+            node = self._nodes[member.node_id] = _Node(member, self.config)
+        if old is not None:
+            old.close()
+            self.breaker.reset(member.node_id)
+        return node
+
+    def _node_at(self, address: str) -> _Node:
+        """The node with control address ``address`` (a node id works too)."""
+        for node in list(self._nodes.values()):
+            if address in (node.address, node.member.node_id):
+                return node
+        return self._node(member_at(self._source.current(), address))

@@ -1,4 +1,4 @@
-"""Client settings: where the nodes are and how long to wait for them."""
+"""Client settings: where the nodes are (a static list or etcd) and how long to wait for them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvpool_client.errors import UsageError
+from kvpool_client.membership.records import MAX_REPLICAS, check_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,11 +15,23 @@ class ClientConfig:
     """Settings of a kvpool client.
 
     Args:
-        nodes: control-plane addresses (``host:port``) of the nodes.
-        request_timeout_s: most seconds one request to one node may take.
-        connect_timeout_s: most seconds to open a connection.
+        nodes: control-plane addresses (``host:port``) of the nodes; required
+            unless ``etcd_endpoints`` is given.
+        request_timeout_s: most seconds one request to one node may take; a node
+            that takes longer is treated as down (its circuit opens).
+        connect_timeout_s: most seconds to open a connection (and to wait for the
+            first read of the membership at start).
         max_idle_connections: idle data connections kept per node.
         verify_checksums: check each received block against the node's checksum.
+        etcd_endpoints: etcd client URLs (``http://host:port``); when given, the
+            nodes come from the cluster's membership in etcd and follow it live.
+        cluster: the cluster name in etcd (``/kvpool/<cluster>/``).
+        replicas: copies per key (R); None: the cluster config's in etcd, else 1.
+        write_quorum: owners that must store a key for a put to succeed; None: the
+            cluster config's in etcd, else 1. Clamped to the owners placed.
+        io_threads: threads the blocking client uses to talk to several nodes at once.
+    Raises:
+        UsageError: no nodes and no etcd, a non-positive timeout, or R/quorum out of range.
     """
 
     nodes: tuple[str, ...] = field(default_factory=tuple)
@@ -26,23 +39,90 @@ class ClientConfig:
     connect_timeout_s: float = 3.0
     max_idle_connections: int = 8
     verify_checksums: bool = False
+    etcd_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    cluster: str = "default"
+    replicas: int | None = None
+    write_quorum: int | None = None
+    io_threads: int = 8
 
     def __post_init__(self) -> None:
-        if not self.nodes:
-            raise UsageError("no kvpool nodes given (pass nodes=[...] or set KVPOOL_NODES=host:port,...)")
+        for name in ("nodes", "etcd_endpoints"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # one comma-separated string is a common slip
+                object.__setattr__(self, name, _split(value))
+            else:
+                object.__setattr__(self, name, tuple(value))
+        if not self.nodes and not self.etcd_endpoints:
+            raise UsageError(
+                "no kvpool nodes given (pass nodes=[...] or etcd_endpoints=[...], "
+                "or set KVPOOL_NODES=host:port,... or KVPOOL_ETCD_ENDPOINTS=http://host:port)"
+            )
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise UsageError("timeouts must be positive")
         if self.max_idle_connections < 0:
             raise UsageError("max_idle_connections must be >= 0")
+        if self.io_threads < 1:
+            raise UsageError("io_threads must be >= 1")
+        try:
+            check_name("cluster name", self.cluster)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self._check_replication()
+
+    def _check_replication(self) -> None:
+        if self.replicas is not None and not 1 <= self.replicas <= MAX_REPLICAS:
+            raise UsageError(f"replicas must be in 1..{MAX_REPLICAS}, not {self.replicas}")
+        if self.write_quorum is not None and self.write_quorum < 1:
+            raise UsageError(f"write_quorum must be >= 1, not {self.write_quorum}")
+        if self.replicas is not None and self.write_quorum is not None and self.write_quorum > self.replicas:
+            raise UsageError(f"write_quorum ({self.write_quorum}) cannot exceed replicas ({self.replicas})")
+
+    @property
+    def probe_timeout_s(self) -> float:
+        """Longest a circuit breaker probe can take (server info, connect, request), plus a second."""
+        return 2 * self.request_timeout_s + self.connect_timeout_s + 1.0
+
+    @property
+    def uses_etcd(self) -> bool:
+        """Whether membership comes from etcd (else the static ``nodes`` list)."""
+        return bool(self.etcd_endpoints)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ClientConfig:
-        """Settings from ``KVPOOL_NODES`` (comma separated) and ``KVPOOL_REQUEST_TIMEOUT_S``."""
+        """Settings from the environment, then ``overrides``.
+
+        Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
+        ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM`` and
+        ``KVPOOL_REQUEST_TIMEOUT_S``.
+
+        Raises:
+            UsageError: a malformed number, or an invalid combination (see the class).
+        """
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         if env.get("KVPOOL_NODES"):
-            values["nodes"] = tuple(n.strip() for n in env["KVPOOL_NODES"].split(",") if n.strip())
-        if env.get("KVPOOL_REQUEST_TIMEOUT_S"):
-            values["request_timeout_s"] = float(env["KVPOOL_REQUEST_TIMEOUT_S"])
+            values["nodes"] = _split(env["KVPOOL_NODES"])
+        if env.get("KVPOOL_ETCD_ENDPOINTS"):
+            values["etcd_endpoints"] = _split(env["KVPOOL_ETCD_ENDPOINTS"])
+        if env.get("KVPOOL_CLUSTER"):
+            values["cluster"] = env["KVPOOL_CLUSTER"].strip()
+        for name, var, kind in (
+            ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
+            ("replicas", "KVPOOL_REPLICAS", int),
+            ("write_quorum", "KVPOOL_WRITE_QUORUM", int),
+        ):
+            if env.get(var):
+                values[name] = _number(var, env[var], kind)
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _number(var: str, text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise UsageError(f"{var}={text!r} is not {'an integer' if kind is int else 'a number'}") from None

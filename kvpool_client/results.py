@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from kvpool_client.errors import ErrorCode, KVPoolError, error_for_code
 
 # A put that finds the block stored, or being stored by someone else, still leaves it in the pool.
-_PUT_SUCCESS = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
+PUT_SUCCESS = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
+# Failures that say only that a node could not be asked, least telling last.
+_VAGUE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.DRAINING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +54,26 @@ class BatchResult:
 
 @dataclass(frozen=True, slots=True)
 class PutResult(BatchResult):
-    """Per-key outcome of a put: OK (stored now), ALREADY_EXISTS or BUSY (stored by another writer)."""
+    """Per-key outcome of a put: OK (stored now), ALREADY_EXISTS or BUSY (stored by another writer).
+
+    With replication a key succeeds when its write quorum of owners stored it; its
+    status is then OK if any owner stored it now, else ALREADY_EXISTS or BUSY. Below
+    quorum it is the most telling failure among the owners' answers.
+
+    Attributes:
+        stored_on: per key, the ids of the nodes that hold it after this put (they
+            answered OK, ALREADY_EXISTS or BUSY), best-ranked first; empty tuples when
+            the result was built without that knowledge.
+    """
+
+    stored_on: tuple[tuple[str, ...], ...] = ()
 
     @property
     def stored(self) -> int:
         return sum(s is ErrorCode.OK for s in self.statuses)
 
     def _succeeded(self, status: ErrorCode) -> bool:
-        return status in _PUT_SUCCESS
+        return status in PUT_SUCCESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +100,20 @@ def _code(status: int) -> ErrorCode:
 def failure_code(exc: BaseException) -> ErrorCode:
     """The per-key status for keys whose node failed with ``exc``."""
     return exc.code if isinstance(exc, KVPoolError) else ErrorCode.INTERNAL
+
+
+def most_telling(codes: Sequence[int]) -> ErrorCode:
+    """The failure to report for a key from several nodes' answers.
+
+    A node's own verdict (OUT_OF_SPACE, CHECKSUM_MISMATCH, NOT_FOUND, ...) says more
+    than TIMEOUT, which says more than UNAVAILABLE, which says more than DRAINING.
+    Among the node verdicts the first one wins. No answer at all is UNAVAILABLE.
+    """
+    found = to_codes(codes)
+    for code in found:
+        if code not in _VAGUE and code is not ErrorCode.OK:
+            return code
+    for vague in _VAGUE:
+        if vague in found:
+            return vague
+    return ErrorCode.UNAVAILABLE

@@ -31,7 +31,7 @@ from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.wire import WireLimits
-from kvpool_server.alloc.arena import SharedArena
+from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
 from kvpool_server.control.service import ControlService, NodeIdentity
@@ -77,7 +77,9 @@ class Daemon:
 
     async def start(self) -> None:
         cfg = self.config
-        name = f"kvpool-{os.getpid()}-{time.monotonic_ns()}"
+        for stale in remove_stale_arenas(cfg.shm_dir):
+            log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
+        name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
         tier = DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)

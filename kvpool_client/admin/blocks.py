@@ -14,29 +14,41 @@ from dataclasses import dataclass
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import CliError, ExitCode, from_status, unreachable
 from kvpool_client.admin.inputs import name_key, read_bytes, read_tokens, write_bytes
+from kvpool_client.admin.session import open_session
 from kvpool_client.client import KVPoolClient
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import NodeInfo
 from kvpool_client.errors import ErrorCode, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.keys import BlockKey, BlockKeyBuilder, Namespace
-from kvpool_client.routing import StaticRouter
+from kvpool_client.membership.records import ClusterConfig
+from kvpool_client.routing import Member, RendezvousRouter, StaticRouter
 
 # A put that finds the block already stored (or being stored) leaves it in the pool.
 _PUT_OK = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
 
 
 class _Pool:
-    """A client plus the router it places keys with, so we know each key's node."""
+    """A client plus the router it places keys with, so we know each key's node.
+
+    With ``--etcd`` the router places over the cluster's records with its replica
+    count, as every client of the cluster does; else over the ``--nodes`` list.
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.router = _etcd_router(args) if args.etcd else StaticRouter(args.nodes)
         config = ClientConfig(
-            nodes=args.nodes, request_timeout_s=args.timeout, connect_timeout_s=min(args.timeout, 3.0)
+            nodes=tuple(m.address for m in self.router.members()), request_timeout_s=args.timeout,
+            connect_timeout_s=min(args.timeout, 3.0),
         )
-        self.router = StaticRouter(config.nodes)
         self.client = KVPoolClient(config=config, router=self.router)
 
     def owner(self, key: BlockKey) -> str:
-        return self.router.owners(key)[0].address
+        """The first node a put writes to (or, with no active owner, a get reads from)."""
+        placement = self.router.placement(key)
+        owners = placement.write_owners or placement.read_order
+        if not owners:
+            raise CliError(ExitCode.UNREACHABLE, f"no active node holds {key}: run `kvpoolctl status`")
+        return owners[0].address
 
     def reach(self, addresses: Iterable[str]) -> dict[str, NodeInfo]:
         """ServerInfo of each address (the client caches it for the data plane).
@@ -51,6 +63,22 @@ class _Pool:
             except (NodeUnavailable, RequestTimeout) as exc:
                 raise unreachable(address, exc) from None
         return infos
+
+
+def _etcd_router(args: argparse.Namespace) -> RendezvousRouter:
+    """Placement over the nodes registered in etcd, with the cluster's replica count."""
+    with open_session(args, args.command) as session:
+        listing = session.nodes()
+        config = session.config() or ClusterConfig()
+    if not listing.nodes:
+        raise CliError(ExitCode.UNREACHABLE, f"no nodes registered in cluster {args.cluster!r}: start kvpool-server "
+                                             "with --etcd-endpoints")
+    members = [
+        Member(node_id=r.node_id, address=r.address, weight=r.weight, state=r.state,
+               data_address=r.data_endpoints.get("tcp", ""))
+        for r in listing.nodes.values()
+    ]
+    return RendezvousRouter(members, config.replicas)
 
 
 @contextmanager

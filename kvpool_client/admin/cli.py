@@ -1,8 +1,17 @@
-"""kvpoolctl: inspect a kvpool cluster and move single blocks in and out of it.
+"""kvpoolctl: inspect a kvpool cluster, drain its nodes, and move single blocks in and out of it.
 
 Commands:
-  status                      one row per node: id, state, endpoints, DRAM use, hit rate, uptime
+  status                      one row per node: id, state, endpoints, DRAM use, hit rate, uptime;
+                              with --etcd, every node registered in etcd and the cluster config
   stats [NODE]                every counter and tier of each node (NODE: address or node id)
+  drain NODE [--handoff] [--wait]
+                              stop NODE taking writes (it keeps serving reads); --handoff copies
+                              its blocks to their next owners; --wait returns when that is done
+  undrain NODE                let a draining NODE take writes again
+  config get                  the cluster config in etcd
+  config set KEY=VALUE ...    change replicas, write_quorum or block_size (compare-and-swap)
+  watch [--count N]           print membership changes as they happen, until Ctrl-C, N changes,
+                              or --timeout seconds; --json: one object a line, the first a snapshot
   put FILE --key HEX|--name TEXT --namespace NS
                               store a file's bytes as one block
   get --key HEX|--name TEXT --namespace NS -o FILE|-
@@ -12,43 +21,54 @@ Commands:
   lookup TOKEN_FILE --namespace-model M --dtype D --layout L --block-size N
                               how many leading blocks of a token sequence are in the pool
 
-Every command takes --nodes, --timeout and --json (machine-readable output on stdout).
-Errors are one line on stderr that says what to do.
+Every command takes --nodes or --etcd/--cluster, --timeout and --json (machine-readable
+output on stdout). With --etcd the nodes are those registered in etcd, and --nodes is
+ignored; config and watch need --etcd. Errors are one line on stderr that says what to do.
 
 Exit codes:
   0  success
   1  unexpected error (rerun with --debug for a traceback)
-  2  usage error: bad arguments or an unreadable input file
-  3  a node is unreachable or did not answer within --timeout
-  4  not found: no such block (get, rm) or node id (stats)
+  2  usage error: bad arguments, an unreadable input file, an invalid config,
+     or a state change the node refuses
+  3  a node is unreachable or did not answer within --timeout (or etcd is)
+  4  not found: no such block (get, rm), node id (stats, drain) or config
+  5  timed out: drain --wait or watch --count did not finish in time
 
 Environment:
   KVPOOL_NODES              default for --nodes (host:port[,host:port])
+  KVPOOL_ETCD_ENDPOINTS     default for --etcd (host:port[,host:port])
+  KVPOOL_CLUSTER            default for --cluster (default: default)
   KVPOOL_REQUEST_TIMEOUT_S  default for --timeout, in seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from kvpool_client.admin import blocks, nodes
+from kvpool_client.admin import blocks, cluster, drain, nodes, watch
 from kvpool_client.admin.exits import CliError, ExitCode, from_kvpool_error
 from kvpool_client.admin.inputs import (
+    cluster_arg,
+    etcd_arg,
     hex_key_arg,
     non_negative_int_arg,
     nodes_arg,
     positive_float_arg,
     positive_int_arg,
+    setting_arg,
 )
 from kvpool_client.errors import KVPoolError
 
 PROG = "kvpoolctl"
 DEFAULT_NODES = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = "5"
+DEFAULT_CLUSTER = "default"
+DEFAULT_WAIT_S = 60.0
 _EPILOG = __doc__[__doc__.index("Exit codes:"):]
 
 
@@ -65,9 +85,17 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
     parser.add_argument("--nodes", type=nodes_arg, metavar="HOST:PORT[,...]",
                         default=default(env.get("KVPOOL_NODES") or DEFAULT_NODES),
                         help=f"control addresses of the nodes (default: $KVPOOL_NODES or {DEFAULT_NODES})")
-    parser.add_argument("--timeout", type=positive_float_arg, metavar="SECONDS",
-                        default=default(env.get("KVPOOL_REQUEST_TIMEOUT_S") or DEFAULT_TIMEOUT_S),
-                        help=f"most seconds to wait for a node (default: {DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--etcd", type=etcd_arg, metavar="HOST:PORT[,...]",
+                        default=default(env.get("KVPOOL_ETCD_ENDPOINTS") or None),
+                        help="etcd endpoints: take the nodes from etcd instead of --nodes "
+                             "(default: $KVPOOL_ETCD_ENDPOINTS)")
+    parser.add_argument("--cluster", type=cluster_arg, metavar="NAME",
+                        default=default(env.get("KVPOOL_CLUSTER") or DEFAULT_CLUSTER),
+                        help=f"cluster name in etcd (default: $KVPOOL_CLUSTER or {DEFAULT_CLUSTER})")
+    # None until resolved in main(): watch reads an explicit --timeout as how long to watch.
+    parser.add_argument("--timeout", type=positive_float_arg, metavar="SECONDS", default=default(None),
+                        help=f"most seconds to wait for a node or etcd (default: $KVPOOL_REQUEST_TIMEOUT_S or "
+                             f"{DEFAULT_TIMEOUT_S}); for watch: stop after this many seconds")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print machine-readable JSON on stdout")
     parser.add_argument("--debug", action="store_true", default=default(False),
@@ -84,7 +112,7 @@ def _add_key(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The kvpoolctl argument parser; each command sets ``run`` to its handler."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Inspect a kvpool cluster and move single blocks in and out of it.",
+        prog=PROG, description="Inspect a kvpool cluster, drain its nodes, and move single blocks in and out of it.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(parser, top=True)
@@ -96,12 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, parents=[common], help=help_text, description=help_text + ".",
                                    epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    status = command("status", "show one row per node; exit 3 if any node is unreachable")
-    status.set_defaults(run=nodes.run_status)
+    status = command("status", "show one row per node (with --etcd: every registered node and the config); "
+                                "exit 3 if any node is unreachable")
+    status.set_defaults(run=cluster.run_status)
 
     stats = command("stats", "show every counter and tier of each node")
     stats.add_argument("node", nargs="?", metavar="NODE", help="only this node: an address or a node id")
-    stats.set_defaults(run=nodes.run_stats)
+    stats.set_defaults(run=cluster.run_stats)
+
+    _add_cluster_commands(command, common)
 
     put = command("put", "store a file's bytes as one block (for debugging)")
     put.add_argument("file", metavar="FILE", help="the file to store; - for stdin")
@@ -119,6 +150,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_lookup(command("lookup", "count the leading blocks of a token sequence that are in the pool"))
     return parser
+
+
+def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser],
+                          common: argparse.ArgumentParser) -> None:
+    node_help = "a node id (looked up in etcd, or among --nodes) or a control address host:port"
+    drain_cmd = command("drain", "stop a node taking writes; it keeps serving reads")
+    drain_cmd.add_argument("node", metavar="NODE", help=node_help)
+    drain_cmd.add_argument("--handoff", action="store_true",
+                           help="copy the node's blocks to the nodes that own them next")
+    _add_wait(drain_cmd, "until etcd shows the node draining and the hand-off is done")
+    drain_cmd.set_defaults(run=drain.run_drain)
+
+    undrain = command("undrain", "let a draining node take writes again")
+    undrain.add_argument("node", metavar="NODE", help=node_help)
+    _add_wait(undrain, "until etcd shows the node active")
+    undrain.set_defaults(run=drain.run_undrain)
+
+    config = command("config", "read or change the cluster config in etcd")
+    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    get = actions.add_parser("get", parents=[common], help="print the config; exit 4 if none is stored")
+    get.set_defaults(run=cluster.run_config_get)
+    set_ = actions.add_parser("set", parents=[common], help="change settings; exit 2 if the result is invalid")
+    set_.add_argument("settings", nargs="+", type=setting_arg, metavar="KEY=VALUE",
+                      help="replicas, write_quorum or block_size, e.g. replicas=2 write_quorum=1")
+    set_.set_defaults(run=cluster.run_config_set)
+
+    watch_cmd = command("watch", "print membership changes as they happen (stop with Ctrl-C)")
+    watch_cmd.add_argument("--count", type=positive_int_arg, metavar="N",
+                           help="stop after N changes (exit 5 if --timeout ends first)")
+    watch_cmd.set_defaults(run=watch.run_watch)
+
+
+def _add_wait(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--wait", action="store_true", help=f"wait {what}")
+    parser.add_argument("--wait-timeout", type=positive_float_arg, default=DEFAULT_WAIT_S, metavar="SECONDS",
+                        help=f"with --wait, give up (exit 5) after this long (default: {DEFAULT_WAIT_S:g})")
 
 
 def _add_lookup(lookup: argparse.ArgumentParser) -> None:
@@ -139,7 +206,10 @@ def _add_lookup(lookup: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run kvpoolctl; returns the exit code (argparse exits 2 itself on bad arguments)."""
     args = build_parser().parse_args(argv)
+    # Library warnings (an etcd outage, a retry) would interleave with the output; --debug shows them.
+    logging.getLogger("kvpool").setLevel(logging.DEBUG if args.debug else logging.ERROR)
     try:
+        _settle_timeout(args)
         return int(args.run(args))
     except CliError as exc:
         return _fail(exc)
@@ -156,6 +226,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         hint = "" if args.debug else " (rerun with --debug for a traceback)"
         return _fail(CliError(ExitCode.ERROR, f"unexpected error: {type(exc).__name__}: {exc}{hint}"))
+
+
+def _settle_timeout(args: argparse.Namespace) -> None:
+    """Set ``args.timeout`` (per request) and, for watch, ``args.duration`` (None: until Ctrl-C).
+
+    Raises:
+        CliError: USAGE if KVPOOL_REQUEST_TIMEOUT_S is not a positive number.
+    """
+    given = args.timeout
+    if args.command == "watch":
+        args.duration, given = given, None
+    if given is None:
+        text = os.environ.get("KVPOOL_REQUEST_TIMEOUT_S") or DEFAULT_TIMEOUT_S
+        try:
+            given = positive_float_arg(text)
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(ExitCode.USAGE, f"KVPOOL_REQUEST_TIMEOUT_S: {exc}") from None
+    args.timeout = given
 
 
 def _fail(error: CliError) -> int:

@@ -15,6 +15,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad arguments or unreadable input (argparse exits 2 as well)
     UNREACHABLE = 3  # a node refused, dropped or did not answer in time
     NOT_FOUND = 4  # no such block or node
+    TIMED_OUT = 5  # a wait (drain --wait, watch --count) ran out of time
 
 
 class CliError(Exception):
@@ -27,6 +28,7 @@ class CliError(Exception):
 
 
 _UNREACHABLE_HINT = "is kvpool-server running? set --nodes or KVPOOL_NODES"
+_ETCD_HINT = "is etcd running? set --etcd or KVPOOL_ETCD_ENDPOINTS"
 _UNREACHABLE_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT})
 _USAGE_CODES = frozenset({ErrorCode.INVALID_ARGUMENT, ErrorCode.BLOCK_TOO_LARGE})
 
@@ -38,6 +40,11 @@ def unreachable(address: str, exc: KVPoolError) -> CliError:
     if exc.code is ErrorCode.SHUTTING_DOWN:
         return CliError(ExitCode.UNREACHABLE, f"{address} is shutting down: use another node in --nodes")
     return CliError(ExitCode.UNREACHABLE, f"cannot reach {address}: {_UNREACHABLE_HINT}")
+
+
+def etcd_unreachable(endpoints: str) -> CliError:
+    """The error for an etcd that refused or did not answer."""
+    return CliError(ExitCode.UNREACHABLE, f"cannot reach etcd at {endpoints}: {_ETCD_HINT}")
 
 
 def from_kvpool_error(exc: KVPoolError) -> CliError:

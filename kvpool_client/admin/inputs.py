@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from kvpool_client.admin.exits import CliError, ExitCode
+from kvpool_client.membership.etcd import channel_target
+from kvpool_client.membership.records import check_name
 from kvpool_client.wire.frames import MAX_HASH_BYTES
 
 _TOKEN_SEPARATORS = re.compile(r"[\s,]+")
@@ -33,6 +35,44 @@ def nodes_arg(text: str) -> tuple[str, ...]:
     if not nodes:
         raise argparse.ArgumentTypeError("no node given: expected host:port[,host:port]")
     return tuple(nodes)
+
+
+def etcd_arg(text: str) -> str | None:
+    """``host:port[,host:port...]`` (``http://`` allowed) of etcd members; empty: none."""
+    endpoints = [p.strip() for p in text.split(",") if p.strip()]
+    if not endpoints:
+        return None
+    try:
+        channel_target(endpoints)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (check --etcd or KVPOOL_ETCD_ENDPOINTS)") from None
+    return ",".join(endpoints)
+
+
+def cluster_arg(text: str) -> str:
+    """A cluster name: the etcd prefix ``/kvpool/<cluster>/``."""
+    try:
+        return check_name("cluster name", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# What `config set` may change; placement_version belongs to the client code, not to operators.
+CONFIG_SETTINGS = ("block_size", "replicas", "write_quorum")
+
+
+def setting_arg(text: str) -> tuple[str, int]:
+    """``KEY=VALUE`` for ``config set``: a known setting and an integer."""
+    key, equals, value = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (keys: {', '.join(CONFIG_SETTINGS)})")
+    if key not in CONFIG_SETTINGS:
+        raise argparse.ArgumentTypeError(f"unknown setting {key!r}: expected one of {', '.join(CONFIG_SETTINGS)}")
+    try:
+        return key, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key} takes an integer, not {value.strip()!r}") from None
 
 
 def hex_key_arg(text: str) -> bytes:

@@ -67,23 +67,28 @@ def run_status(args: argparse.Namespace) -> ExitCode:
     else:
         headers = ("NODE", "ADDRESS", "STATE", "DATA", "DRAM USED", "BLOCKS", "HIT RATE", "UPTIME")
         print(fmt.table(headers, [_status_row(r) for r in reports], right=(5, 6, 7)))
-    return _report_failures(reports)
+    return report_failures(reports)
 
 
 def run_stats(args: argparse.Namespace) -> ExitCode:
     """Every counter and tier of each node, or of the one node ``args.node`` names."""
     addresses = args.nodes
     if args.node is not None:
-        addresses = (_resolve(args.node, args.nodes, args.timeout),)
+        addresses = (resolve(args.node, args.nodes, args.timeout),)
+    return show_stats(args, addresses)
+
+
+def show_stats(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode:
+    """Print every counter and tier of each of ``addresses``; exit 3 if one is unreachable."""
     reports = probe_all(addresses, args.timeout)
     if args.json:
         fmt.print_json({"nodes": [_stats_json(r) for r in reports]})
     else:
         print("\n\n".join(_stats_text(r) for r in reports))
-    return _report_failures(reports)
+    return report_failures(reports)
 
 
-def _resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
+def resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
     """The control address of ``node``: an address as is, else the node whose id it is.
 
     Raises:
@@ -100,7 +105,7 @@ def _resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
     raise CliError(ExitCode.NOT_FOUND, f"no node with id {node!r} among --nodes{also}: run `kvpoolctl status`")
 
 
-def _report_failures(reports: list[NodeReport]) -> ExitCode:
+def report_failures(reports: list[NodeReport]) -> ExitCode:
     failed = [r for r in reports if r.error is not None]
     for report in failed:
         assert report.error is not None

@@ -4,13 +4,21 @@ It lives in ``/dev/shm`` (tmpfs) so that a later same-node transport can map it
 and copy a block by offset. The file is created exclusively and its pages are
 allocated and mapped up front, so the daemon fails at start, not on the hundredth
 put, when the machine cannot hold it.
+
+A daemon killed with SIGKILL cannot remove its file, and tmpfs would keep that
+memory forever. So the owner holds an exclusive ``flock`` on its file for life, and
+a starting daemon removes every arena file whose lock it can take: its owner is
+gone. This works across PID namespaces, unlike checking process ids.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from pathlib import Path
+
+ARENA_PREFIX = "kvpool-"
 
 
 class SharedArena:
@@ -31,6 +39,7 @@ class SharedArena:
         self.path = Path(directory) / name
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process exits
             os.posix_fallocate(fd, 0, capacity)
             # MAP_POPULATE maps every page now: a first write into a fresh slot would
             # otherwise take one page fault per 4 KiB and halve put throughput.
@@ -40,7 +49,7 @@ class SharedArena:
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
-        os.close(fd)
+        self._fd = fd
         self.capacity = capacity
         self.view = memoryview(self._map)
 
@@ -60,3 +69,23 @@ class SharedArena:
         self.path.unlink(missing_ok=True)
         self.view.release()
         self._map.close()
+        os.close(self._fd)
+
+
+def remove_stale_arenas(directory: str, prefix: str = ARENA_PREFIX) -> list[Path]:
+    """Delete arena files in ``directory`` whose owning daemon is gone; returns them."""
+    removed = []
+    for path in Path(directory).glob(f"{prefix}*"):
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live daemon holds it
+        finally:
+            os.close(fd)
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed

@@ -123,7 +123,9 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
     async def _abort(self, context: grpc.aio.ServicerContext, status: grpc.StatusCode, message: str) -> None:
         """End the call with ``status``; the kvpool code rides in the trailing metadata."""
         self._counters.add(f"errors_{status.name.lower()}")
-        code = ErrorCode.INVALID_ARGUMENT if status is grpc.StatusCode.INVALID_ARGUMENT else ErrorCode.INTERNAL
+        # Both are the caller's to fix: a bad argument, or a move the node's state forbids.
+        caller_errors = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+        code = ErrorCode.INVALID_ARGUMENT if status in caller_errors else ErrorCode.INTERNAL
         context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(code))),))
         await context.abort(status, message)
 

@@ -16,7 +16,7 @@ from kvpool_client.aio import AsyncKVPoolClient
 from kvpool_client.errors import KVPoolError
 from kvpool_client.keys import BlockKey
 from kvpool_client.membership.cluster import list_nodes, read_config
-from kvpool_client.membership.etcd import EtcdStore
+from kvpool_client.membership.etcd import EtcdError, EtcdStore
 from kvpool_client.membership.records import ClusterConfig, NodeState
 from kvpool_client.routing import Member, place
 from kvpool_server.index import StoreKey
@@ -38,18 +38,25 @@ class HandoffReport:
 async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str, counters: Counters) -> HandoffReport:
     """Copy every readable block to its owners among the other active nodes.
 
-    Raises:
-        EtcdError: the membership could not be read.
+    An unreadable membership is logged and ends the hand-off: the blocks stay
+    readable here until the node leaves.
     """
-    listing = await list_nodes(store, cluster)
-    config = await read_config(store, cluster) or ClusterConfig()
+    try:
+        listing = await list_nodes(store, cluster)
+        config = await read_config(store, cluster) or ClusterConfig()
+    except EtcdError as exc:
+        log.error("hand-off aborted: cannot read the membership", extra={"error": str(exc)})
+        counters.add("handoff_finished")
+        return HandoffReport(0, 0, 0)
     targets = [
         Member(r.node_id, r.address, r.weight)
         for r in listing.nodes.values()
         if r.state is NodeState.ACTIVE and r.node_id != self_id
     ]
     keys = tier.readable_keys()
+    counters.add("handoff_started")
     if not targets:
+        counters.add("handoff_finished")
         log.warning("hand-off skipped: no other active node", extra={"blocks": len(keys)})
         return HandoffReport(len(keys), 0, 0)
     by_owner: dict[str, list[StoreKey]] = defaultdict(list)
@@ -62,6 +69,7 @@ async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str,
         copies, failed = copies + stored, failed + lost
     counters.add("handoff_copies", copies)
     counters.add("handoff_failures", failed)
+    counters.add("handoff_finished")
     log.info("hand-off done", extra={"blocks": len(keys), "copies": copies, "failed": failed})
     return HandoffReport(len(keys), copies, failed)
 

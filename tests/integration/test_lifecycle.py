@@ -283,3 +283,17 @@ def test_pooled_client_survives_daemon_restart(daemon_factory: Callable[..., Dae
 
         statuses = asyncio.run(scenario())
     assert statuses == (ErrorCode.OK,), f"first put after the restart: {statuses}"
+
+
+def test_arena_of_a_killed_daemon_is_removed_by_the_next_start(
+    daemon_factory: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """SIGKILL leaves the arena in tmpfs; the next daemon on the node reclaims it."""
+    shm = str(tmp_path)
+    first = daemon_factory("--dram-capacity", "8MiB", "--slab-size", "1MiB", "--shm-dir", shm)
+    (left,) = list(tmp_path.glob("kvpool-*"))
+    first.stop(signal.SIGKILL)
+    assert left.exists(), "SIGKILL cannot remove the arena: the next start must"
+    second = daemon_factory("--dram-capacity", "8MiB", "--slab-size", "1MiB", "--shm-dir", shm)
+    remaining = list(tmp_path.glob("kvpool-*"))
+    assert not left.exists() and len(remaining) == 1, (remaining, second.log())

@@ -11,7 +11,7 @@ from kvpool_client.batching import Job, RequestFactory, chunk, leading_ok, plan,
 from kvpool_client.errors import ErrorCode, UsageError
 from kvpool_client.exchange import Send
 from kvpool_client.keys import BlockKey
-from kvpool_client.routing import Member, StaticRouter
+from kvpool_client.routing import KeyPlacement, Member, StaticRouter
 from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits, encode
 
 A = Member("a", "a:7000")
@@ -22,8 +22,9 @@ NS1, NS2 = "m1@fp16@L@tp0of1", "m2@bf16@L@tp0of1"
 class TableRouter:
     """Owners by the first byte of the hash: 'a...' to A, anything else to B."""
 
-    def owners(self, key: BlockKey) -> list[Member]:
-        return [A if key.hash[:1] == b"a" else B]
+    def placement(self, key: BlockKey) -> KeyPlacement:
+        owner = A if key.hash[:1] == b"a" else B
+        return KeyPlacement((owner,), (owner,))
 
     def members(self) -> list[Member]:
         return [A, B]
