@@ -12,9 +12,10 @@ import socket
 import struct
 from collections.abc import Sequence
 
+from kvpool_client.transport.iovec import IOV_MAX, advance
+
 HEADER = struct.Struct("<cII")
 GET, PUT, ACK = b"G", b"P", b"k"
-IOV_MAX = 1024
 SOCKET_BUFFER_BYTES = 4 << 20  # as kvpool's data plane uses
 
 
@@ -28,7 +29,7 @@ def send_views(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> No
     """Send every byte of ``buffers`` with as few ``sendmsg`` calls as the kernel allows."""
     pending = [memoryview(b).cast("B") for b in buffers if len(b)]
     while pending:
-        pending = _advance(pending, sock.sendmsg(pending[:IOV_MAX]))
+        pending = advance(pending, sock.sendmsg(pending[:IOV_MAX]))
 
 
 def recv_views(sock: socket.socket, targets: Sequence[memoryview]) -> None:
@@ -46,21 +47,10 @@ def recv_views(sock: socket.socket, targets: Sequence[memoryview]) -> None:
         received = sock.recvmsg_into(pending[:IOV_MAX], 0, socket.MSG_WAITALL)[0]
         if received == 0:
             raise ConnectionError("peer closed the connection")
-        pending = _advance(pending, received)
+        pending = advance(pending, received)
 
 
 def recv_exact(sock: socket.socket, nbytes: int) -> bytearray:
     data = bytearray(nbytes)
     recv_views(sock, [memoryview(data)])
     return data
-
-
-def _advance(buffers: list[memoryview], nbytes: int) -> list[memoryview]:
-    index = 0
-    while index < len(buffers) and nbytes >= len(buffers[index]):
-        nbytes -= len(buffers[index])
-        index += 1
-    rest = buffers[index:]
-    if nbytes:
-        rest[0] = rest[0][nbytes:]
-    return rest

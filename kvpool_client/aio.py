@@ -263,11 +263,8 @@ class AsyncKVPoolClient:
 
     def _report(self, node: _AsyncNode, exc: KVPoolError) -> None:
         """Tell the breaker how a request to ``node`` ended in ``exc``."""
-        if isinstance(exc, (NodeUnavailable, RequestTimeout)):
+        if self.breaker.record(node.member.node_id, exc):
             node.forget()
-            self.breaker.failure(node.member.node_id)
-        else:  # the node answered, if only to refuse
-            self.breaker.success(node.member.node_id)
 
     async def _limits_of(self, members: Iterable[Member]) -> dict[str, WireLimits]:
         """Known limits of ``members``, asking (concurrently) the nodes not asked yet that may be asked."""

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvpool_client.errors import KVPoolError, NodeUnavailable, RequestTimeout
+
 
 class CircuitState(enum.StrEnum):
     """Where a node's circuit stands."""
@@ -110,6 +112,19 @@ class CircuitBreaker:
             circuit.retry_at = self._clock() + backoff
             circuit.probe_since = None
             return backoff
+
+    def record(self, node_id: str, error: KVPoolError) -> bool:
+        """Account for a request that ended in ``error``.
+
+        Returns:
+            True when the node is unreachable or hung: the caller should also drop
+            its pooled connections. Any other error is an answer, which closes the circuit.
+        """
+        if isinstance(error, (NodeUnavailable, RequestTimeout)):
+            self.failure(node_id)
+            return True
+        self.success(node_id)
+        return False
 
     def backoff(self, failures: int) -> float:
         """The back-off after ``failures`` consecutive failures (>= 1), jitter applied."""

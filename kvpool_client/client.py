@@ -307,11 +307,8 @@ class KVPoolClient:
 
     def _report(self, node: _Node, exc: KVPoolError) -> None:
         """Tell the breaker how a request to ``node`` ended in ``exc``."""
-        if isinstance(exc, (NodeUnavailable, RequestTimeout)):
+        if self.breaker.record(node.member.node_id, exc):
             node.forget()
-            self.breaker.failure(node.member.node_id)
-        else:  # the node answered, if only to refuse
-            self.breaker.success(node.member.node_id)
 
     def _limits_of(self, members: Iterable[Member]) -> dict[str, WireLimits]:
         """Known limits of ``members``, asking (in parallel) the nodes not asked yet that may be asked."""

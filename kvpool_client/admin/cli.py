@@ -50,7 +50,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from kvpool_client.admin import blocks, cluster, drain, nodes, watch
+from kvpool_client.admin import blocks, cluster, drain, watch
 from kvpool_client.admin.exits import CliError, ExitCode, from_kvpool_error
 from kvpool_client.admin.inputs import (
     cluster_arg,

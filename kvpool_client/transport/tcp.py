@@ -73,7 +73,8 @@ class TcpConnection:
         pending = [t for t in targets if len(t)]
         while pending:
             with _socket_errors(self.address, "receive"):
-                received = self._sock.recvmsg_into(pending[:IOV_MAX])[0]
+                # MSG_WAITALL: one syscall for a whole block instead of one per arriving chunk.
+                received = self._sock.recvmsg_into(pending[:IOV_MAX], 0, socket.MSG_WAITALL)[0]
             if received == 0:
                 raise NodeUnavailable(f"{self.address} closed the connection")
             pending = advance(pending, received)
