@@ -138,7 +138,8 @@ class AsyncKVPoolClient:
             batching.scatter(filled, job, views)
             return codes
 
-        await self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer)
+        sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
+        await self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer, sizes)
         return GetResult(plan.statuses(), tuple(filled))
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
@@ -199,8 +200,11 @@ class AsyncKVPoolClient:
 
     async def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
         batching.check_keys(keys)
-        plan = ReadPlan(keys, await self._read_orders(keys), prefix=prefix)
-        await self._drive(plan, lambda job, lim: self._requests.exists(job, lim, prefix), batching.statuses_of)
+        orders = await self._read_orders(keys)
+        plan = ReadPlan(keys, orders, prefix=prefix)
+        # A node may stop at its first miss only when no other replica could fill the gap.
+        node_prefix = prefix and all(len(order) == 1 for order in orders)
+        await self._drive(plan, lambda job, lim: self._requests.exists(job, lim, node_prefix), batching.statuses_of)
         return plan.statuses()
 
     async def _read_orders(self, keys: Sequence[BlockKey]) -> list[tuple[Member, ...]]:

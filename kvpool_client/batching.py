@@ -70,7 +70,8 @@ def chunk(job: Job, limits: WireLimits, sizes: Sequence[int] | None = None) -> l
     """Split ``job`` so each piece fits ``limits`` (keys per frame, payload bytes per frame).
 
     Args:
-        sizes: payload bytes of each key of the batch (by batch index), for puts.
+        sizes: payload bytes of each key of the batch (by batch index): what a put
+            sends, or what a get may receive.
     """
     pieces: list[Job] = []
     start, payload = 0, 0
@@ -158,6 +159,12 @@ class RequestFactory:
 
     def delete(self, job: Job, limits: WireLimits) -> exchange.Exchange[list[int]]:
         return exchange.delete(DeleteRequest(next(self._ids), job.namespace, job.hashes), limits)
+
+
+def expected_sizes(targets: Sequence[memoryview | None]) -> list[int]:
+    """Bytes a get may receive per key: the target's size, or the largest block if none."""
+    largest = WireLimits().max_block_size
+    return [len(t) if t is not None else largest for t in targets]
 
 
 def scatter(into: list[Any], job: Job, values: Sequence[Any]) -> None:

@@ -107,6 +107,9 @@ class CircuitBreaker:
         """
         with self._lock:
             circuit = self._circuits.setdefault(node_id, _Circuit())
+            now = self._clock()
+            if circuit.failures and now < circuit.retry_at and circuit.probe_since is None:
+                return circuit.retry_at - now  # requests already in flight: one outage, one step
             circuit.failures += 1
             backoff = self.backoff(circuit.failures)
             circuit.retry_at = self._clock() + backoff

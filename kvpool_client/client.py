@@ -180,7 +180,8 @@ class KVPoolClient:
             batching.scatter(filled, job, views)
             return codes
 
-        self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer)
+        sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
+        self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer, sizes)
         return GetResult(plan.statuses(), tuple(filled))
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
@@ -238,8 +239,11 @@ class KVPoolClient:
 
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
         batching.check_keys(keys)
-        plan = ReadPlan(keys, self._read_orders(keys), prefix=prefix)
-        self._drive(plan, lambda job, lim: self._requests.exists(job, lim, prefix), batching.statuses_of)
+        orders = self._read_orders(keys)
+        plan = ReadPlan(keys, orders, prefix=prefix)
+        # A node may stop at its first miss only when no other replica could fill the gap.
+        node_prefix = prefix and all(len(order) == 1 for order in orders)
+        self._drive(plan, lambda job, lim: self._requests.exists(job, lim, node_prefix), batching.statuses_of)
         return plan.statuses()
 
     def _read_orders(self, keys: Sequence[BlockKey]) -> list[tuple[Member, ...]]:

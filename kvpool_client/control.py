@@ -62,7 +62,7 @@ def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:
             return error_for_code(int(value), f"{address}: {detail}")
     if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimeout(f"{address}: control call timed out")
-    if status == grpc.StatusCode.UNAVAILABLE:
+    if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return NodeUnavailable(f"{address}: {detail}")
     return KVPoolError(f"{address}: {status.name if status else 'error'}: {detail}")
 
@@ -82,14 +82,14 @@ class ControlClient:
     def stats(self) -> pb.Stats:
         return self._call("GetStats", pb.GetStatsRequest())
 
-    def lookup(self, namespace: str, hashes: list[bytes]) -> int:
-        return self._call("Lookup", pb.KeysRequest(namespace=namespace, hashes=hashes)).prefix_hits
 
     def _call(self, method: str, request: object) -> object:
         try:
             return getattr(self._stub, method)(request, timeout=self._timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(self.address, exc) from None
+        except ValueError as exc:  # the channel was closed under us (the node moved)
+            raise NodeUnavailable(f"{self.address}: {exc}") from None
 
     def close(self) -> None:
         self._channel.close()
@@ -115,6 +115,8 @@ class AsyncControlClient:
             return await getattr(self._stub, method)(request, timeout=self._timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(self.address, exc) from None
+        except ValueError as exc:  # the channel was closed under us (the node moved)
+            raise NodeUnavailable(f"{self.address}: {exc}") from None
 
     async def close(self) -> None:
         await self._channel.close()

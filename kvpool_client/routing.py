@@ -165,9 +165,6 @@ class RendezvousRouter:
         """Active and draining members for ``key``, cut after the ``R``-th active one."""
         return list(self.placement(key).read_order)
 
-    def owners(self, key: BlockKey) -> list[Member]:
-        """Same as :meth:`write_owners` (the name used before replication)."""
-        return self.write_owners(key)
 
     def members(self) -> list[Member]:
         return list(self._members)

@@ -188,6 +188,8 @@ class Daemon:
             worker.stop(timeout=max(0.1, deadline - time.monotonic()))
         for task in self._background:
             task.cancel()
+        if self._background:  # a hand-off holds pins and the etcd store: let it unwind
+            await asyncio.wait(self._background, timeout=max(0.1, deadline - time.monotonic()))
         await self.presence.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))

@@ -160,23 +160,24 @@ class Session:
                 if isinstance(outcome, BlockEntry):
                     self._tier.abort(outcome)
             raise
-        statuses = []
-        for outcome in outcomes:
+        # Commit the chain's tail first: LRU then evicts tails before heads (a head
+        # without its tail is still a usable prefix; a tail without its head is not).
+        for outcome in reversed(outcomes):
             if isinstance(outcome, BlockEntry):
                 self._tier.commit(outcome)
-                outcome = ErrorCode.OK
-            statuses.append(int(outcome))
+        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
         self._counters.add("bytes_in", sum(request.lengths))
         await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
 
     async def _receive_blocks(self, outcomes: list[BlockEntry | ErrorCode], lengths: list[int]) -> None:
         """Receive the payload into reserved slots; bytes of refused blocks are drained."""
         targets: list[memoryview] = []
-        scratch = memoryview(bytearray(min(_DRAIN_CHUNK, max(lengths, default=0))))
+        scratch: memoryview | None = None  # only when a block is refused
         for outcome, length in zip(outcomes, lengths):
             if isinstance(outcome, BlockEntry):
                 targets.append(self._tier.view(outcome))
                 continue
+            scratch = scratch or memoryview(bytearray(min(_DRAIN_CHUNK, max(lengths))))
             while length:  # refused: read it into scratch and drop it
                 chunk = min(length, len(scratch))
                 targets.append(scratch[:chunk])
@@ -185,7 +186,8 @@ class Session:
 
     async def _get(self, request: GetRequest) -> None:
         ns = request.namespace
-        entries = [self._tier.acquire((ns, h)) for h in request.hashes]
+        # Touched tail first, like puts commit: the head of a chain stays the most recent.
+        entries = [self._tier.acquire((ns, h)) for h in reversed(request.hashes)][::-1]
         try:
             statuses, lengths, sums, views = [], [], [], []
             for entry in entries:
@@ -196,6 +198,10 @@ class Session:
                 sums.append(entry.checksum if ok else 0)
                 if ok:
                     views.append(self._tier.view(entry))
+            if sum(lengths) > self._config.limits.max_payload:
+                too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._config.limits.max_payload}")
+                await self._send_error(request.request_id, Op.GET, too_big)
+                return
             head = encode(GetResponse(request.request_id, statuses, lengths, sums))
             await self._channel.send([head, *views])
             self._counters.add("bytes_out", sum(lengths))

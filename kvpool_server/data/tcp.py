@@ -16,6 +16,8 @@ from kvpool_server.data.workers import LoopThread
 
 log = logging.getLogger("kvpool.data")
 
+_ACCEPT_RETRY_S = 0.1
+
 ConnectionHandler = Callable[[AsyncSocketChannel], Coroutine[Any, Any, None]]
 
 
@@ -54,7 +56,12 @@ class TcpListener:
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            sock, addr = await loop.sock_accept(self._sock)
+            try:
+                sock, addr = await loop.sock_accept(self._sock)
+            except OSError as exc:  # EMFILE and friends: back off, keep the listener alive
+                log.error("accept failed", extra={"error": str(exc)})
+                await asyncio.sleep(_ACCEPT_RETRY_S)
+                continue
             tune_socket(sock)
             future = next(self._workers).submit(self._serve(sock, f"{addr[0]}:{addr[1]}"))
             self.connections.add(future)

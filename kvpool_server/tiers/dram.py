@@ -1,7 +1,8 @@
 """The DRAM tier: blocks in the shared arena, an index, and eviction when full.
 
-Data-plane worker threads and the control plane share one tier, so every public
-method takes the tier's lock; each holds it for a few dictionary operations only.
+Data-plane worker threads and the control plane share one tier, so every method
+that changes state takes the tier's lock, for a few dictionary operations only;
+``contains`` and ``view`` are single reads, atomic under the GIL.
 Byte transfers happen outside the lock, straight into or out of the
 ``memoryview`` slices this tier hands out, while the block is pinned.
 """

@@ -472,6 +472,21 @@ def test_lru_eviction_at_tiny_capacity(daemon_factory: Callable[..., DaemonProce
         assert tier.evictions == 5 and tier.blocks == 16 and tier.used_bytes == 4 * MiB, tier
 
 
+def test_a_full_arena_evicts_a_chains_tail_before_its_head(
+    daemon_factory: Callable[..., DaemonProcess], ns: str
+) -> None:
+    """A prompt's blocks arrive head first; the head must outlive the tail (DESIGN.md section 4)."""
+    daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB")  # 16 slots of 256 KiB
+    chain, extra = new_keys(ns, 16), new_keys(ns + "-other", 1)
+    with KVPoolClient([daemon.address]) as c:
+        assert c.put(chain, [pattern(k, 256 * KiB) for k in chain]).stored == 16
+        assert c.get(chain).ok  # a reuse of the whole prefix, head to tail
+        assert c.put(extra, [pattern(extra[0], 256 * KiB)]).stored == 1
+        alive = c.exists(chain)
+        assert alive == [True] * 15 + [False], f"expected only the tail evicted, saw {alive}"
+        assert c.lookup(chain) == 15
+
+
 def test_stats_counters_move(daemon_factory: Callable[..., DaemonProcess], ns: str) -> None:
     daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB")
     keys = new_keys(ns, 17)

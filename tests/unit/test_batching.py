@@ -7,7 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool_client.batching import Job, RequestFactory, chunk, leading_ok, plan, scatter, source_views, target_views
+from kvpool_client.batching import (
+    Job,
+    RequestFactory,
+    chunk,
+    expected_sizes,
+    leading_ok,
+    plan,
+    scatter,
+    source_views,
+    target_views,
+)
 from kvpool_client.errors import ErrorCode, UsageError
 from kvpool_client.exchange import Send
 from kvpool_client.keys import BlockKey
@@ -71,7 +81,7 @@ def test_plan_with_a_real_router_covers_every_key_once() -> None:
     for job in jobs:
         assert job.indices == sorted(job.indices), "order within a job follows the batch"
         for i in job.indices:
-            assert router.owners(keys[i])[0] == job.member and keys[i].namespace == job.namespace
+            assert router.write_owners(keys[i])[0] == job.member and keys[i].namespace == job.namespace
     assert len({(j.member.address, j.namespace) for j in jobs}) == len(jobs)
 
 
@@ -226,3 +236,13 @@ def test_request_factory_builds_each_op_with_fresh_ids() -> None:
     assert exists == Send([encode(ExistsRequest(3, NS1, job.hashes, prefix=True))]), exists
     delete = next(factory.delete(job, limits))
     assert delete == Send([encode(DeleteRequest(4, NS1, job.hashes))]), delete
+
+
+def test_gets_are_chunked_by_what_the_answer_may_carry() -> None:
+    """Without it, a get of many large blocks would exceed the payload limit of one frame."""
+    targets = [memoryview(bytearray(300)), None, memoryview(bytearray(300))]
+    sizes = expected_sizes(targets)
+    assert sizes == [300, WireLimits().max_block_size, 300], sizes
+    job = Job(Member("n", "n:1"), "ns", [0, 1, 2], [b"a", b"b", b"c"])
+    pieces = chunk(job, WireLimits(max_keys=16, max_block_size=1 << 20, max_payload=600), [300, 300, 300])
+    assert [p.indices for p in pieces] == [[0, 1], [2]], [p.indices for p in pieces]

@@ -144,3 +144,13 @@ def test_threads_agree_on_a_single_probe(clock: FakeClock) -> None:
     for t in threads:
         t.join()
     assert allowed.count(True) == 1, allowed
+
+
+def test_failures_of_requests_already_in_flight_count_as_one_outage(clock: FakeClock) -> None:
+    """Five pieces of one batch failing together must not stretch the back-off to 8 s."""
+    breaker = exact(clock)
+    backoffs = [breaker.failure("n1") for _ in range(5)]
+    assert backoffs[0] == 0.5 and all(b <= 0.5 for b in backoffs[1:]), backoffs
+    clock.advance(0.5)
+    assert breaker.allow("n1"), "the probe is due after the first back-off"
+    assert breaker.failure("n1") == 1.0, "a failed probe is a second outage step"

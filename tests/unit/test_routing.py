@@ -170,23 +170,23 @@ def test_static_router_places_by_address() -> None:
     assert [m.address for m in router.members()] == addresses
     for h in random_hashes(300):
         key = BlockKey("ns", h)
-        owners = router.owners(key)
+        owners = router.write_owners(key)
         assert owners == place(h, [Member(a, a) for a in addresses], 2), owners
         assert len({m.address for m in owners}) == 2
     # Another client with the same list in another order agrees.
     other = StaticRouter(addresses[::-1], replicas=2)
-    assert all(router.owners(BlockKey("ns", h)) == other.owners(BlockKey("ns", h)) for h in random_hashes(300))
+    assert all(router.write_owners(BlockKey("ns", h)) == other.write_owners(BlockKey("ns", h)) for h in random_hashes(300))
 
 
 @pytest.mark.parametrize(("replicas", "expected"), [(0, 1), (1, 1), (2, 2), (3, 3), (7, 3)])
 def test_static_router_clamps_replicas(replicas: int, expected: int) -> None:
     router = StaticRouter(["a:1", "b:1", "c:1"], replicas=replicas)
-    assert len(router.owners(BlockKey("ns", b"k" * 32))) == expected
+    assert len(router.write_owners(BlockKey("ns", b"k" * 32))) == expected
 
 
 def test_single_node_router_owns_everything() -> None:
     router = StaticRouter(["only:1"], replicas=3)
-    assert [m.address for m in router.owners(BlockKey("ns", b"\x01" * 32))] == ["only:1"]
+    assert [m.address for m in router.write_owners(BlockKey("ns", b"\x01" * 32))] == ["only:1"]
 
 
 def test_members_returns_a_copy() -> None:
@@ -197,5 +197,5 @@ def test_members_returns_a_copy() -> None:
 
 def test_owners_does_not_expose_the_routers_list() -> None:
     router = StaticRouter(["only:1"])
-    router.owners(BlockKey("ns", b"\x01" * 32)).append(Member("x", "x:1"))
+    router.write_owners(BlockKey("ns", b"\x01" * 32)).append(Member("x", "x:1"))
     assert [m.address for m in router.members()] == ["only:1"], [m.address for m in router.members()]
