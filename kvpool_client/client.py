@@ -297,6 +297,7 @@ class KVPoolClient:
         """Run one exchange on a pooled connection; a failure is returned, and reported to the breaker."""
         try:
             connection = node.acquire()
+            connection.start_request()
             try:
                 result = run_sync(connection, exchange)
             except BaseException:

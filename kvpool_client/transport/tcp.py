@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,24 +48,29 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 class TcpConnection:
-    """A blocking connection; every call is bounded by ``timeout`` seconds of silence.
+    """A blocking connection; each request is bounded by one deadline.
 
-    The timeout is the kernel's (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking socket:
-    Python's own socket timeouts would poll() before every send and receive.
+    :meth:`start_request` sets the deadline; before every send or receive the
+    kernel's timeout (SO_SNDTIMEO/SO_RCVTIMEO) is set to the time left, so a peer
+    that trickles bytes cannot stretch a request past it. Python's own socket
+    timeouts would poll() before every call instead.
     """
 
     def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:
         self.address = address
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
         self._sock = _connect(address, connect_timeout)
         self._sock.settimeout(None)
-        seconds, micros = int(timeout), int((timeout % 1) * 1e6)
-        interval = struct.pack("ll", seconds, micros)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, interval)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, interval)
+
+    def start_request(self) -> None:
+        """Give the next request the full timeout."""
+        self._deadline = time.monotonic() + self._timeout
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
         pending = [memoryview(b).cast("B") for b in buffers if len(b)]
         while pending:
+            self._arm(socket.SO_SNDTIMEO, "send")
             with _socket_errors(self.address, "send"):
                 sent = self._sock.sendmsg(pending[:IOV_MAX])
             pending = advance(pending, sent)
@@ -72,6 +78,7 @@ class TcpConnection:
     def recv_into(self, targets: list[memoryview]) -> None:
         pending = [t for t in targets if len(t)]
         while pending:
+            self._arm(socket.SO_RCVTIMEO, "receive")
             with _socket_errors(self.address, "receive"):
                 # MSG_WAITALL: one syscall for a whole block instead of one per arriving chunk.
                 received = self._sock.recvmsg_into(pending[:IOV_MAX], 0, socket.MSG_WAITALL)[0]
@@ -85,6 +92,7 @@ class TcpConnection:
         return data
 
     def recv_upto(self, nbytes: int) -> bytes:
+        self._arm(socket.SO_RCVTIMEO, "receive")
         with _socket_errors(self.address, "receive"):
             data = self._sock.recv(nbytes)
         if not data:
@@ -96,6 +104,14 @@ class TcpConnection:
 
     def close(self) -> None:
         self._sock.close()
+
+    def _arm(self, option: int, what: str) -> None:
+        """Set the kernel timeout of the next call to the time left before the deadline."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise RequestTimeout(f"{what} to {self.address}: request timed out after {self._timeout}s")
+        seconds = int(left)
+        self._sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", seconds, int((left - seconds) * 1e6) or 1))
 
 
 @contextmanager

@@ -215,21 +215,31 @@ class DramTier:
         return None
 
     def _oldest_evictable_slab(self, exclude: int) -> tuple[int, int] | None:
-        """(last access, slab) of the oldest fully evictable slab of another size class."""
-        best: tuple[int, int] | None = None  # (last access, slab)
+        """(newest access, slab) of the coldest fully evictable slab of another size class.
+
+        A slab is as recent as its most recently used block: taking it evicts them all,
+        so one cold block must not doom a slab of hot ones. Each class offers the slab
+        of its least recent block (a bounded look at its order) as the candidate.
+        """
+        best: tuple[int, int] | None = None
         for size, policy in self._policies.items():
             if size == exclude:
                 continue
             for key in islice(policy.candidates(), _SLAB_VICTIM_SCAN):
-                entry = self._index[key]
-                slab = self._alloc.slab_of(entry.offset)
-                if (best is None or entry.last_access < best[0]) and self._slab_evictable(slab):
-                    best = (entry.last_access, slab)
+                slab = self._alloc.slab_of(self._index[key].offset)
+                newest = self._slab_newest_access(slab)
+                if newest is not None:
+                    if best is None or newest < best[0]:
+                        best = (newest, slab)
                     break
         return best
 
-    def _slab_evictable(self, slab: int) -> bool:
-        return all(e.readable and not e.pins for e in self._entries_in_slab(slab))
+    def _slab_newest_access(self, slab: int) -> int | None:
+        """The most recent access of the slab's blocks; None if any is pinned or being written."""
+        entries = self._entries_in_slab(slab)
+        if not all(e.readable and not e.pins for e in entries):
+            return None
+        return max(e.last_access for e in entries)
 
     def _entries_in_slab(self, slab: int) -> list[BlockEntry]:
         size = self._alloc.slab_slot_size(slab)

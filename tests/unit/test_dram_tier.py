@@ -610,3 +610,16 @@ class TierMachine(RuleBasedStateMachine):
 
 TierMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_tier_machine = TierMachine.TestCase
+
+
+def test_one_cold_block_does_not_doom_a_slab_of_hot_ones(h: Harness) -> None:
+    fill(h, 12)  # slabs 0-2 hold 4 KiB blocks; k(0) is the coldest block of all
+    h.put(k(100), data_for(100, 8 * KiB))  # free slab 3
+    h.put(k(101), data_for(101, 8 * KiB))
+    for i in (1, 2, 3):  # slab 0 is hot again, but for k(0)
+        h.get(k(i))
+    c = h.put(k(102), data_for(102, 8 * KiB))
+    # Slab 0's newest block is more recent than k(100): the 8 KiB class evicts its own.
+    assert c.offset == 48 * KiB and not h.tier.contains(k(100)), c
+    assert all(h.tier.contains(k(i)) for i in range(12))
+    h.assert_no_leak()
