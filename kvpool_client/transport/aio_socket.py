@@ -38,6 +38,10 @@ class AsyncSocketChannel:
         self._loop = asyncio.get_running_loop()
         self._stall_timeout = stall_timeout
         self.peer = peer
+        # The read registration outlives a wait: re-registering with the loop for
+        # every request cost more than the rest of a small request's handling.
+        self._reading = False
+        self._read_waiter: asyncio.Future[None] | None = None
 
     async def send(self, buffers: Sequence[Buffer]) -> None:
         """Send every byte of ``buffers`` in order, with as few syscalls as the kernel allows.
@@ -88,6 +92,7 @@ class AsyncSocketChannel:
         return reusable(self._sock)
 
     def close(self) -> None:
+        self._stop_reading()
         self._sock.close()
 
     async def _recv_once(self, targets: list[memoryview], timeout: float | None) -> int:
@@ -95,7 +100,7 @@ class AsyncSocketChannel:
             try:
                 received = self._sock.recvmsg_into(targets[:IOV_MAX])[0]
             except (BlockingIOError, InterruptedError):
-                await self._wait(writable=False, timeout=timeout)
+                await self._wait_readable(timeout)
                 continue
             except OSError as exc:
                 raise NodeUnavailable(f"receive from {self.peer} failed: {exc}") from exc
@@ -103,26 +108,62 @@ class AsyncSocketChannel:
                 raise NodeUnavailable(f"{self.peer} closed the connection")
             return received
 
+    async def _wait_readable(self, timeout: float | None) -> None:
+        """Wait until the socket is readable; the registration stays for the next wait."""
+        waiter = self._loop.create_future()
+        self._read_waiter = waiter
+        if not self._reading:
+            self._loop.add_reader(self._fileno(), self._on_readable)
+            self._reading = True
+        try:
+            await self._bounded(waiter, timeout)
+        finally:
+            if self._read_waiter is waiter:
+                self._read_waiter = None
+
+    def _on_readable(self) -> None:
+        waiter, self._read_waiter = self._read_waiter, None
+        if waiter is None:
+            self._stop_reading()  # nobody waits: a level-triggered poll would fire every loop turn
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._sock.fileno())
+
     async def _wait(self, *, writable: bool, timeout: float | None) -> None:
-        loop, ready = self._loop, self._loop.create_future()
+        """Wait until the socket is writable (rare: the send buffer holds whole blocks)."""
+        ready = self._loop.create_future()
 
         def wake() -> None:
             if not ready.done():
                 ready.set_result(None)
 
-        def expire() -> None:
-            if not ready.done():
-                ready.set_exception(TimeoutError(f"{self.peer} stalled for more than {timeout}s"))
+        fd = self._fileno()
+        self._loop.add_writer(fd, wake)
+        try:
+            await self._bounded(ready, timeout)
+        finally:
+            self._loop.remove_writer(fd)
 
+    async def _bounded(self, waiter: asyncio.Future[None], timeout: float | None) -> None:
+        """Await ``waiter``; a TimeoutError after ``timeout`` seconds (None: no limit)."""
+
+        def expire() -> None:
+            if not waiter.done():
+                waiter.set_exception(TimeoutError(f"{self.peer} stalled for more than {timeout}s"))
+
+        timer = self._loop.call_later(timeout, expire) if timeout is not None else None
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _fileno(self) -> int:
         fd = self._sock.fileno()
         if fd < 0:
             raise NodeUnavailable(f"connection to {self.peer} is closed")
-        add, remove = (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
-        add(fd, wake)
-        timer = loop.call_later(timeout, expire) if timeout is not None else None
-        try:
-            await ready
-        finally:
-            remove(fd)
-            if timer is not None:
-                timer.cancel()
+        return fd
