@@ -1,0 +1,387 @@
+"""A log-structured store of records in segment files: the SSD tier's storage.
+
+Records (:mod:`kvpool_server.tiers.records`) are appended to the active segment, a file
+``<id, 12 digits>.seg``; when the next record would not fit, a new segment starts.
+Nothing is rewritten in place: space comes back by deleting whole segments, after the
+caller (garbage collection, above this module) has copied out what it still wants.
+
+Blocking: **every** method except ``stats`` and ``segment_ids`` does file I/O and
+blocks (open, pread/preadv, pwritev, fdatasync, ftruncate, unlink, directory fsync):
+call them from a thread pool, never the event loop. Thread-safe: appends are serialized;
+reads run concurrently with appends and each other; a segment deleted under a read is
+closed when that read finishes.
+
+Crash safety:
+    - ``append`` returns once the whole record is written (and, with ``fsync``,
+      ``fdatasync`` returned): that is the acknowledgement.
+    - On open the last segment is walked (headers and keys). A torn tail (a partial
+      header, a record past end of file, or a zero-filled tail) is truncated and
+      appends resume there; a corrupt header there instead starts a new segment.
+    - A header checksum mismatch makes the lengths untrustworthy, so the rest of that
+      segment cannot be found: ``scan`` counts one corrupt record plus the lost bytes
+      and moves on. A bad key checksum (or payload, with ``verify``) under a good
+      header skips only that record.
+    - ``scan`` checks payload checksums only with ``verify=True`` (reads everything);
+      ``read_into`` always does, so a corrupt payload is a miss, never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpool_server.index import StoreKey
+from kvpool_server.tiers.records import (
+    HEADER_SIZE,
+    CorruptRecord,
+    WalkResult,
+    WalkStop,
+    decode_record_header,
+    encode_record_header,
+    payload_checksum,
+    split_key,
+    verify_payload,
+    walk_records,
+)
+
+SEGMENT_SUFFIX = ".seg"
+_ID_DIGITS = 12
+
+
+class SegmentMissing(LookupError):
+    """The location names a segment this log does not have (deleted, or never was)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a record lives: ``length`` bytes (header + key + payload) at ``offset``."""
+
+    segment_id: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScanEntry:
+    """One record found by :meth:`SegmentLog.scan`."""
+
+    key: StoreKey
+    location: Location
+    checksum: int  # xxh3-64 of the payload
+    payload_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStats:
+    segments: int
+    bytes: int
+    corrupt_records: int  # found by scans of this object, cumulative
+    lost_bytes: int  # bytes after a corrupt header, unreachable, cumulative
+    truncated_bytes: int  # torn tail removed on open
+
+
+@dataclass(slots=True)
+class _Segment:
+    id: int
+    fd: int
+    size: int
+    readers: int = 0
+    doomed: bool = False  # deleted; close the fd when the last reader leaves
+
+
+def segment_name(segment_id: int) -> str:
+    return f"{segment_id:0{_ID_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+def _segment_ids(directory: Path) -> list[int]:
+    ids = []
+    for path in directory.iterdir():
+        stem = path.name.removesuffix(SEGMENT_SUFFIX)
+        if path.name.endswith(SEGMENT_SUFFIX) and len(stem) == _ID_DIGITS and stem.isdigit():
+            ids.append(int(stem))
+    return sorted(ids)
+
+
+def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
+    """Write all of ``buffers`` at ``offset``, resuming after short writes."""
+    while buffers:
+        written = os.pwritev(fd, buffers, offset)
+        offset += written
+        while buffers and written >= len(buffers[0]):
+            written -= len(buffers[0])
+            buffers.pop(0)
+        if buffers:
+            buffers[0] = buffers[0][written:]
+
+
+def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
+                  walk: WalkResult) -> Iterator[ScanEntry]:
+    """Yield the valid records of one segment file in order; see :func:`walk_records`."""
+    for found in walk_records(lambda offset, n: os.pread(fd, n, offset), size, verify, walk):
+        try:
+            key = (found.namespace.decode(), found.hash)
+        except UnicodeDecodeError:
+            walk.corrupt += 1  # checksums matched, so it was written so: never serve it
+            continue
+        location = Location(segment_id, found.offset, found.header.record_len)
+        yield ScanEntry(key, location, found.header.payload_checksum, found.header.payload_len)
+
+
+class SegmentLog:
+    """Append-only records in segment files under one directory.
+
+    Args:
+        directory: where segment files live; created if missing. Files whose names
+            are not ``<12 digits>.seg`` are ignored.
+        segment_size: the most bytes one segment holds; a record larger than this
+            cannot be stored.
+        fsync: ``fdatasync`` after every append (and ``fsync`` the directory when a
+            segment is created or deleted), so an acknowledged record survives power
+            loss, not only a process crash.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], segment_size: int, fsync: bool) -> None:
+        if segment_size <= HEADER_SIZE:
+            raise ValueError(f"segment_size must exceed the {HEADER_SIZE}-byte header")
+        self._dir = Path(directory)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._segment_size = segment_size
+        self._fsync = fsync
+        self._write_lock = threading.Lock()  # one appender at a time
+        self._meta_lock = threading.Lock()  # segment table, sizes, reader counts
+        self._segments: dict[int, _Segment] = {}
+        self._corrupt = self._lost = self._truncated = 0
+        for segment_id in _segment_ids(self._dir):
+            fd = os.open(self._dir / segment_name(segment_id), os.O_RDWR | os.O_CLOEXEC)
+            self._segments[segment_id] = _Segment(segment_id, fd, os.fstat(fd).st_size)
+        self._next_id = max(self._segments, default=0) + 1
+        last = self._segments.get(self._next_id - 1)
+        self._active = last if last is not None and self._recover_tail(last) else self._new_segment()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every segment file. The log must not be used afterwards."""
+        with self._write_lock, self._meta_lock:
+            for segment in self._segments.values():
+                os.close(segment.fd)
+            self._segments.clear()
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _recover_tail(self, segment: _Segment) -> bool:
+        """Truncate a torn tail off ``segment``; return whether appends may continue there."""
+        walk = WalkResult()
+        for _ in _scan_segment(segment.id, segment.fd, segment.size, False, walk):
+            pass
+        if walk.stop is WalkStop.CORRUPT:
+            return False
+        if walk.stop is WalkStop.TORN:
+            os.ftruncate(segment.fd, walk.good_end)
+            self._sync(segment.fd)
+            self._truncated += segment.size - walk.good_end
+            segment.size = walk.good_end
+        return True
+
+    def _new_segment(self) -> _Segment:
+        """Create the next segment file and make it active. Caller holds the write lock."""
+        segment_id = self._next_id
+        path = self._dir / segment_name(segment_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._sync_dir()
+        segment = _Segment(segment_id, fd, 0)
+        with self._meta_lock:
+            self._segments[segment_id] = segment
+            self._next_id += 1
+        self._active = segment
+        return segment
+
+    def _sync(self, fd: int) -> None:
+        if self._fsync:
+            os.fdatasync(fd)
+
+    def _sync_dir(self) -> None:
+        if self._fsync:  # makes a created or removed file name durable
+            fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    # -- writes ---------------------------------------------------------------
+
+    def append(self, namespace: str, hash_: bytes, payload: memoryview | bytes) -> Location:
+        """Append one record; the payload is handed to ``pwritev`` without a copy.
+
+        Args:
+            namespace: the key's namespace (UTF-8 encoded on disk).
+            hash_: the key's block hash (1..MAX_HASH_LEN bytes).
+            payload: the block's bytes (any C-contiguous buffer).
+
+        Returns:
+            Where the record now lives. The record is complete on disk (and durable,
+            with ``fsync``) when this returns.
+
+        Raises:
+            ValueError: a length is out of bounds or the record exceeds ``segment_size``.
+            OSError: the write failed (e.g. ``ENOSPC``); the partial record is
+                truncated away where possible and the log stays usable.
+        """
+        view = memoryview(payload).cast("B")
+        ns = namespace.encode()
+        header = encode_record_header(ns, hash_, len(view), payload_checksum(view))
+        total = HEADER_SIZE + len(ns) + len(hash_) + len(view)
+        if total > self._segment_size:
+            raise ValueError(f"record of {total} bytes exceeds segment size {self._segment_size}")
+        with self._write_lock:
+            segment = self._active
+            if segment.size + total > self._segment_size:
+                segment = self._new_segment()
+            offset = segment.size
+            self._write(segment, [memoryview(header), memoryview(ns), memoryview(hash_), view], offset)
+            with self._meta_lock:
+                segment.size = offset + total
+        return Location(segment.id, offset, total)
+
+    def _write(self, segment: _Segment, buffers: list[memoryview], offset: int) -> None:
+        try:
+            _pwritev_all(segment.fd, buffers, offset)
+            self._sync(segment.fd)
+        except OSError:
+            try:  # drop the partial record so the tail stays clean
+                os.ftruncate(segment.fd, offset)
+            except OSError:
+                pass  # the next append overwrites it; a reopen truncates it
+            raise
+
+    def delete_segment(self, segment_id: int) -> None:
+        """Remove a sealed segment and its file (garbage collection).
+
+        Locations in it become :class:`SegmentMissing`. Reads already in flight
+        finish first; the file descriptor is closed after the last of them.
+
+        Raises:
+            SegmentMissing: no such segment.
+            ValueError: ``segment_id`` is the active segment.
+        """
+        with self._write_lock:
+            if segment_id == self._active.id:
+                raise ValueError(f"segment {segment_id} is active")
+            with self._meta_lock:
+                segment = self._segments.pop(segment_id, None)
+                if segment is None:
+                    raise SegmentMissing(segment_id)
+                segment.doomed = True
+                close_now = segment.readers == 0
+            os.unlink(self._dir / segment_name(segment_id))
+            if close_now:
+                os.close(segment.fd)
+            self._sync_dir()
+
+    # -- reads ----------------------------------------------------------------
+
+    def _acquire(self, segment_id: int) -> _Segment:
+        with self._meta_lock:
+            segment = self._segments.get(segment_id)
+            if segment is None:
+                raise SegmentMissing(segment_id)
+            segment.readers += 1
+            return segment
+
+    def _release(self, segment: _Segment) -> None:
+        with self._meta_lock:
+            segment.readers -= 1
+            close_now = segment.doomed and segment.readers == 0
+        if close_now:
+            os.close(segment.fd)
+
+    def read_into(self, location: Location, target: memoryview, key: StoreKey | None = None) -> None:
+        """Read the payload at ``location`` into ``target`` and verify it.
+
+        Args:
+            location: from :meth:`append` or :meth:`scan`.
+            target: writable buffer of exactly the payload's length.
+            key: if given, the record's key must equal it.
+
+        Raises:
+            CorruptRecord: short read, header, key or payload checksum mismatch, or a
+                different key. ``target``'s contents are then garbage: never serve them.
+            SegmentMissing: the segment was deleted.
+            ValueError: ``target`` cannot hold this record's payload.
+            OSError: the read failed.
+        """
+        view = memoryview(target).cast("B")
+        key_len = location.length - HEADER_SIZE - len(view)
+        if key_len < 1 or view.readonly:
+            raise ValueError("target is read-only or larger than the record's payload")
+        head, key_bytes = bytearray(HEADER_SIZE), bytearray(key_len)
+        segment = self._acquire(location.segment_id)
+        try:
+            got = os.preadv(segment.fd, [head, key_bytes, view], location.offset)
+        finally:
+            self._release(segment)
+        if got != location.length:
+            raise CorruptRecord(f"short read: {got} of {location.length} bytes")
+        header = decode_record_header(head)
+        if header.record_len != location.length:
+            raise CorruptRecord("record length differs from the location's")
+        namespace, hash_ = split_key(header, key_bytes)
+        if key is not None and (namespace, hash_) != (key[0].encode(), key[1]):
+            raise CorruptRecord("record holds a different key")
+        verify_payload(header, view)
+
+    def scan(self, verify: bool = False) -> Iterator[ScanEntry]:
+        """Yield every readable record, segment by segment, oldest first.
+
+        Meant for rebuilding the index at start. Records appended while a scan runs
+        may or may not be seen. Corrupt records and unreachable bytes are added to
+        :meth:`stats` as each segment finishes.
+
+        Args:
+            verify: also read every payload and check its checksum (slow: reads
+                everything); without it, payloads are verified on read only.
+        """
+        with self._meta_lock:
+            snapshot = sorted((s.id, s.size) for s in self._segments.values())
+        for segment_id, size in snapshot:
+            try:
+                segment = self._acquire(segment_id)
+            except SegmentMissing:
+                continue  # deleted since the snapshot
+            walk = WalkResult()
+            try:
+                yield from _scan_segment(segment_id, segment.fd, size, verify, walk)
+            finally:
+                self._release(segment)
+            with self._meta_lock:
+                self._corrupt += walk.corrupt
+                self._lost += size - walk.good_end if walk.stop is WalkStop.CORRUPT else 0
+
+    # -- introspection --------------------------------------------------------
+
+    @property
+    def active_segment_id(self) -> int:
+        return self._active.id  # sealed segments are all the others
+
+    def segment_ids(self) -> list[int]:
+        """Ids of the segments on disk, oldest first (the last one is active)."""
+        with self._meta_lock:
+            return sorted(self._segments)
+
+    def stats(self) -> SegmentStats:
+        """Counts only; no I/O."""
+        with self._meta_lock:
+            return SegmentStats(
+                segments=len(self._segments),
+                bytes=sum(s.size for s in self._segments.values()),
+                corrupt_records=self._corrupt,
+                lost_bytes=self._lost,
+                truncated_bytes=self._truncated,
+            )
