@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from kvpool_client import batching
+from kvpool_client import batching, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import AsyncControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.exchange import Exchange, run_async
-from kvpool_client.failover import ReadPlan
 from kvpool_client.keys import BlockKey
+from kvpool_client.nodes import NodeRecord, find_node
+from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import AsyncMembershipSource, Placement, PlacementSource, StaticSource, member_at
 from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.replication import DeleteTally, WritePlan, fan_out
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
@@ -31,28 +31,20 @@ from kvpool_client.transport.tcp import open_async_connection
 from kvpool_client.wire import WireLimits
 
 T = TypeVar("T")
-Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
-Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
+R = TypeVar("R")
 
 
-class _AsyncNode:
+class _AsyncNode(NodeRecord[AsyncSocketChannel]):
     """One node's cached info and idle connections (loop-confined)."""
 
     def __init__(self, member: Member, config: ClientConfig) -> None:
-        self.member = member
-        self.address = member.address
-        self._config = config
-        self._info: NodeInfo | None = None
-        self._idle: list[AsyncSocketChannel] = []
+        super().__init__(member, config)
         self.control = AsyncControlClient(member.address, config.request_timeout_s)
 
     async def info(self) -> NodeInfo:
         if self._info is None:
             self._info = await self.control.server_info()
         return self._info
-
-    def cached_limits(self) -> WireLimits | None:
-        return None if self._info is None else self._info.limits
 
     async def acquire(self) -> AsyncSocketChannel:
         while self._idle:
@@ -66,7 +58,7 @@ class _AsyncNode:
         return await open_async_connection(endpoint, self._config.connect_timeout_s)
 
     def release(self, connection: AsyncSocketChannel) -> None:
-        if len(self._idle) < self._config.max_idle_connections:
+        if self.has_room():
             self._idle.append(connection)
         else:
             connection.close()
@@ -115,32 +107,11 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        batching.check_keys(keys)
-        views = batching.block_views(keys, blocks)
-        placement = await self._placement()
-        placements = [placement.router.placement(k) for k in keys]
-        known = await self._limits_of(m for p in placements for m in p.write_owners)
-        batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
-        plan = WritePlan(keys, placements, placement.write_quorum)
-        sizes = [len(v) for v in views]
-        await self._drive(plan, lambda job, lim: self._requests.put(job, views, lim), batching.statuses_of, sizes)
-        return PutResult(tuple(plan.statuses()), plan.stored_on())
+        return await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
 
     async def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers (``None``: allocate per hit), falling back to replicas."""
-        batching.check_keys(keys)
-        targets = batching.target_views(keys, into)
-        plan = ReadPlan(keys, await self._read_orders(keys))
-        filled: list[memoryview | None] = [None] * len(keys)
-
-        def answer(job: batching.Job, outcome: Outcome) -> list[int]:
-            codes, views = batching.get_answer(job, outcome)
-            batching.scatter(filled, job, views)
-            return codes
-
-        sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
-        await self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer, sizes)
-        return GetResult(plan.statuses(), tuple(filled))
+        return await self._run(operations.get(keys, into, self._requests, self.breaker.gate))
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -156,17 +127,7 @@ class AsyncKVPoolClient:
         Raises:
             NodeUnavailable, RequestTimeout: no reader of some key could be reached.
         """
-        batching.check_keys(keys)
-        tally = DeleteTally(len(keys))
-        jobs = fan_out(keys, await self._read_orders(keys), self.breaker.gate())
-        failure: KVPoolError | None = None
-        for job, outcome in await self._run_round(jobs, lambda job, lim: self._requests.delete(job, lim)):
-            if isinstance(outcome, KVPoolError):
-                failure = failure or outcome
-            tally.record(job, None if isinstance(outcome, KVPoolError) else outcome)
-        if tally.unreached():
-            raise failure or NodeUnavailable(f"no reader of key {tally.unreached()[0]} is reachable")
-        return tally.removed
+        return await self._run(operations.delete(keys, self._requests, self.breaker.gate))
 
     async def placement(self) -> Placement:
         """The placement the next operation will use (router, write quorum, revision)."""
@@ -199,29 +160,24 @@ class AsyncKVPoolClient:
         return self._source.current()
 
     async def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        batching.check_keys(keys)
-        orders = await self._read_orders(keys)
-        plan = ReadPlan(keys, orders, prefix=prefix)
-        # A node may stop at its first miss only when no other replica could fill the gap.
-        node_prefix = prefix and all(len(order) == 1 for order in orders)
-        await self._drive(plan, lambda job, lim: self._requests.exists(job, lim, node_prefix), batching.statuses_of)
-        return plan.statuses()
+        return await self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
 
-    async def _read_orders(self, keys: Sequence[BlockKey]) -> list[tuple[Member, ...]]:
-        router = (await self._placement()).router
-        return [router.placement(k).read_order for k in keys]
+    async def _run(self, operation: operations.Operation[R]) -> R:
+        """Drive ``operation`` to its result, awaiting each step it asks for."""
+        answer: Any = None
+        while True:
+            try:
+                step = operation.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = await self._perform(step)
 
-    async def _drive(
-        self,
-        plan: batching.RoundPlan,
-        build: Build,
-        answer: Callable[[batching.Job, Outcome], list[int]],
-        sizes: Sequence[int] | None = None,
-    ) -> None:
-        """Run ``plan`` round after round until it has nothing left to send."""
-        while jobs := plan.next_round(self.breaker.gate()):
-            for piece, outcome in await self._run_round(jobs, build, sizes):
-                plan.record(piece, answer(piece, outcome))
+    async def _perform(self, step: operations.Step) -> Any:
+        if isinstance(step, operations.CurrentPlacement):
+            return await self._placement()
+        if isinstance(step, operations.FetchLimits):
+            return await self._limits_of(step.members)
+        return await self._run_round(step.jobs, step.build, step.sizes)
 
     async def _run_round(
         self, jobs: list[batching.Job], build: Build, sizes: Sequence[int] | None = None
@@ -270,14 +226,14 @@ class AsyncKVPoolClient:
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 
-    async def _limits_of(self, members: Iterable[Member]) -> dict[str, WireLimits]:
-        """Known limits of ``members``, asking (concurrently) the nodes not asked yet that may be asked."""
-        unique = {m.node_id: m for m in members}
-        gate = self.breaker.gate()
-        missing = [m for m in unique.values() if self._node(m).cached_limits() is None and gate(m.node_id)]
+    async def _limits_of(self, members: Sequence[Member]) -> dict[str, WireLimits]:
+        """Known limits of distinct ``members``, asking (concurrently) the nodes not asked yet that may be."""
+        missing = operations.limits_to_fetch(members, self._cached_limits, self.breaker.gate())
         await asyncio.gather(*(self._fetch_info(m) for m in missing))
-        known = {n: self._node(m).cached_limits() for n, m in unique.items()}
-        return {n: lim for n, lim in known.items() if lim is not None}
+        return operations.known_limits(members, self._cached_limits)
+
+    def _cached_limits(self, member: Member) -> WireLimits | None:
+        return self._node(member).cached_limits()
 
     async def _fetch_info(self, member: Member) -> None:
         node = self._node(member)
@@ -291,7 +247,7 @@ class AsyncKVPoolClient:
     def _node(self, member: Member) -> _AsyncNode:
         """The node state for ``member``; replaced (and its failures forgotten) if its addresses changed."""
         node = self._nodes.get(member.node_id)
-        if node is not None and (node.address, node.member.data_address) == (member.address, member.data_address):
+        if node is not None and node.serves(member):
             return node
         if node is not None:  # the node moved (new address): its failures were the old process's
             closing = asyncio.ensure_future(node.close())
@@ -303,7 +259,4 @@ class AsyncKVPoolClient:
 
     def _node_at(self, address: str) -> _AsyncNode:
         """The node with control address ``address`` (a node id works too)."""
-        for node in self._nodes.values():
-            if address in (node.address, node.member.node_id):
-                return node
-        return self._node(member_at(self._source.current(), address))
+        return find_node(self._nodes.values(), address) or self._node(member_at(self._source.current(), address))

@@ -14,18 +14,19 @@ on a small thread pool, so a batch spread over nodes costs one round trip.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvpool_client import batching
+from kvpool_client import batching, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.exchange import Exchange, run_sync
-from kvpool_client.failover import ReadPlan
 from kvpool_client.keys import BlockKey
+from kvpool_client.nodes import NodeRecord, find_node
+from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import (
     Placement,
     PlacementSource,
@@ -34,27 +35,21 @@ from kvpool_client.placement_source import (
     member_at,
 )
 from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.replication import DeleteTally, WritePlan, fan_out
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.tcp import TcpConnection
 from kvpool_client.wire import WireLimits
 
 T = TypeVar("T")
-Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
-Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
+R = TypeVar("R")
 
 
-class _Node:
+class _Node(NodeRecord[TcpConnection]):
     """One node's cached info and idle connections (thread-safe)."""
 
     def __init__(self, member: Member, config: ClientConfig) -> None:
-        self.member = member
-        self.address = member.address
-        self._config = config
+        super().__init__(member, config)
         self._lock = threading.Lock()
-        self._info: NodeInfo | None = None
-        self._idle: list[TcpConnection] = []
         self.control = ControlClient(member.address, config.request_timeout_s)
 
     def info(self) -> NodeInfo:
@@ -62,10 +57,6 @@ class _Node:
         if info is None:
             info = self._info = self.control.server_info()
         return info
-
-    def cached_limits(self) -> WireLimits | None:
-        info = self._info
-        return None if info is None else info.limits
 
     def acquire(self) -> TcpConnection:
         while True:
@@ -83,7 +74,7 @@ class _Node:
 
     def release(self, connection: TcpConnection) -> None:
         with self._lock:
-            if len(self._idle) < self._config.max_idle_connections:
+            if self.has_room():
                 self._idle.append(connection)
                 return
         connection.close()
@@ -149,16 +140,7 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        batching.check_keys(keys)
-        views = batching.block_views(keys, blocks)
-        placement = self._source.current()
-        placements = [placement.router.placement(k) for k in keys]
-        known = self._limits_of(m for p in placements for m in p.write_owners)
-        batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
-        plan = WritePlan(keys, placements, placement.write_quorum)
-        sizes = [len(v) for v in views]
-        self._drive(plan, lambda job, lim: self._requests.put(job, views, lim), batching.statuses_of, sizes)
-        return PutResult(tuple(plan.statuses()), plan.stored_on())
+        return self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
 
     def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers, falling back to replicas.
@@ -170,19 +152,7 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
-        batching.check_keys(keys)
-        targets = batching.target_views(keys, into)
-        plan = ReadPlan(keys, self._read_orders(keys))
-        filled: list[memoryview | None] = [None] * len(keys)
-
-        def answer(job: batching.Job, outcome: Outcome) -> list[int]:
-            codes, views = batching.get_answer(job, outcome)
-            batching.scatter(filled, job, views)
-            return codes
-
-        sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
-        self._drive(plan, lambda job, lim: self._requests.get(job, targets, lim), answer, sizes)
-        return GetResult(plan.statuses(), tuple(filled))
+        return self._run(operations.get(keys, into, self._requests, self.breaker.gate))
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -198,17 +168,7 @@ class KVPoolClient:
         Raises:
             NodeUnavailable, RequestTimeout: no reader of some key could be reached.
         """
-        batching.check_keys(keys)
-        tally = DeleteTally(len(keys))
-        jobs = fan_out(keys, self._read_orders(keys), self.breaker.gate())
-        failure: KVPoolError | None = None
-        for job, outcome in self._run_round(jobs, lambda job, lim: self._requests.delete(job, lim)):
-            if isinstance(outcome, KVPoolError):
-                failure = failure or outcome
-            tally.record(job, None if isinstance(outcome, KVPoolError) else outcome)
-        if tally.unreached():
-            raise failure or NodeUnavailable(f"no reader of key {tally.unreached()[0]} is reachable")
-        return tally.removed
+        return self._run(operations.delete(keys, self._requests, self.breaker.gate))
 
     def placement(self) -> Placement:
         """The placement the next operation will use (router, write quorum, revision)."""
@@ -238,29 +198,24 @@ class KVPoolClient:
     # -- internals ------------------------------------------------------------
 
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        batching.check_keys(keys)
-        orders = self._read_orders(keys)
-        plan = ReadPlan(keys, orders, prefix=prefix)
-        # A node may stop at its first miss only when no other replica could fill the gap.
-        node_prefix = prefix and all(len(order) == 1 for order in orders)
-        self._drive(plan, lambda job, lim: self._requests.exists(job, lim, node_prefix), batching.statuses_of)
-        return plan.statuses()
+        return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
 
-    def _read_orders(self, keys: Sequence[BlockKey]) -> list[tuple[Member, ...]]:
-        router = self._source.current().router
-        return [router.placement(k).read_order for k in keys]
+    def _run(self, operation: operations.Operation[R]) -> R:
+        """Drive ``operation`` to its result, performing each step it asks for in this thread."""
+        answer: Any = None
+        while True:
+            try:
+                step = operation.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = self._perform(step)
 
-    def _drive(
-        self,
-        plan: batching.RoundPlan,
-        build: Build,
-        answer: Callable[[batching.Job, Outcome], list[int]],
-        sizes: Sequence[int] | None = None,
-    ) -> None:
-        """Run ``plan`` round after round until it has nothing left to send."""
-        while jobs := plan.next_round(self.breaker.gate()):
-            for piece, outcome in self._run_round(jobs, build, sizes):
-                plan.record(piece, answer(piece, outcome))
+    def _perform(self, step: operations.Step) -> Any:
+        if isinstance(step, operations.CurrentPlacement):
+            return self._source.current()
+        if isinstance(step, operations.FetchLimits):
+            return self._limits_of(step.members)
+        return self._run_round(step.jobs, step.build, step.sizes)
 
     def _run_round(
         self, jobs: list[batching.Job], build: Build, sizes: Sequence[int] | None = None
@@ -315,17 +270,17 @@ class KVPoolClient:
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 
-    def _limits_of(self, members: Iterable[Member]) -> dict[str, WireLimits]:
-        """Known limits of ``members``, asking (in parallel) the nodes not asked yet that may be asked."""
-        unique = {m.node_id: m for m in members}
-        gate = self.breaker.gate()
-        missing = [m for m in unique.values() if self._node(m).cached_limits() is None and gate(m.node_id)]
+    def _limits_of(self, members: Sequence[Member]) -> dict[str, WireLimits]:
+        """Known limits of distinct ``members``, asking (in parallel) the nodes not asked yet that may be."""
+        missing = operations.limits_to_fetch(members, self._cached_limits, self.breaker.gate())
         if len(missing) > 1:
             list(self._executor().map(self._fetch_info, missing))
         elif missing:
             self._fetch_info(missing[0])
-        known = {n: self._node(m).cached_limits() for n, m in unique.items()}
-        return {n: lim for n, lim in known.items() if lim is not None}
+        return operations.known_limits(members, self._cached_limits)
+
+    def _cached_limits(self, member: Member) -> WireLimits | None:
+        return self._node(member).cached_limits()
 
     def _fetch_info(self, member: Member) -> None:
         node = self._node(member)
@@ -346,11 +301,11 @@ class KVPoolClient:
     def _node(self, member: Member) -> _Node:
         """The node state for ``member``; replaced (and its failures forgotten) if its addresses changed."""
         node = self._nodes.get(member.node_id)
-        if node is not None and (node.address, node.member.data_address) == (member.address, member.data_address):
+        if node is not None and node.serves(member):
             return node
         with self._nodes_lock:
             old = self._nodes.get(member.node_id)
-            if old is not None and (old.address, old.member.data_address) == (member.address, member.data_address):
+            if old is not None and old.serves(member):
                 return old
             node = self._nodes[member.node_id] = _Node(member, self.config)
         if old is not None:
@@ -360,7 +315,4 @@ class KVPoolClient:
 
     def _node_at(self, address: str) -> _Node:
         """The node with control address ``address`` (a node id works too)."""
-        for node in list(self._nodes.values()):
-            if address in (node.address, node.member.node_id):
-                return node
-        return self._node(member_at(self._source.current(), address))
+        return find_node(list(self._nodes.values()), address) or self._node(member_at(self._source.current(), address))

@@ -1,0 +1,167 @@
+"""The batch operations (put, get, exists/lookup, delete) with their I/O left out.
+
+Shared by the blocking and asyncio clients so the two cannot drift. Each operation
+is a generator that yields a :data:`Step` naming the I/O it needs next; the client
+performs it (blocking or awaiting), sends the answer back, and takes the
+operation's result from ``StopIteration.value`` (see :func:`kvpool_client.client.KVPoolClient._run`).
+Argument errors raise from the first ``send`` before any I/O is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kvpool_client import batching
+from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.exchange import Exchange
+from kvpool_client.failover import ReadPlan
+from kvpool_client.keys import BlockKey
+from kvpool_client.placement_source import Placement
+from kvpool_client.replication import DeleteTally, WritePlan, fan_out
+from kvpool_client.results import GetResult, PutResult
+from kvpool_client.routing import Member
+from kvpool_client.wire import WireLimits
+
+R = TypeVar("R")
+Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
+Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
+Answer = Callable[[batching.Job, Outcome], list[int]]
+Usable = Callable[[str], bool]  # node id -> may a request go there now (a breaker gate)
+Gate = Callable[[], Usable]  # a fresh gate per round (the breaker's ``gate``)
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentPlacement:
+    """Needs the placement to use. Answer: a :class:`~kvpool_client.placement_source.Placement`."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """Needs the limits of ``members`` (distinct nodes). Answer: node id -> WireLimits, for those known."""
+
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRound:
+    """Needs ``jobs`` run, each chunked to its node's limits and ``sizes``.
+
+    Answer: ``(piece, outcome)`` pairs, an outcome being ``build``'s exchange result
+    or the :class:`~kvpool_client.errors.KVPoolError` the node failed it with.
+    """
+
+    jobs: list[batching.Job]
+    build: Build
+    sizes: Sequence[int] | None = None
+
+
+Step = CurrentPlacement | FetchLimits | RunRound
+Operation = Generator[Step, Any, R]
+
+
+def put(
+    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate
+) -> Operation[PutResult]:
+    """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
+
+    Raises:
+        UsageError: counts differ, a block is empty, too large, or not contiguous.
+    """
+    batching.check_keys(keys)
+    views = batching.block_views(keys, blocks)
+    placement: Placement = yield CurrentPlacement()
+    placements = [placement.router.placement(k) for k in keys]
+    known = yield FetchLimits(distinct(m for p in placements for m in p.write_owners))
+    batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
+    plan = WritePlan(keys, placements, placement.write_quorum)
+    sizes = [len(v) for v in views]
+    yield from drive(plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes)
+    return PutResult(tuple(plan.statuses()), plan.stored_on())
+
+
+def get(
+    keys: Sequence[BlockKey], into: Sequence[Any] | None, requests: batching.RequestFactory, gate: Gate
+) -> Operation[GetResult]:
+    """Fetch blocks into ``into`` (``None``: allocate per hit), falling back to replicas."""
+    batching.check_keys(keys)
+    targets = batching.target_views(keys, into)
+    plan = ReadPlan(keys, (yield from read_orders(keys)))
+    filled: list[memoryview | None] = [None] * len(keys)
+
+    def answer(job: batching.Job, outcome: Outcome) -> list[int]:
+        codes, views = batching.get_answer(job, outcome)
+        batching.scatter(filled, job, views)
+        return codes
+
+    sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
+    yield from drive(plan, gate, lambda job, lim: requests.get(job, targets, lim), answer, sizes)
+    return GetResult(plan.statuses(), tuple(filled))
+
+
+def probe(
+    keys: Sequence[BlockKey], prefix: bool, requests: batching.RequestFactory, gate: Gate
+) -> Operation[tuple[ErrorCode, ...]]:
+    """Per key, whether some reader stores it (``prefix``: only the leading run of hits matters)."""
+    batching.check_keys(keys)
+    orders = yield from read_orders(keys)
+    plan = ReadPlan(keys, orders, prefix=prefix)
+    # A node may stop at its first miss only when no other replica could fill the gap.
+    node_prefix = prefix and all(len(order) == 1 for order in orders)
+    yield from drive(plan, gate, lambda job, lim: requests.exists(job, lim, node_prefix), batching.statuses_of)
+    return plan.statuses()
+
+
+def delete(keys: Sequence[BlockKey], requests: batching.RequestFactory, gate: Gate) -> Operation[list[bool]]:
+    """Remove blocks from every reachable reader; True where some node removed one.
+
+    Raises:
+        NodeUnavailable, RequestTimeout: no reader of some key could be reached.
+    """
+    batching.check_keys(keys)
+    tally = DeleteTally(len(keys))
+    jobs = fan_out(keys, (yield from read_orders(keys)), gate())
+    failure: KVPoolError | None = None
+    outcomes: list[tuple[batching.Job, Outcome]] = yield RunRound(jobs, requests.delete)
+    for job, outcome in outcomes:
+        if isinstance(outcome, KVPoolError):
+            failure = failure or outcome
+        tally.record(job, None if isinstance(outcome, KVPoolError) else outcome)
+    if tally.unreached():
+        raise failure or NodeUnavailable(f"no reader of key {tally.unreached()[0]} is reachable")
+    return tally.removed
+
+
+def read_orders(keys: Sequence[BlockKey]) -> Operation[list[tuple[Member, ...]]]:
+    """Each key's read order under the current placement."""
+    placement: Placement = yield CurrentPlacement()
+    return [placement.router.placement(k).read_order for k in keys]
+
+
+def drive(
+    plan: batching.RoundPlan, gate: Gate, build: Build, answer: Answer, sizes: Sequence[int] | None = None
+) -> Operation[None]:
+    """Run ``plan`` round after round until it has nothing left to send."""
+    while jobs := plan.next_round(gate()):
+        outcomes: list[tuple[batching.Job, Outcome]] = yield RunRound(jobs, build, sizes)
+        for piece, outcome in outcomes:
+            plan.record(piece, answer(piece, outcome))
+
+
+def distinct(members: Iterable[Member]) -> tuple[Member, ...]:
+    """``members`` with one entry per node id (the last seen), in first-seen order."""
+    return tuple({m.node_id: m for m in members}.values())
+
+
+def limits_to_fetch(
+    members: Iterable[Member], cached: Callable[[Member], WireLimits | None], usable: Usable
+) -> list[Member]:
+    """The members whose limits are not ``cached`` yet and whose node ``usable`` lets us ask."""
+    return [m for m in members if cached(m) is None and usable(m.node_id)]
+
+
+def known_limits(members: Iterable[Member], cached: Callable[[Member], WireLimits | None]) -> dict[str, WireLimits]:
+    """Node id -> limits, for the ``members`` whose limits are ``cached``."""
+    known = {m.node_id: cached(m) for m in members}
+    return {n: lim for n, lim in known.items() if lim is not None}

@@ -1,0 +1,131 @@
+"""The I/O-free operations both clients run: the steps each asks for, and its result from the answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvpool_client import batching, nodes, operations
+from kvpool_client.config import ClientConfig
+from kvpool_client.errors import ErrorCode, NodeUnavailable, UsageError
+from kvpool_client.keys import BlockKey
+from kvpool_client.placement_source import Placement
+from kvpool_client.routing import Member, RendezvousRouter
+from kvpool_client.wire import WireLimits
+
+OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
+MEMBERS = [Member(n, f"{n}.local:7000") for n in "abc"]
+KEYS = [BlockKey("ns", bytes([i]) * 32) for i in range(6)]
+Node = Callable[[batching.Job], Any]  # a fake node: job -> outcome
+
+
+def placement(replicas: int = 2, quorum: int = 1) -> Placement:
+    return Placement(RendezvousRouter(MEMBERS, replicas), quorum)
+
+
+def run(operation: operations.Operation[Any], place: Placement, node: Node, limits: WireLimits | None = None) -> Any:
+    """Drive ``operation`` like a client would, answering each step from ``place`` and ``node``."""
+    answer: Any = None
+    while True:
+        try:
+            step = operation.send(answer)
+        except StopIteration as done:
+            return done.value
+        if isinstance(step, operations.CurrentPlacement):
+            answer = place
+        elif isinstance(step, operations.FetchLimits):
+            answer = {m.node_id: limits for m in step.members} if limits else {}
+        else:
+            answer = [(job, node(job)) for job in step.jobs]
+
+
+def always_usable() -> Callable[[str], bool]:
+    return lambda node_id: True
+
+
+def test_put_stores_each_key_on_its_write_owners() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    operation = operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable)
+    result = run(operation, placement(), lambda job: [OK] * len(job.indices))
+    assert list(result.statuses) == [OK] * 6
+    assert all(len(ids) == 2 for ids in result.stored_on)
+
+
+def test_put_checks_blocks_against_the_owners_limits_before_sending() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    small = WireLimits(max_block_size=4)
+    with pytest.raises(UsageError):
+        run(operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable), placement(), pytest.fail, small)
+
+
+def test_bad_keys_raise_before_any_step() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    with pytest.raises(UsageError):
+        next(operations.get(["not a key"], None, requests, always_usable))  # type: ignore[list-item]
+
+
+def test_get_falls_back_to_the_next_replica_and_fills_buffers() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    asked: list[str] = []
+
+    def node(job: batching.Job) -> Any:
+        asked.append(job.member.node_id)
+        if len(asked) == 1:
+            return [NOT_FOUND] * len(job.indices), [None] * len(job.indices)
+        return [OK] * len(job.indices), [memoryview(b"v")] * len(job.indices)
+
+    result = run(operations.get(KEYS[:1], None, requests, always_usable), placement(), node)
+    assert list(result.statuses) == [OK]
+    assert bytes(result.buffers[0]) == b"v"
+    assert len(asked) == 2 and asked[0] != asked[1]
+
+
+def test_lookup_probe_counts_the_leading_hits() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    hits = set(KEYS[:3])
+    keys_of: Callable[[batching.Job], list[BlockKey]] = lambda job: [KEYS[i] for i in job.indices]
+    node: Node = lambda job: [OK if k in hits else NOT_FOUND for k in keys_of(job)]
+    statuses = run(operations.probe(KEYS, True, requests, always_usable), placement(), node)
+    assert batching.leading_ok(statuses) == 3
+
+
+def test_delete_raises_the_first_failure_when_no_reader_answered() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    down = NodeUnavailable("down")
+    with pytest.raises(NodeUnavailable) as caught:
+        run(operations.delete(KEYS, requests, always_usable), placement(), lambda job: down)
+    assert caught.value is down
+
+
+def test_delete_is_true_where_some_reader_removed_the_key() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    node: Node = lambda job: [OK if job.member.node_id == "a" else NOT_FOUND] * len(job.indices)
+    removed = run(operations.delete(KEYS, requests, always_usable), placement(replicas=3), node)
+    assert removed == [True] * 6
+
+
+def test_delete_with_every_node_gated_off_is_unavailable() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    with pytest.raises(NodeUnavailable, match="no reader of key 0"):
+        run(operations.delete(KEYS, requests, lambda: lambda node_id: False), placement(), pytest.fail)
+
+
+def test_limit_helpers_ask_only_uncached_usable_nodes() -> None:
+    a, b, c = MEMBERS
+    assert operations.distinct([a, b, a, c, b]) == (a, b, c)
+    cache = {"a": WireLimits()}
+    cached: Callable[[Member], WireLimits | None] = lambda m: cache.get(m.node_id)
+    assert operations.limits_to_fetch([a, b, c], cached, lambda n: n != "c") == [b]
+    assert operations.known_limits([a, b, c], cached) == {"a": WireLimits()}
+
+
+def test_node_record_identity() -> None:
+    a = MEMBERS[0]
+    record: nodes.NodeRecord[object] = nodes.NodeRecord(a, ClientConfig(nodes=("x:1",)))
+    assert record.serves(Member("a", a.address)) and not record.serves(Member("a", "elsewhere:1"))
+    assert not record.serves(Member("a", a.address, data_address="a.local:7001"))
+    assert nodes.find_node([record], "a") is record and nodes.find_node([record], a.address) is record
+    assert nodes.find_node([record], "b") is None
+    assert record.cached_limits() is None and record.has_room()
