@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvpool_client.errors import ErrorCode, KVPoolError, error_for_code
 
-# A put that finds the block stored, or being stored by someone else, still leaves it in the pool.
+# A put that finds the block stored, or being stored by another writer, counts as success (see PutResult).
 PUT_SUCCESS = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
 # Failures that say only that a node could not be asked, least telling last.
 _VAGUE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.DRAINING)
@@ -54,7 +54,12 @@ class BatchResult:
 
 @dataclass(frozen=True, slots=True)
 class PutResult(BatchResult):
-    """Per-key outcome of a put: OK (stored now), ALREADY_EXISTS or BUSY (stored by another writer).
+    """Per-key outcome of a put: OK (stored now), ALREADY_EXISTS, or BUSY.
+
+    BUSY means another writer was storing the same block at that moment. It counts
+    as success, because keys are content addresses and the other writer sends the same
+    bytes. If that writer fails, the block is simply missing later: a miss, never
+    wrong bytes.
 
     With replication a key succeeds when its write quorum of owners stored it; its
     status is then OK if any owner stored it now, else ALREADY_EXISTS or BUSY. Below

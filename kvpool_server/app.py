@@ -76,12 +76,39 @@ class Daemon:
         self.presence = NodePresence(config.etcd_endpoints, config.cluster, config.lease_ttl_s)
 
     async def start(self) -> None:
+        """Arena and tier, data plane, control plane, then membership and health."""
+        tier = self._open_tier()
+        self._start_data_plane(tier)
+        assert self._data is not None
+        grpc_port = self._bind_grpc()
+        resolved = self.config.resolved(grpc_port)
+        identity = NodeIdentity(
+            node_id=resolved.node_id,
+            version=package_version(),
+            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"),),
+            limits=self.limits,
+            slab_size=self.config.slab_size,
+            started_at=time.time(),
+        )
+        await self._start_control_plane(tier, identity)
+        await self.presence.start(self._record(identity, grpc_port))
+        await self.presence.set_state(NodeState.ACTIVE)
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
+        self._announce(resolved.node_id, grpc_port, self._data.port)
+        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
+
+    def _open_tier(self) -> DramTier:
         cfg = self.config
         for stale in remove_stale_arenas(cfg.shm_dir):
             log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
         name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
-        tier = DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
+        return DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
+
+    def _start_data_plane(self, tier: DramTier) -> None:
+        """Worker loops and the TCP listener that hands them connections."""
+        cfg = self.config
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
@@ -98,33 +125,30 @@ class Daemon:
         for worker in self._workers:
             worker.start()
         self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, self._workers, cfg.io_timeout_s)
+        self._data.start()
+
+    def _bind_grpc(self) -> int:
+        """Create the gRPC server and bind its port; returns the port bound.
+
+        Raises:
+            OSError: the port is taken or the address unusable.
+        """
+        cfg = self.config
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+            port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
         except RuntimeError as exc:  # grpc reports a port in use this way
             raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}: {exc}") from exc
-        if grpc_port == 0:
+        if port == 0:
             raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}")
-        resolved = cfg.resolved(grpc_port)
-        identity = NodeIdentity(
-            node_id=resolved.node_id,
-            version=package_version(),
-            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"),),
-            limits=self.limits,
-            slab_size=cfg.slab_size,
-            started_at=time.time(),
-        )
+        return port
+
+    async def _start_control_plane(self, tier: DramTier, identity: NodeIdentity) -> None:
+        assert self._grpc is not None
         control = ControlService(identity, tier, self.counters, self.presence, lambda: self._start_handoff(tier, identity))
         kvpool_pb2_grpc.add_KVPoolServicer_to_server(control, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        self._data.start()
         await self._grpc.start()
-        await self.presence.start(self._record(identity, grpc_port))
-        await self.presence.set_state(NodeState.ACTIVE)
-        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
-        self._announce(resolved.node_id, grpc_port, self._data.port)
-        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
 
     def _record(self, identity: NodeIdentity, grpc_port: int) -> NodeRecord:
         host = self.config.resolved(grpc_port).advertise_host

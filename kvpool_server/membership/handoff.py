@@ -79,7 +79,11 @@ async def _copy_to(tier: DramTier, address: str, keys: list[StoreKey]) -> tuple[
     stored = failed = 0
     async with AsyncKVPoolClient([address]) as client:
         for start in range(0, len(keys), _BATCH):
-            entries = [e for e in (tier.acquire(k) for k in keys[start : start + _BATCH]) if e is not None]
+            batch = keys[start : start + _BATCH]
+            entries = [e for e in (tier.acquire(k, touch=False) for k in batch) if e is not None]
+            failed += len(batch) - len(entries)  # evicted or deleted since the hand-off began
+            if not entries:
+                continue
             try:
                 result = await client.put(
                     [BlockKey(e.key[0], e.key[1]) for e in entries], [tier.view(e) for e in entries]

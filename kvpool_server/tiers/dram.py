@@ -107,17 +107,24 @@ class DramTier:
 
     # -- reads ----------------------------------------------------------------
 
-    def acquire(self, key: StoreKey) -> BlockEntry | None:
-        """Pin a readable block for a reader and count the hit; ``None`` on a miss."""
+    def acquire(self, key: StoreKey, *, touch: bool = True) -> BlockEntry | None:
+        """Pin a readable block for a reader; ``None`` on a miss.
+
+        Args:
+            touch: a client read: count the hit or miss and refresh the block's
+                recency. Internal copies (hand-off) pass False.
+        """
         with self._lock:
             entry = self._index.get(key)
             if entry is not None and entry.readable:
                 entry.pins += 1
-                entry.last_access = next(self._ticks)
-                self._policies[entry.slot_size].touch(key)
+                if touch:
+                    entry.last_access = next(self._ticks)
+                    self._policies[entry.slot_size].touch(key)
             else:
                 entry = None
-        self._counters.add("dram_hits" if entry is not None else "dram_misses")
+        if touch:
+            self._counters.add("dram_hits" if entry is not None else "dram_misses")
         return entry
 
     def release(self, entry: BlockEntry) -> None:
