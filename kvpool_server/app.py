@@ -42,6 +42,7 @@ from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
+from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 
@@ -70,6 +71,7 @@ class Daemon:
         self._arena: SharedArena | None = None
         self._data: TcpListener | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._metrics: MetricsServer | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[object]] = set()
@@ -91,11 +93,12 @@ class Daemon:
             started_at=time.time(),
         )
         await self._start_control_plane(tier, identity)
+        metrics_port = self._start_metrics(tier, identity.node_id)
         await self.presence.start(self._record(identity, grpc_port))
         await self.presence.set_state(NodeState.ACTIVE)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
-        self._announce(resolved.node_id, grpc_port, self._data.port)
+        self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
         log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
 
     def _open_tier(self) -> DramTier:
@@ -150,6 +153,22 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         await self._grpc.start()
 
+    def _start_metrics(self, tier: DramTier, node_id: str) -> int:
+        """Serve /metrics unless ``metrics_port`` is -1; returns the bound port (-1: off).
+
+        Raises:
+            OSError: the port is taken or the address unusable.
+        """
+        cfg = self.config
+        if cfg.metrics_port < 0:
+            return -1
+        collector = KVPoolCollector(node_id, package_version(), tier, self.counters, self.presence)
+        try:
+            self._metrics = MetricsServer(cfg.host, cfg.metrics_port, build_registry(collector))
+        except OSError as exc:
+            raise OSError(f"cannot bind metrics on {cfg.host}:{cfg.metrics_port}: {exc}") from exc
+        return self._metrics.port
+
     def _record(self, identity: NodeIdentity, grpc_port: int) -> NodeRecord:
         host = self.config.resolved(grpc_port).advertise_host
         return NodeRecord(
@@ -174,12 +193,18 @@ class Daemon:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _announce(self, node_id: str, grpc_port: int, data_port: int) -> None:
+    def _announce(self, node_id: str, grpc_port: int, data_port: int, metrics_port: int) -> None:
         if not self.config.announce_file:
             return
         path = Path(self.config.announce_file)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        info = {"node_id": node_id, "grpc_port": grpc_port, "data_port": data_port, "pid": os.getpid()}
+        info = {
+            "node_id": node_id,
+            "grpc_port": grpc_port,
+            "data_port": data_port,
+            "metrics_port": metrics_port,
+            "pid": os.getpid(),
+        }
         tmp.write_text(json.dumps(info))
         tmp.rename(path)  # readers never see a half-written file
 
@@ -215,6 +240,8 @@ class Daemon:
         if self._background:  # a hand-off holds pins and the etcd store: let it unwind
             await asyncio.wait(self._background, timeout=max(0.1, deadline - time.monotonic()))
         await self.presence.close()
+        if self._metrics is not None:  # off the loop: stopping waits for the server's poll
+            await asyncio.to_thread(self._metrics.stop, max(0.1, min(1.0, deadline - time.monotonic())))
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
         if self._arena is not None:

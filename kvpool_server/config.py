@@ -56,6 +56,7 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "address both listeners bind")
     grpc_port: int = _opt(50051, "gRPC control-plane port (0: ephemeral)")
     data_port: int = _opt(50052, "data-plane port (0: ephemeral)")
+    metrics_port: int = _opt(0, "Prometheus /metrics HTTP port on host (0: ephemeral, -1: off); Helm sets a fixed one")
     advertise_host: str = _opt("", "address published to clients; empty: host (hostname if host is a wildcard)")
     etcd_endpoints: str = _opt("", "etcd client URLs, comma separated (http://host:port); empty: standalone")
     cluster: str = _opt("default", "cluster name: the etcd prefix /kvpool/<cluster>/")
@@ -392,6 +393,11 @@ def _check_fields(report: _Report) -> None:
             report.fail(name, "must be a port number in 0..65535 (0: ephemeral)")
     if config.grpc_port == config.data_port != 0:
         report.fail("data_port", f"must differ from {report.describe('grpc_port')}")
+    if not -1 <= config.metrics_port <= 65535:
+        report.fail("metrics_port", "must be a port number in 0..65535 (0: ephemeral) or -1 (off)")
+    for name in ("grpc_port", "data_port"):
+        if config.metrics_port == getattr(config, name) > 0:
+            report.fail("metrics_port", f"must differ from {report.describe(name)}")
     if config.lease_ttl_s < 1:
         report.fail("lease_ttl_s", "must be >= 1")
     if not config.node_weight > 0:

@@ -31,6 +31,7 @@ class DaemonProcess:
     log_path: Path
     workdir: Path
     extra: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = -1  # -1: metrics off
 
     @property
     def address(self) -> str:
@@ -85,7 +86,8 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
             raise RuntimeError(f"daemon did not start (exit {process.returncode}):\n{log_path.read_text()}")
         time.sleep(0.02)
     info = json.loads(announce.read_text())
-    return DaemonProcess(process, info["grpc_port"], info["data_port"], info["node_id"], log_path, workdir)
+    ports = info["grpc_port"], info["data_port"]
+    return DaemonProcess(process, *ports, info["node_id"], log_path, workdir, metrics_port=info.get("metrics_port", -1))
 
 
 class LocalCluster:

@@ -308,6 +308,19 @@ def test_ports_must_differ(shm: str) -> None:
     assert message == "--data-port=50051: must differ from grpc_port=50051 (default)"
 
 
+@pytest.mark.parametrize("value", ["-2", "65536"])
+def test_metrics_port_range(shm: str, value: str) -> None:
+    message = load_error(["--shm-dir", shm, "--metrics-port", value], {})
+    assert message == f"--metrics-port={value}: must be a port number in 0..65535 (0: ephemeral) or -1 (off)"
+
+
+def test_metrics_port_defaults_to_ephemeral_and_minus_one_is_off(shm: str) -> None:
+    assert load_config(["--shm-dir", shm], {}).metrics_port == 0
+    assert load_config(["--shm-dir", shm, "--metrics-port", "-1"], {}).metrics_port == -1
+    message = load_error(["--shm-dir", shm], {"KVPOOL_METRICS_PORT": "50052"})
+    assert message == "KVPOOL_METRICS_PORT=50052: must differ from data_port=50052 (default)"
+
+
 @pytest.mark.parametrize("value", ["0", "65536"])
 def test_max_keys_range(shm: str, value: str) -> None:
     message = load_error([], {"KVPOOL_SHM_DIR": shm, "KVPOOL_MAX_KEYS_PER_REQUEST": value})

@@ -1,0 +1,174 @@
+"""Prometheus metrics: a collector over the daemon's counters, tier and presence.
+
+Nothing is recorded twice: at each scrape the collector reads :class:`Counters`,
+:meth:`DramTier.usage` and the node's presence, and turns them into metric
+families. It lives in a private registry (no global state), served over HTTP by
+:class:`MetricsServer` on a background thread so a scrape never touches the
+event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvpool_client.membership.records import NodeState
+from kvpool_server.membership.registration import SessionState
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.dram import TierUsage
+
+# counter name -> (family, help, labels); families with labels are shared.
+_TIER_COUNTERS = {
+    "hits": "lookups that found the block",
+    "misses": "lookups that did not find the block",
+    "evictions": "blocks evicted to make room",
+    "blocks_written": "blocks committed",
+    "deletes": "blocks deleted on request",
+    "corrupt_blocks": "blocks dropped after a checksum mismatch",
+}
+_OPS = ("put", "get", "exists", "delete", "ping")
+_PLAIN_COUNTERS = {
+    "handoff_started": "hand-offs of this node's blocks started (drain with hand-off)",
+    "handoff_finished": "hand-offs finished",
+    "handoff_copies": "blocks copied to their new owners by hand-offs",
+    "handoff_failures": "blocks a hand-off failed to copy",
+    "connections_dropped_mid_frame": "data connections closed by the peer or a timeout inside a frame",
+}
+_SESSION_STATES = ("standalone", *(str(s) for s in SessionState))
+
+
+class TierSource(Protocol):
+    def usage(self) -> TierUsage: ...
+
+
+class PresenceSource(Protocol):
+    @property
+    def state(self) -> NodeState: ...
+
+    @property
+    def session(self) -> str: ...
+
+
+class KVPoolCollector(Collector):
+    """Reads the daemon's state at each scrape; every family is present from the first scrape.
+
+    Args:
+        node_id: the node's id, exported on ``kvpool_node_info``.
+        version: the package version, exported on ``kvpool_node_info``.
+        tier: the DRAM tier (anything with ``usage()``).
+        counters: the daemon's named counters.
+        presence: the node's presence (``state`` and ``session``).
+    """
+
+    def __init__(self, node_id: str, version: str, tier: TierSource, counters: Counters, presence: PresenceSource) -> None:
+        self._info = {"node_id": node_id, "version": version}
+        self._tier = tier
+        self._counters = counters
+        self._presence = presence
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._counters.snapshot()
+        yield from self._node_families()
+        yield from self._tier_families(self._tier.usage(), values)
+        yield from self._data_families(values)
+        yield from self._other_counters(values)
+
+    def _node_families(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("kvpool_node_info", "this daemon: node id and version", labels=list(self._info))
+        info.add_metric(list(self._info.values()), 1)
+        yield info
+        current = str(self._presence.state)
+        state = GaugeMetricFamily("kvpool_node_state", "1 for the node's current state", labels=["state"])
+        for name in NodeState:
+            state.add_metric([str(name)], int(str(name) == current))
+        yield state
+        session = self._presence.session
+        sessions = GaugeMetricFamily("kvpool_etcd_session", "1 for the etcd registration's current state", labels=["session"])
+        for name in _SESSION_STATES:
+            sessions.add_metric([name], int(name == session))
+        yield sessions
+        registered = int(session == SessionState.REGISTERED)
+        yield GaugeMetricFamily("kvpool_etcd_registered", "1 while registered in etcd under a live lease", value=registered)
+
+    def _tier_families(self, usage: TierUsage, values: dict[str, int]) -> Iterator[Metric]:
+        gauges = (
+            ("kvpool_tier_capacity_bytes", "bytes the tier can hold", usage.capacity_bytes),
+            ("kvpool_tier_used_bytes", "bytes allocated to blocks (slot sizes)", usage.used_bytes),
+            ("kvpool_tier_blocks", "blocks stored", usage.blocks),
+        )
+        for name, help_text, value in gauges:
+            family = GaugeMetricFamily(name, help_text, labels=["tier"])
+            family.add_metric(["dram"], value)
+            yield family
+        for suffix, help_text in _TIER_COUNTERS.items():
+            family = CounterMetricFamily(f"kvpool_tier_{suffix}", help_text, labels=["tier"])
+            family.add_metric(["dram"], values.get(f"dram_{suffix}", 0))
+            yield family
+
+    def _data_families(self, values: dict[str, int]) -> Iterator[Metric]:
+        data = CounterMetricFamily("kvpool_data_bytes", "block payload bytes moved", labels=["direction", "transport"])
+        data.add_metric(["in", "tcp"], values.get("bytes_in", 0))
+        data.add_metric(["out", "tcp"], values.get("bytes_out", 0))
+        yield data
+        requests = CounterMetricFamily("kvpool_requests", "data-plane requests by operation", labels=["op"])
+        for op in _OPS:
+            requests.add_metric([op], values.get(f"requests_{op}", 0))
+        yield requests
+        errors = CounterMetricFamily("kvpool_errors", "errors returned, by code (data and control plane)", labels=["code"])
+        for name, value in sorted(values.items()):
+            if name.startswith("errors_"):
+                errors.add_metric([name.removeprefix("errors_")], value)
+        yield errors
+
+    def _other_counters(self, values: dict[str, int]) -> Iterator[Metric]:
+        for name, help_text in _PLAIN_COUNTERS.items():
+            yield CounterMetricFamily(f"kvpool_{name}", help_text, value=values.get(name, 0))
+
+
+def build_registry(collector: Collector) -> CollectorRegistry:
+    """A private registry holding only ``collector`` (no process or platform collectors)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP on a daemon thread; each scrape runs on its own thread.
+
+    Args:
+        host: address to bind (the daemon's listen host).
+        port: port to bind; 0 for an ephemeral one.
+        registry: what to serve.
+    Raises:
+        OSError: the port cannot be bound.
+    """
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self._thread.name = "kvpool-metrics"
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    def stop(self, timeout: float) -> None:
+        """Stop serving and close the socket; waits at most ``timeout`` for the thread.
+
+        ``shutdown`` returns within the server's poll interval (0.5 s); it runs on a
+        helper thread so that a stuck server cannot hold the caller past ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        stopper = threading.Thread(target=self._server.shutdown, name="kvpool-metrics-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._server.server_close()

@@ -1,0 +1,70 @@
+"""/metrics of a live daemon under traffic: counters move, gauges match GetStats."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpool_client import BlockKeyBuilder, KVPoolClient, Namespace
+from tests.support.daemon import DaemonProcess
+
+NS = Namespace("metrics-model", "fp16", "L1-H1-D8-T4")
+SMALL = ("--dram-capacity", "64MiB", "--slab-size", "1MiB")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(daemon: DaemonProcess) -> Samples:
+    url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def dram(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return (name, (("tier", "dram"),))
+
+
+def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    daemon = daemon_factory(*SMALL)
+    assert daemon.metrics_port > 0
+    before = scrape(daemon)
+    keys = BlockKeyBuilder(NS, block_size=4).keys(list(range(64)))
+    blocks = [bytes([i]) * 4096 for i in range(len(keys))]
+    with KVPoolClient([daemon.address]) as client:
+        assert client.put(keys, blocks).stored == len(keys)
+        assert [bytes(b) for b in client.get(keys).buffers] == blocks
+        after = scrape(daemon)
+        stats = client.stats(daemon.address)
+
+    moved = {name: after[name] - before[name] for name in after if name in before}
+    assert moved[dram("kvpool_tier_hits_total")] == len(keys)
+    assert moved[("kvpool_data_bytes_total", (("direction", "in"), ("transport", "tcp")))] == len(keys) * 4096
+    assert moved[("kvpool_data_bytes_total", (("direction", "out"), ("transport", "tcp")))] == len(keys) * 4096
+    assert moved[("kvpool_requests_total", (("op", "put"),))] >= 1
+    assert moved[("kvpool_requests_total", (("op", "get"),))] >= 1
+    (tier,) = stats.tiers
+    assert after[dram("kvpool_tier_capacity_bytes")] == tier.capacity_bytes == 64 << 20
+    assert after[dram("kvpool_tier_used_bytes")] == tier.used_bytes > 0
+    assert after[dram("kvpool_tier_blocks")] == tier.blocks == len(keys) == 16
+    assert after[dram("kvpool_tier_hits_total")] == tier.hits
+    assert after[dram("kvpool_tier_misses_total")] == tier.misses
+    assert after[("kvpool_node_state", (("state", "active"),))] == 1
+    assert after[("kvpool_etcd_registered", ())] == stats.counters["etcd_registered"] == 0
+    ((info, value),) = [(dict(labels), v) for (name, labels), v in after.items() if name == "kvpool_node_info"]
+    assert (info["node_id"], value) == (daemon.node_id, 1)
+
+
+def test_metrics_port_minus_one_turns_it_off(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    daemon = daemon_factory(*SMALL, "--metrics-port", "-1")
+    assert daemon.metrics_port == -1
+    assert json.loads((daemon.workdir / "announce.json").read_text())["metrics_port"] == -1
+    with KVPoolClient([daemon.address]) as client:
+        assert client.stats(daemon.address).node_id == daemon.node_id
