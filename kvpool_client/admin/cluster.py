@@ -123,20 +123,7 @@ def _node_json(record: NodeRecord, report: NodeReport) -> dict[str, object]:
     fields = record_json(record)
     if report.info is None or report.stats is None:
         return {**fields, "reachable": False, "error": str(report.error)}
-    dram = report.dram()
-    lookups = dram.hits + dram.misses
-    return {
-        **fields,
-        "reachable": True,
-        "live_state": report.info.state,
-        "dram_used_bytes": dram.used_bytes,
-        "dram_capacity_bytes": dram.capacity_bytes,
-        "blocks": dram.blocks,
-        "hits": dram.hits,
-        "misses": dram.misses,
-        "hit_rate": dram.hits / lookups if lookups else None,
-        "uptime_s": report.stats.uptime_s,
-    }
+    return {**fields, "reachable": True, "live_state": report.info.state, **nodes.usage_json(report)}
 
 
 def run_stats(args: argparse.Namespace) -> ExitCode:

@@ -127,8 +127,7 @@ def _status_row(report: NodeReport) -> tuple[object, ...]:
 def _status_json(report: NodeReport) -> dict[str, object]:
     if report.info is None or report.stats is None:
         return {"address": report.address, "reachable": False, "error": str(report.error)}
-    info, dram = report.info, report.dram()
-    lookups = dram.hits + dram.misses
+    info = report.info
     return {
         "address": report.address,
         "reachable": True,
@@ -136,6 +135,16 @@ def _status_json(report: NodeReport) -> dict[str, object]:
         "version": info.version,
         "state": info.state,
         "data_endpoints": {e.transport: e.address for e in info.endpoints},
+        **usage_json(report),
+    }
+
+
+def usage_json(report: NodeReport) -> dict[str, object]:
+    """DRAM use, hits and uptime of a node that answered (JSON fields shared by status views)."""
+    assert report.stats is not None
+    dram = report.dram()
+    lookups = dram.hits + dram.misses
+    return {
         "dram_used_bytes": dram.used_bytes,
         "dram_capacity_bytes": dram.capacity_bytes,
         "blocks": dram.blocks,
