@@ -22,6 +22,9 @@ from kvpool_client.routing import Member, Router
 from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits
 
 
+_MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
+
+
 @dataclass(slots=True)
 class Job:
     """One frame's worth of keys for one node; ``indices`` are positions in the batch."""
@@ -30,6 +33,7 @@ class Job:
     namespace: str
     indices: list[int]
     hashes: list[bytes]
+    depths: list[int | None]  # each key's chain depth, if its builder knew it
 
 
 def check_keys(keys: Sequence[BlockKey]) -> None:
@@ -50,9 +54,10 @@ def group(keys: Sequence[BlockKey], assignments: Iterable[tuple[int, Member]]) -
         slot = (member.node_id, key.namespace, len(key.hash))
         job = jobs.get(slot)
         if job is None:
-            job = jobs[slot] = Job(member, key.namespace, [], [])
+            job = jobs[slot] = Job(member, key.namespace, [], [], [])
         job.indices.append(index)
         job.hashes.append(key.hash)
+        job.depths.append(key.depth)
     return list(jobs.values())
 
 
@@ -86,7 +91,7 @@ def chunk(job: Job, limits: WireLimits, sizes: Sequence[int] | None = None) -> l
 
 
 def _slice(job: Job, start: int, end: int) -> Job:
-    return Job(job.member, job.namespace, job.indices[start:end], job.hashes[start:end])
+    return Job(job.member, job.namespace, job.indices[start:end], job.hashes[start:end], job.depths[start:end])
 
 
 def source_views(keys: Sequence[BlockKey], blocks: Sequence[Any], limits_for: Callable[[int], int]) -> list[memoryview]:
@@ -145,7 +150,8 @@ class RequestFactory:
 
     def put(self, job: Job, views: Sequence[memoryview], limits: WireLimits) -> exchange.Exchange[list[int]]:
         blocks = [views[i] for i in job.indices]
-        request = PutRequest(next(self._ids), job.namespace, job.hashes, [len(b) for b in blocks])
+        depths = None if None in job.depths else [min(d, _MAX_DEPTH) for d in job.depths if d is not None]
+        request = PutRequest(next(self._ids), job.namespace, job.hashes, [len(b) for b in blocks], depths)
         return exchange.put(request, blocks, limits)
 
     def get(

@@ -10,7 +10,7 @@ import hashlib
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NewType
 
 import cbor2
@@ -102,11 +102,16 @@ class BlockKey:
 
     namespace: str  # a Namespace.id, or any other non-empty string
     hash: bytes
+    # Position in its prefix chain (0: the first block), when known: a hint that lets
+    # the pool evict a chain's tail before its head. Not part of the key's identity.
+    depth: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _check_namespace_str(self.namespace)
         if not isinstance(self.hash, bytes) or len(self.hash) not in _HASH_LENGTHS:
             raise UsageError(f"BlockKey.hash must be 1..{MAX_HASH_BYTES} bytes: {self.hash!r}")
+        if self.depth is not None and (type(self.depth) is not int or self.depth < 0):
+            raise UsageError(f"BlockKey.depth must be None or an int >= 0: {self.depth!r}")
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.hash.hex()}"
@@ -240,7 +245,13 @@ class BlockKeyBuilder:
         return out
 
     def keys(self, token_ids: Sequence[int], parent: bytes | None = None,
-             extra_keys: Sequence[ExtraKeys] | None = None) -> list[BlockKey]:
-        """Return :meth:`hashes` as BlockKeys in this builder's namespace (same Raises)."""
+             extra_keys: Sequence[ExtraKeys] | None = None, first_depth: int | None = None) -> list[BlockKey]:
+        """Return :meth:`hashes` as BlockKeys in this builder's namespace (same Raises).
+
+        Each key carries its depth in the chain: from 0 without ``parent``, from
+        ``first_depth`` with one (unknown, None, if that is not given).
+        """
         ns = self._namespace
-        return [BlockKey(ns, h) for h in self.hashes(token_ids, parent, extra_keys)]
+        start = 0 if parent is None else first_depth
+        hashes = self.hashes(token_ids, parent, extra_keys)
+        return [BlockKey(ns, h, None if start is None else start + i) for i, h in enumerate(hashes)]

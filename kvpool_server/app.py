@@ -1,9 +1,10 @@
 """kvpool-server: the storage daemon's entry point and life cycle.
 
 The main loop runs gRPC and accepts data connections; data connections are served
-on worker loops (one thread each) that share the DRAM tier.
+on worker loops (one thread each) that share the block store (DRAM tier, and the
+SSD tier with its demoter thread when configured).
 
-Phases: ``start`` (arena, tier, listeners, health SERVING, announce), ``serve``
+Phases: ``start`` (arena, tiers, listeners, health SERVING, announce), ``serve``
 until SIGTERM or SIGINT, then ``shutdown``: health NOT_SERVING, stop accepting,
 let in-flight requests finish within the grace period, close everything. Every
 wait in shutdown has a timeout.
@@ -38,13 +39,18 @@ from kvpool_server.control.service import ControlService, NodeIdentity
 from kvpool_server.data.session import Session, SessionConfig
 from kvpool_server.data.tcp import TcpListener
 from kvpool_server.data.workers import LoopThread
+from kvpool_server.eviction import POLICIES
 from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
+from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
+from kvpool_server.tiers.demoter import Demoter
 from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.ssd import SsdConfig, SsdTier
+from kvpool_server.tiers.store import BlockStore
 
 log = logging.getLogger("kvpool.server")
 
@@ -59,7 +65,7 @@ def package_version() -> str:
 
 
 class Daemon:
-    """One node's storage daemon: DRAM tier, TCP data plane, gRPC control plane."""
+    """One node's storage daemon: DRAM and SSD tiers, TCP data plane, gRPC control plane."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -69,6 +75,8 @@ class Daemon:
         self._sessions_lock = threading.Lock()
         self._workers: list[LoopThread] = []
         self._arena: SharedArena | None = None
+        self._store: BlockStore | None = None
+        self._demoter: Demoter | None = None
         self._data: TcpListener | None = None
         self._grpc: grpc.aio.Server | None = None
         self._metrics: MetricsServer | None = None
@@ -78,9 +86,9 @@ class Daemon:
         self.presence = NodePresence(config.etcd_endpoints, config.cluster, config.lease_ttl_s)
 
     async def start(self) -> None:
-        """Arena and tier, data plane, control plane, then membership and health."""
-        tier = self._open_tier()
-        self._start_data_plane(tier)
+        """Tiers, data plane, control plane, then membership and health."""
+        store = await self._open_store()
+        self._start_data_plane(store)
         assert self._data is not None
         grpc_port = self._bind_grpc()
         resolved = self.config.resolved(grpc_port)
@@ -92,8 +100,8 @@ class Daemon:
             slab_size=self.config.slab_size,
             started_at=time.time(),
         )
-        await self._start_control_plane(tier, identity)
-        metrics_port = self._start_metrics(tier, identity.node_id)
+        await self._start_control_plane(store, identity)
+        metrics_port = self._start_metrics(store, identity.node_id)
         await self.presence.start(self._record(identity, grpc_port))
         await self.presence.set_state(NodeState.ACTIVE)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -101,21 +109,42 @@ class Daemon:
         self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
         log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
 
-    def _open_tier(self) -> DramTier:
+    async def _open_store(self) -> BlockStore:
+        """The DRAM arena and tier, plus the SSD tier and its demoter when ``ssd_dir`` is set."""
         cfg = self.config
         for stale in remove_stale_arenas(cfg.shm_dir):
             log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
         name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
-        return DramTier(self._arena, SlabAllocator(cfg.dram_capacity, cfg.slab_size), self.counters)
+        ssd = await asyncio.to_thread(self._open_ssd) if cfg.ssd_dir else None  # scans segments
+        on_evict = None
+        if ssd is not None:
+            def on_evict(key: StoreKey) -> None:
+                if not ssd.contains(key):
+                    self.counters.add("dram_evictions_lost")  # the demoter had not reached it
+        allocator = SlabAllocator(cfg.dram_capacity, cfg.slab_size)
+        policy = POLICIES[cfg.eviction_policy]
+        dram = DramTier(self._arena, allocator, self.counters, policy_factory=policy, on_evict=on_evict)
+        self._store = BlockStore(dram, ssd, self.counters, promote_on_hit=cfg.ssd_promote_on_hit,
+                                 io_threads=cfg.ssd_io_threads)
+        if ssd is not None:
+            self._demoter = Demoter(self._store, cfg.ssd_demote_share)
+            self._demoter.start()
+        return self._store
 
-    def _start_data_plane(self, tier: DramTier) -> None:
+    def _open_ssd(self) -> SsdTier:
+        cfg = self.config
+        ssd_config = SsdConfig(cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_segment_size, cfg.ssd_fsync,
+                               gc_live_ratio=cfg.ssd_gc_live_ratio)
+        return SsdTier(ssd_config, self.counters, POLICIES[cfg.eviction_policy])
+
+    def _start_data_plane(self, store: BlockStore) -> None:
         """Worker loops and the TCP listener that hands them connections."""
         cfg = self.config
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
-            session = Session(channel, tier, self.counters, session_config, lambda: self.presence.accepting_writes)
+            session = Session(channel, store, self.counters, session_config, lambda: self.presence.accepting_writes)
             with self._sessions_lock:
                 self._sessions.add(session)
             try:
@@ -146,14 +175,14 @@ class Daemon:
             raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}")
         return port
 
-    async def _start_control_plane(self, tier: DramTier, identity: NodeIdentity) -> None:
+    async def _start_control_plane(self, store: BlockStore, identity: NodeIdentity) -> None:
         assert self._grpc is not None
-        control = ControlService(identity, tier, self.counters, self.presence, lambda: self._start_handoff(tier, identity))
+        control = ControlService(identity, store, self.counters, self.presence, lambda: self._start_handoff(store, identity))
         kvpool_pb2_grpc.add_KVPoolServicer_to_server(control, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         await self._grpc.start()
 
-    def _start_metrics(self, tier: DramTier, node_id: str) -> int:
+    def _start_metrics(self, store: BlockStore, node_id: str) -> int:
         """Serve /metrics unless ``metrics_port`` is -1; returns the bound port (-1: off).
 
         Raises:
@@ -162,12 +191,22 @@ class Daemon:
         cfg = self.config
         if cfg.metrics_port < 0:
             return -1
-        collector = KVPoolCollector(node_id, package_version(), tier, self.counters, self.presence)
+        collector = KVPoolCollector(node_id, package_version(), store, self.counters, self.presence)
         try:
             self._metrics = MetricsServer(cfg.host, cfg.metrics_port, build_registry(collector))
         except OSError as exc:
             raise OSError(f"cannot bind metrics on {cfg.host}:{cfg.metrics_port}: {exc}") from exc
         return self._metrics.port
+
+    async def _close_store(self, deadline: float) -> None:
+        """Stop the demoter (flushing DRAM to SSD if configured, within the grace period)."""
+        if self._demoter is not None:
+            flush_s = max(0.0, deadline - time.monotonic()) if self.config.ssd_flush_on_shutdown else 0.0
+            await asyncio.to_thread(self._demoter.stop, flush_s)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
+            if self._store.ssd is not None:
+                self._store.ssd.close()
 
     def _record(self, identity: NodeIdentity, grpc_port: int) -> NodeRecord:
         host = self.config.resolved(grpc_port).advertise_host
@@ -181,14 +220,14 @@ class Daemon:
             registered_at=identity.started_at,
         )
 
-    def _start_handoff(self, tier: DramTier, identity: NodeIdentity) -> None:
+    def _start_handoff(self, blocks: BlockStore, identity: NodeIdentity) -> None:
         """Copy this node's blocks to their next owners, in the background."""
         store = self.presence.store
         if store is None:
             log.warning("hand-off needs etcd membership; skipped")
             return
         task = asyncio.get_running_loop().create_task(
-            hand_off(tier, store, self.presence.cluster, identity.node_id, self.counters)
+            hand_off(blocks, store, self.presence.cluster, identity.node_id, self.counters)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -240,6 +279,7 @@ class Daemon:
         if self._background:  # a hand-off holds pins and the etcd store: let it unwind
             await asyncio.wait(self._background, timeout=max(0.1, deadline - time.monotonic()))
         await self.presence.close()
+        await self._close_store(deadline)
         if self._metrics is not None:  # off the loop: stopping waits for the server's poll
             await asyncio.to_thread(self._metrics.stop, max(0.1, min(1.0, deadline - time.monotonic())))
         if self._grpc is not None:

@@ -66,6 +66,19 @@ class ServerConfig:
     prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
     slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
     shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
+    eviction_policy: str = _opt(
+        "lru", "eviction order: lru, or prefix (a chain's tail before its head, among blocks of similar age)",
+        choices=("lru", "prefix"),
+    )
+    ssd_dir: str = _opt("", "directory of the SSD tier's segment files (created if missing); empty: no SSD tier")
+    ssd_capacity: int = _opt(64 * GiB, "bytes of segment files the SSD tier may use", unit="bytes")
+    ssd_segment_size: int = _opt(256 * MiB, "bytes per SSD segment file; at least slab_size + 4KiB", unit="bytes")
+    ssd_fsync: bool = _opt(False, "fdatasync each SSD write: blocks survive power loss, not only a crash")
+    ssd_io_threads: int = _opt(4, "threads that read blocks from the SSD tier")
+    ssd_demote_share: float = _opt(0.25, "coldest share of each DRAM size class copied to SSD ahead of eviction")
+    ssd_promote_on_hit: bool = _opt(True, "copy a block served from SSD back into DRAM")
+    ssd_gc_live_ratio: float = _opt(0.5, "compact an SSD segment once its live share falls below this")
+    ssd_flush_on_shutdown: bool = _opt(True, "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm")
     data_workers: int = _opt(0, "data-plane event loops, one thread each; 0: one per CPU, at most 8")
     max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")
     max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
@@ -411,6 +424,12 @@ def _check_fields(report: _Report) -> None:
     for name in ("io_timeout_s", "shutdown_grace_s"):
         if getattr(config, name) <= 0:
             report.fail(name, "must be > 0")
+    if not 1 <= config.ssd_io_threads <= 64:
+        report.fail("ssd_io_threads", "must be in 1..64")
+    if not 0 < config.ssd_demote_share <= 1:
+        report.fail("ssd_demote_share", "must be in (0, 1]")
+    if not 0 < config.ssd_gc_live_ratio < 1:
+        report.fail("ssd_gc_live_ratio", "must be in (0, 1)")
 
 
 def _check_sizes(report: _Report) -> None:
@@ -419,6 +438,11 @@ def _check_sizes(report: _Report) -> None:
         report.fail("slab_size", f"must be a positive multiple of {PAGE_SIZE}")
     if config.slab_size > config.dram_capacity:
         report.fail("slab_size", f"must be <= {report.describe('dram_capacity')}")
+    if config.ssd_dir:
+        if config.ssd_segment_size < config.slab_size + PAGE_SIZE:
+            report.fail("ssd_segment_size", f"must be >= {report.describe('slab_size')} + 4KiB, so the largest block fits")
+        if config.ssd_capacity < 4 * config.ssd_segment_size:
+            report.fail("ssd_capacity", f"must be >= 4 x {report.describe('ssd_segment_size')}")
     if config.max_frame_bytes < config.slab_size:
         problem = f"must be >= {report.describe('slab_size')} so the largest block fits in a frame"
         report.fail("max_frame_bytes", problem)
@@ -428,6 +452,8 @@ def _check_paths(report: _Report) -> None:
     config = report.config
     if not os.path.isdir(config.shm_dir):
         report.fail("shm_dir", "not an existing directory")
+    if config.ssd_dir and not os.path.isdir(os.path.dirname(os.path.abspath(config.ssd_dir))):
+        report.fail("ssd_dir", "its parent directory does not exist")
     if config.announce_file:
         parent = os.path.dirname(os.path.abspath(config.announce_file))
         if not os.path.isdir(parent):

@@ -1,7 +1,7 @@
 """Prometheus metrics: a collector over the daemon's counters, tier and presence.
 
 Nothing is recorded twice: at each scrape the collector reads :class:`Counters`,
-:meth:`DramTier.usage` and the node's presence, and turns them into metric
+the tiers' reports (:meth:`BlockStore.reports`) and the node's presence, and turns them into metric
 families. It lives in a private registry (no global state), served over HTTP by
 :class:`MetricsServer` on a background thread so a scrape never touches the
 event loop.
@@ -22,16 +22,22 @@ from prometheus_client.registry import Collector
 from kvpool_client.membership.records import NodeState
 from kvpool_server.membership.registration import SessionState
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import TierUsage
+from kvpool_server.tiers.store import TierReport
 
-# counter name -> (family, help, labels); families with labels are shared.
+# TierReport field -> help, each a counter family labelled by tier.
 _TIER_COUNTERS = {
     "hits": "lookups that found the block",
     "misses": "lookups that did not find the block",
     "evictions": "blocks evicted to make room",
+    "promotions": "blocks copied up from this tier to the one above",
+    "demotions": "blocks copied down into this tier",
+    "corrupt_blocks": "blocks dropped after a checksum mismatch",
+    "io_errors": "failed reads and writes of the tier's storage",
+}
+# Counters kept by name only: "<tier>_<suffix>".
+_TIER_NAMED_COUNTERS = {
     "blocks_written": "blocks committed",
     "deletes": "blocks deleted on request",
-    "corrupt_blocks": "blocks dropped after a checksum mismatch",
 }
 _OPS = ("put", "get", "exists", "delete", "ping")
 _PLAIN_COUNTERS = {
@@ -40,12 +46,14 @@ _PLAIN_COUNTERS = {
     "handoff_copies": "blocks copied to their new owners by hand-offs",
     "handoff_failures": "blocks a hand-off failed to copy",
     "connections_dropped_mid_frame": "data connections closed by the peer or a timeout inside a frame",
+    "dram_evictions_lost": "blocks evicted from DRAM before the demoter copied them to SSD",
+    "ssd_compactions": "SSD segments compacted (live records moved, segment deleted)",
 }
 _SESSION_STATES = ("standalone", *(str(s) for s in SessionState))
 
 
 class TierSource(Protocol):
-    def usage(self) -> TierUsage: ...
+    def reports(self) -> list[TierReport]: ...
 
 
 class PresenceSource(Protocol):
@@ -62,21 +70,21 @@ class KVPoolCollector(Collector):
     Args:
         node_id: the node's id, exported on ``kvpool_node_info``.
         version: the package version, exported on ``kvpool_node_info``.
-        tier: the DRAM tier (anything with ``usage()``).
+        tiers: the block store (anything with ``reports()``).
         counters: the daemon's named counters.
         presence: the node's presence (``state`` and ``session``).
     """
 
-    def __init__(self, node_id: str, version: str, tier: TierSource, counters: Counters, presence: PresenceSource) -> None:
+    def __init__(self, node_id: str, version: str, tiers: TierSource, counters: Counters, presence: PresenceSource) -> None:
         self._info = {"node_id": node_id, "version": version}
-        self._tier = tier
+        self._tiers = tiers
         self._counters = counters
         self._presence = presence
 
     def collect(self) -> Iterator[Metric]:
         values = self._counters.snapshot()
         yield from self._node_families()
-        yield from self._tier_families(self._tier.usage(), values)
+        yield from self._tier_families(self._tiers.reports(), values)
         yield from self._data_families(values)
         yield from self._other_counters(values)
 
@@ -97,19 +105,30 @@ class KVPoolCollector(Collector):
         registered = int(session == SessionState.REGISTERED)
         yield GaugeMetricFamily("kvpool_etcd_registered", "1 while registered in etcd under a live lease", value=registered)
 
-    def _tier_families(self, usage: TierUsage, values: dict[str, int]) -> Iterator[Metric]:
+    def _tier_families(self, reports: list[TierReport], values: dict[str, int]) -> Iterator[Metric]:
         gauges = (
-            ("kvpool_tier_capacity_bytes", "bytes the tier can hold", usage.capacity_bytes),
-            ("kvpool_tier_used_bytes", "bytes allocated to blocks (slot sizes)", usage.used_bytes),
-            ("kvpool_tier_blocks", "blocks stored", usage.blocks),
+            ("kvpool_tier_capacity_bytes", "bytes the tier can hold", "capacity_bytes"),
+            ("kvpool_tier_used_bytes", "bytes in use (DRAM: allocated slots; SSD: segment files)", "used_bytes"),
+            ("kvpool_tier_blocks", "blocks stored", "blocks"),
         )
-        for name, help_text, value in gauges:
+        for name, help_text, field in gauges:
             family = GaugeMetricFamily(name, help_text, labels=["tier"])
-            family.add_metric(["dram"], value)
+            for report in reports:
+                family.add_metric([report.name], getattr(report.usage, field))
             yield family
+        failing = GaugeMetricFamily("kvpool_tier_failing", "1 while the tier refuses writes after an I/O error", labels=["tier"])
+        for report in reports:
+            failing.add_metric([report.name], int(bool(report.failure)))
+        yield failing
         for suffix, help_text in _TIER_COUNTERS.items():
             family = CounterMetricFamily(f"kvpool_tier_{suffix}", help_text, labels=["tier"])
-            family.add_metric(["dram"], values.get(f"dram_{suffix}", 0))
+            for report in reports:
+                family.add_metric([report.name], getattr(report, suffix))
+            yield family
+        for suffix, help_text in _TIER_NAMED_COUNTERS.items():
+            family = CounterMetricFamily(f"kvpool_tier_{suffix}", help_text, labels=["tier"])
+            for report in reports:
+                family.add_metric([report.name], values.get(f"{report.name}_{suffix}", 0))
             yield family
 
     def _data_families(self, values: dict[str, int]) -> Iterator[Metric]:

@@ -37,7 +37,7 @@ class WireLimits(_message.Message):
     def __init__(self, max_keys: _Optional[int] = ..., max_block_size: _Optional[int] = ..., max_payload: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s")
+    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s", "ssd_capacity_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class ServerInfo(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     protocol_version: int
@@ -56,7 +57,8 @@ class ServerInfo(_message.Message):
     limits: WireLimits
     state: str
     started_at_unix_s: float
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ...) -> None: ...
+    ssd_capacity_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ssd_capacity_bytes: _Optional[int] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("namespace", "hashes")
@@ -89,7 +91,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("name", "capacity_bytes", "used_bytes", "blocks", "hits", "misses", "evictions")
+    __slots__ = ("name", "capacity_bytes", "used_bytes", "blocks", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_blocks", "io_errors", "failure")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +99,11 @@ class TierStats(_message.Message):
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    IO_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     name: str
     capacity_bytes: int
     used_bytes: int
@@ -104,7 +111,12 @@ class TierStats(_message.Message):
     hits: int
     misses: int
     evictions: int
-    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
+    promotions: int
+    demotions: int
+    corrupt_blocks: int
+    io_errors: int
+    failure: str
+    def __init__(self, name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_blocks: _Optional[int] = ..., io_errors: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ("node_id", "uptime_s", "tiers", "counters")

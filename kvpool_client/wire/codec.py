@@ -13,7 +13,7 @@ Layout (little endian)::
     header  magic "KV" | version u8 | op u8 | status u16 | reserved u16 |
             request_id u64 | meta_len u32 | payload_len u64
     keys    ns_len u8 | namespace utf-8 | hash_size u8 | count u32 | count*hash_size
-    PUT     keys | count*u32 lengths
+    PUT     keys | count*u32 lengths | has_depths u8 | has_depths ? count*u32 chain depths
     GET/DEL keys
     EXISTS  prefix u8 | keys
     status  count u32 | count*u8 statuses                  (PUT/EXISTS/DELETE responses)
@@ -93,10 +93,11 @@ def _encode_header(op: int, status: int, request_id: int, meta: bytes, payload_l
 
 def _encode_meta(message: Message) -> tuple[int, int, bytes]:
     match message:
-        case PutRequest(namespace=ns, hashes=hashes, lengths=lengths):
-            if len(lengths) != len(hashes):
-                raise ProtocolError(f"{len(hashes)} keys but {len(lengths)} lengths")
-            return Op.PUT, 0, _encode_keys(ns, hashes) + _pack_array("I", lengths)
+        case PutRequest(namespace=ns, hashes=hashes, lengths=lengths, depths=depths):
+            if len(lengths) != len(hashes) or (depths is not None and len(depths) != len(hashes)):
+                raise ProtocolError(f"{len(hashes)} keys but {len(lengths)} lengths or depths")
+            tail = b"\x00" if depths is None else b"\x01" + _pack_array("I", depths)
+            return Op.PUT, 0, _encode_keys(ns, hashes) + _pack_array("I", lengths) + tail
         case GetRequest(namespace=ns, hashes=hashes):
             return Op.GET, 0, _encode_keys(ns, hashes)
         case ExistsRequest(namespace=ns, hashes=hashes, prefix=prefix):
@@ -226,7 +227,11 @@ def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Me
         lengths = reader.array("I", len(hashes))
         if any(n > limits.max_block_size for n in lengths):
             raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
-        return PutRequest(rid, ns, hashes, lengths)
+        has_depths = reader.take(1)[0]
+        if has_depths > 1:
+            raise ProtocolError(f"has_depths must be 0 or 1, not {has_depths}")
+        depths = reader.array("I", len(hashes)) if has_depths else None
+        return PutRequest(rid, ns, hashes, lengths, depths)
     if op is Op.EXISTS:
         prefix = reader.take(1)[0]
         return ExistsRequest(rid, *_decode_keys(reader, limits), prefix=bool(prefix))

@@ -62,12 +62,17 @@ class FrameHeader:
 
 @dataclass(slots=True)
 class PutRequest:
-    """Store blocks if absent; ``lengths[i]`` bytes of payload belong to ``hashes[i]``."""
+    """Store blocks if absent; ``lengths[i]`` bytes of payload belong to ``hashes[i]``.
+
+    ``depths``, when given, is each block's position in its prefix chain (0: the
+    head): a hint for prefix-aware eviction.
+    """
 
     request_id: int
     namespace: str
     hashes: list[bytes]
     lengths: list[int]
+    depths: list[int] | None = None
 
 
 @dataclass(slots=True)

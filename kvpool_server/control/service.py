@@ -1,4 +1,4 @@
-"""gRPC servicer of ``kvpool.v1.KVPool``: control calls answered from the DRAM index.
+"""gRPC servicer of ``kvpool.v1.KVPool``: control calls answered from the tiers' indexes.
 
 Block bytes never pass through here. Errors carry a gRPC status and the stable
 kvpool ``ErrorCode`` in the trailing metadata key ``kvpool-error-code``.
@@ -21,7 +21,7 @@ from kvpool_server.index import StoreKey
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.store import BlockStore, TierReport
 
 ERROR_CODE_METADATA = "kvpool-error-code"
 
@@ -44,13 +44,13 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
     def __init__(
         self,
         identity: NodeIdentity,
-        tier: DramTier,
+        store: BlockStore,
         counters: Counters,
         presence: NodePresence,
         start_handoff: Callable[[], None],
     ) -> None:
         self._identity = identity
-        self._tier = tier
+        self._store = store
         self._counters = counters
         self._presence = presence
         self._start_handoff = start_handoff
@@ -62,7 +62,8 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             version=ident.version,
             protocol_version=PROTOCOL_VERSION,
             endpoints=[pb.DataEndpoint(transport=t, address=a) for t, a in ident.endpoints],
-            dram_capacity_bytes=self._tier.usage().capacity_bytes,
+            dram_capacity_bytes=self._store.dram.usage().capacity_bytes,
+            ssd_capacity_bytes=self._store.ssd.usage().capacity_bytes if self._store.ssd is not None else 0,
             slab_size=ident.slab_size,
             limits=pb.WireLimits(
                 max_keys=ident.limits.max_keys,
@@ -75,32 +76,23 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
 
     async def Exists(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.ExistsResponse:
         keys = await self._keys(request, context)
-        return pb.ExistsResponse(present=[self._tier.contains(k) for k in keys])
+        return pb.ExistsResponse(present=[self._store.contains(k) for k in keys])
 
     async def Lookup(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         keys = await self._keys(request, context)
-        return pb.LookupResponse(prefix_hits=self._tier.prefix_hits(keys))
+        return pb.LookupResponse(prefix_hits=self._store.prefix_hits(keys))
 
     async def Delete(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         keys = await self._keys(request, context)
-        return pb.DeleteResponse(deleted=[self._tier.delete(k) for k in keys])
+        return pb.DeleteResponse(deleted=[self._store.delete(k) for k in keys])
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.Stats:
-        usage = self._tier.usage()
+        tiers = [_tier_stats(report) for report in self._store.reports()]
         counters = self._counters
-        dram = pb.TierStats(
-            name="dram",
-            capacity_bytes=usage.capacity_bytes,
-            used_bytes=usage.used_bytes,
-            blocks=usage.blocks,
-            hits=counters.get("dram_hits"),
-            misses=counters.get("dram_misses"),
-            evictions=counters.get("dram_evictions"),
-        )
         uptime = time.time() - self._identity.started_at
         snapshot = counters.snapshot()
         snapshot["etcd_registered"] = int(self._presence.session == "registered")
-        return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=[dram], counters=snapshot)
+        return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=tiers, counters=snapshot)
 
     async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         if request.state not in ("draining", "active"):
@@ -128,6 +120,24 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         code = ErrorCode.INVALID_ARGUMENT if status in caller_errors else ErrorCode.INTERNAL
         context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(code))),))
         await context.abort(status, message)
+
+
+def _tier_stats(report: TierReport) -> pb.TierStats:
+    usage = report.usage
+    return pb.TierStats(
+        name=report.name,
+        capacity_bytes=usage.capacity_bytes,
+        used_bytes=usage.used_bytes,
+        blocks=usage.blocks,
+        hits=report.hits,
+        misses=report.misses,
+        evictions=report.evictions,
+        promotions=report.promotions,
+        demotions=report.demotions,
+        corrupt_blocks=report.corrupt_blocks,
+        io_errors=report.io_errors,
+        failure=report.failure,
+    )
 
 
 def _keys_problem(request: pb.KeysRequest, limits: WireLimits) -> str | None:

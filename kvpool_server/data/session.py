@@ -2,7 +2,8 @@
 
 The loop reads a header, its meta, then moves payload bytes straight between the
 channel and the DRAM arena: a put lands in reserved arena slots, a get is sent
-from pinned arena slots. Nothing is copied in between.
+from pinned arena slots. Nothing is copied in between. A get that misses DRAM
+may be served from the SSD tier (see :class:`BlockStore`).
 
 Errors and the connection:
 - a header that cannot be trusted (bad magic, version, sizes over the limits)
@@ -43,7 +44,8 @@ from kvpool_client.wire import (
 from kvpool_server.data.readahead import ReadAhead
 from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier, checksum
+from kvpool_server.tiers.dram import checksum
+from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 log = logging.getLogger("kvpool.data")
 
@@ -71,19 +73,20 @@ class SessionConfig:
 
 
 class Session:
-    """One client connection's request loop against a :class:`DramTier`."""
+    """One client connection's request loop against a :class:`BlockStore`."""
 
     def __init__(
         self,
         channel: Channel,
-        tier: DramTier,
+        store: BlockStore,
         counters: Counters,
         config: SessionConfig,
         accepting_writes: Callable[[], bool],
     ) -> None:
         self._channel = channel
         self._reader = ReadAhead(channel)
-        self._tier = tier
+        self._store = store
+        self._tier = store.dram  # writes go to DRAM
         self._counters = counters
         self._config = config
         self._accepting_writes = accepting_writes  # False while the node drains
@@ -150,7 +153,8 @@ class Session:
         ns = request.namespace
         outcomes: list[BlockEntry | ErrorCode]
         if self._accepting_writes():
-            outcomes = [self._tier.reserve((ns, h), n) for h, n in zip(request.hashes, request.lengths)]
+            depths = request.depths or [0] * len(request.hashes)
+            outcomes = [self._tier.reserve((ns, h), n, d) for h, n, d in zip(request.hashes, request.lengths, depths)]
         else:
             outcomes = [ErrorCode.DRAINING] * len(request.hashes)
         try:
@@ -186,18 +190,17 @@ class Session:
 
     async def _get(self, request: GetRequest) -> None:
         ns = request.namespace
-        # Touched tail first, like puts commit: the head of a chain stays the most recent.
-        entries = [self._tier.acquire((ns, h)) for h in reversed(request.hashes)][::-1]
+        held = await self._store.acquire([(ns, h) for h in request.hashes])
         try:
             statuses, lengths, sums, views = [], [], [], []
-            for entry in entries:
-                status = self._check(entry)
+            for block in held:
+                status = self._check(block)
                 statuses.append(int(status))
-                ok = entry is not None and status is ErrorCode.OK
-                lengths.append(entry.length if ok else 0)
-                sums.append(entry.checksum if ok else 0)
+                ok = block is not None and status is ErrorCode.OK
+                lengths.append(len(block.view) if ok else 0)
+                sums.append(block.checksum if ok else 0)
                 if ok:
-                    views.append(self._tier.view(entry))
+                    views.append(block.view)
             if sum(lengths) > self._config.limits.max_payload:
                 too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._config.limits.max_payload}")
                 await self._send_error(request.request_id, Op.GET, too_big)
@@ -206,14 +209,13 @@ class Session:
             await self._channel.send([head, *views])
             self._counters.add("bytes_out", sum(lengths))
         finally:
-            for entry in entries:
-                if entry is not None:
-                    self._tier.release(entry)
+            self._store.release(held)
 
-    def _check(self, entry: BlockEntry | None) -> ErrorCode:
-        if entry is None:
+    def _check(self, block: HeldBlock | None) -> ErrorCode:
+        if block is None:
             return ErrorCode.NOT_FOUND
-        if self._config.verify_checksum_on_get and checksum(self._tier.view(entry)) != entry.checksum:
+        entry = block.entry  # bytes read from SSD were verified on the way
+        if entry is not None and self._config.verify_checksum_on_get and checksum(block.view) != entry.checksum:
             log.error("checksum mismatch, block dropped", extra={"key": entry.key[1].hex(), "ns": entry.key[0]})
             self._tier.discard_corrupt(entry)
             return ErrorCode.CHECKSUM_MISMATCH
@@ -223,13 +225,13 @@ class Session:
         ns, statuses, missed = request.namespace, [], False
         for h in request.hashes:
             # A prefix lookup stops looking at the first miss: what follows is useless.
-            missed = (missed and request.prefix) or not self._tier.contains((ns, h))
+            missed = (missed and request.prefix) or not self._store.contains((ns, h))
             statuses.append(int(ErrorCode.NOT_FOUND if missed else ErrorCode.OK))
         await self._channel.send([encode(StatusResponse(request.request_id, Op.EXISTS, statuses))])
 
     async def _delete(self, request: DeleteRequest) -> None:
         ns = request.namespace
-        statuses = [int(ErrorCode.OK if self._tier.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
+        statuses = [int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
         await self._channel.send([encode(StatusResponse(request.request_id, Op.DELETE, statuses))])
 
     async def _drain(self, nbytes: int) -> None:

@@ -14,7 +14,7 @@ class LRUPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
 
-    def insert(self, key: Hashable) -> None:
+    def insert(self, key: Hashable, depth: int = 0) -> None:  # depth plays no part in LRU
         self._order[key] = None
         self._order.move_to_end(key)
 

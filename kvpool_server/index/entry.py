@@ -31,6 +31,7 @@ class BlockEntry:
     pins: int = 0
     unlinked: bool = False  # gone from the index; memory freed on the last release
     last_access: int = 0  # tier-wide tick, compares recency across size classes
+    depth: int = 0  # position in its prefix chain, if the writer said (0: head or unknown)
 
     @property
     def readable(self) -> bool:

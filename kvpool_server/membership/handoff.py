@@ -2,8 +2,9 @@
 
 A draining node leaves the placement, so its keys now map to other nodes. Copying
 the blocks there before the node leaves keeps the pool's hit rate instead of
-letting those prefixes be recomputed. Blocks are sent straight from the arena
-(pinned for the copy) with the regular client, in batches, one owner at a time.
+letting those prefixes be recomputed. DRAM blocks are sent straight from the arena
+(pinned for the copy), SSD blocks after a read, with the regular client, in
+batches, one owner at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kvpool_client.membership.records import ClusterConfig, NodeState
 from kvpool_client.routing import Member, place
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.store import BlockStore
 
 log = logging.getLogger("kvpool.membership.handoff")
 
@@ -35,7 +36,7 @@ class HandoffReport:
     failed: int  # copies that could not be stored
 
 
-async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str, counters: Counters) -> HandoffReport:
+async def hand_off(blocks: BlockStore, store: EtcdStore, cluster: str, self_id: str, counters: Counters) -> HandoffReport:
     """Copy every readable block to its owners among the other active nodes.
 
     An unreadable membership is logged and ends the hand-off: the blocks stay
@@ -53,7 +54,7 @@ async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str,
         for r in listing.nodes.values()
         if r.state is NodeState.ACTIVE and r.node_id != self_id
     ]
-    keys = tier.readable_keys()
+    keys = blocks.readable_keys()
     counters.add("handoff_started")
     if not targets:
         counters.add("handoff_finished")
@@ -65,7 +66,7 @@ async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str,
             by_owner[owner.address].append(key)
     copies = failed = 0
     for address, owned in by_owner.items():
-        stored, lost = await _copy_to(tier, address, owned)
+        stored, lost = await _copy_to(blocks, address, owned)
         copies, failed = copies + stored, failed + lost
     counters.add("handoff_copies", copies)
     counters.add("handoff_failures", failed)
@@ -74,26 +75,24 @@ async def hand_off(tier: DramTier, store: EtcdStore, cluster: str, self_id: str,
     return HandoffReport(len(keys), copies, failed)
 
 
-async def _copy_to(tier: DramTier, address: str, keys: list[StoreKey]) -> tuple[int, int]:
+async def _copy_to(blocks: BlockStore, address: str, keys: list[StoreKey]) -> tuple[int, int]:
     """Put ``keys`` to the node at ``address``; returns (stored, failed)."""
     stored = failed = 0
     async with AsyncKVPoolClient([address]) as client:
         for start in range(0, len(keys), _BATCH):
             batch = keys[start : start + _BATCH]
-            entries = [e for e in (tier.acquire(k, touch=False) for k in batch) if e is not None]
-            failed += len(batch) - len(entries)  # evicted or deleted since the hand-off began
-            if not entries:
+            held = await blocks.acquire(batch, touch=False)
+            present = [(key, block) for key, block in zip(batch, held) if block is not None]
+            failed += len(batch) - len(present)  # evicted or deleted since the hand-off began
+            if not present:
                 continue
             try:
-                result = await client.put(
-                    [BlockKey(e.key[0], e.key[1]) for e in entries], [tier.view(e) for e in entries]
-                )
-                ok = len(entries) - len(result.failures())
+                result = await client.put([BlockKey(*key) for key, _ in present], [b.view for _, b in present])
+                ok = len(present) - len(result.failures())
             except KVPoolError as exc:
                 log.warning("hand-off batch failed", extra={"target": address, "error": str(exc)})
                 ok = 0
             finally:
-                for entry in entries:
-                    tier.release(entry)
-            stored, failed = stored + ok, failed + len(entries) - ok
+                blocks.release(held)
+            stored, failed = stored + ok, failed + len(present) - ok
     return stored, failed

@@ -10,7 +10,6 @@ Byte transfers happen outside the lock, straight into or out of the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 import threading
 from itertools import count, islice
 
@@ -22,6 +21,7 @@ from kvpool_server.alloc.slab import Allocation, SlabAllocator
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
+from kvpool_server.tiers.usage import TierUsage
 
 # How many candidates per size class to weigh when a whole slab must be freed.
 _SLAB_VICTIM_SCAN = 64
@@ -32,13 +32,6 @@ def checksum(data: memoryview | bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-@dataclass(frozen=True, slots=True)
-class TierUsage:
-    capacity_bytes: int
-    used_bytes: int
-    blocks: int
-
-
 class DramTier:
     """Blocks in one shared-memory arena with an index and per-size-class eviction.
 
@@ -47,6 +40,7 @@ class DramTier:
         allocator: slot bookkeeping over ``arena``.
         counters: where hits, misses and evictions are counted (``dram_*``).
         policy_factory: builds the eviction order for each size class.
+        on_evict: told the key of every evicted block, under the tier's lock (keep it cheap).
     """
 
     def __init__(
@@ -55,7 +49,9 @@ class DramTier:
         allocator: SlabAllocator,
         counters: Counters,
         policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
+        on_evict: Callable[[StoreKey], None] | None = None,
     ) -> None:
+        self._on_evict = on_evict
         self._arena = arena
         self._alloc = allocator
         self._counters = counters
@@ -68,8 +64,11 @@ class DramTier:
 
     # -- writes ---------------------------------------------------------------
 
-    def reserve(self, key: StoreKey, length: int) -> BlockEntry | ErrorCode:
+    def reserve(self, key: StoreKey, length: int, depth: int = 0) -> BlockEntry | ErrorCode:
         """Reserve room for a new block, evicting if needed.
+
+        Args:
+            depth: the block's position in its prefix chain, for the eviction policy.
 
         Returns:
             A ``WRITING`` entry whose :meth:`view` receives the bytes, or a status:
@@ -85,18 +84,28 @@ class DramTier:
             allocation = self._allocate(length)
             if allocation is None:
                 return ErrorCode.OUT_OF_SPACE
-            entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1)
+            entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1, depth=depth)
             self._index[key] = self._by_offset[entry.offset] = entry
             return entry
 
-    def commit(self, entry: BlockEntry) -> None:
-        """Make a fully written block readable: checksum it and let eviction see it."""
-        entry.checksum = checksum(self.view(entry))  # outside the lock: the writer owns the slot
+    def commit(self, entry: BlockEntry, known_checksum: int | None = None, *, keep_pin: bool = False) -> None:
+        """Make a fully written block readable and let eviction see it.
+
+        Args:
+            known_checksum: the bytes' checksum, already verified by the caller (a
+                promotion from SSD); otherwise it is computed here.
+            keep_pin: the writer goes on reading the block: its pin becomes a
+                reader's, released with :meth:`release`.
+        """
+        if known_checksum is None:  # outside the lock: the writer owns the slot
+            known_checksum = checksum(self.view(entry))
+        entry.checksum = known_checksum
         with self._lock:
             entry.status = BlockStatus.COMPLETE
             entry.last_access = next(self._ticks)
-            self._policy(entry.slot_size).insert(entry.key)
-            self._release_pin(entry)
+            self._policy(entry.slot_size).insert(entry.key, entry.depth)
+            if not keep_pin:
+                self._release_pin(entry)
         self._counters.add("dram_blocks_written")
 
     def abort(self, entry: BlockEntry) -> None:
@@ -139,6 +148,26 @@ class DramTier:
     def contains(self, key: StoreKey) -> bool:
         entry = self._index.get(key)  # one dict read: atomic under the GIL
         return entry is not None and entry.readable
+
+    def pin_coldest(self, share: float, skip: Callable[[StoreKey], bool], limit: int) -> list[BlockEntry]:
+        """Pin up to ``limit`` blocks among the coldest ``share`` of each size class.
+
+        The demoter copies these to SSD ahead of eviction. Blocks for which ``skip``
+        is true (already on SSD) and pinned blocks are passed over. Release each with
+        :meth:`release`.
+        """
+        picked: list[BlockEntry] = []
+        with self._lock:
+            for policy in self._policies.values():
+                window = max(1, round(share * len(policy)))
+                for key in islice(policy.candidates(), window):
+                    entry = self._index[key]
+                    if not entry.pins and not skip(key):
+                        entry.pins += 1
+                        picked.append(entry)
+                        if len(picked) >= limit:
+                            return picked
+        return picked
 
     def readable_keys(self) -> list[StoreKey]:
         """A snapshot of every readable block's key."""
@@ -258,6 +287,8 @@ class DramTier:
         self._unlink(entry)
         self._free(entry)
         self._counters.add("dram_evictions")
+        if self._on_evict is not None:
+            self._on_evict(entry.key)
 
     def _unlink(self, entry: BlockEntry) -> None:
         if self._index.get(entry.key) is entry:

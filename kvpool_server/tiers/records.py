@@ -52,12 +52,13 @@ HEADER_SIZE = _FIELDS.size + _CHECKSUM.size  # 36
 
 
 class RecordFlags(enum.IntFlag):
-    """Per-record flags. None are defined in version 1 beyond the empty set."""
+    """Per-record flags; any other bit set is corruption."""
 
     NONE = 0
+    TOMBSTONE = 1  # the key was deleted: no payload; it hides the key's older records
 
 
-_KNOWN_FLAGS = 0
+_KNOWN_FLAGS = int(RecordFlags.TOMBSTONE)
 
 
 class CorruptRecord(KVPoolError):

@@ -37,6 +37,7 @@ from kvpool_server.index import StoreKey
 from kvpool_server.tiers.records import (
     HEADER_SIZE,
     CorruptRecord,
+    RecordFlags,
     WalkResult,
     WalkStop,
     decode_record_header,
@@ -72,6 +73,7 @@ class ScanEntry:
     location: Location
     checksum: int  # xxh3-64 of the payload
     payload_len: int
+    tombstone: bool  # a deletion marker: the key's older records are void
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,9 @@ def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
             walk.corrupt += 1  # checksums matched, so it was written so: never serve it
             continue
         location = Location(segment_id, found.offset, found.header.record_len)
-        yield ScanEntry(key, location, found.header.payload_checksum, found.header.payload_len)
+        header = found.header
+        tombstone = bool(header.flags & RecordFlags.TOMBSTONE)
+        yield ScanEntry(key, location, header.payload_checksum, header.payload_len, tombstone)
 
 
 class SegmentLog:
@@ -217,13 +221,23 @@ class SegmentLog:
 
     # -- writes ---------------------------------------------------------------
 
-    def append(self, namespace: str, hash_: bytes, payload: memoryview | bytes) -> Location:
+    def append(
+        self,
+        namespace: str,
+        hash_: bytes,
+        payload: memoryview | bytes,
+        flags: RecordFlags = RecordFlags.NONE,
+        payload_sum: int | None = None,
+    ) -> Location:
         """Append one record; the payload is handed to ``pwritev`` without a copy.
 
         Args:
             namespace: the key's namespace (UTF-8 encoded on disk).
             hash_: the key's block hash (1..MAX_HASH_LEN bytes).
-            payload: the block's bytes (any C-contiguous buffer).
+            payload: the block's bytes (any C-contiguous buffer); empty for a tombstone.
+            flags: record flags, e.g. ``TOMBSTONE``.
+            payload_sum: the payload's xxh3-64 if the caller knows it already
+                (saves hashing the payload again).
 
         Returns:
             Where the record now lives. The record is complete on disk (and durable,
@@ -236,7 +250,9 @@ class SegmentLog:
         """
         view = memoryview(payload).cast("B")
         ns = namespace.encode()
-        header = encode_record_header(ns, hash_, len(view), payload_checksum(view))
+        if payload_sum is None:
+            payload_sum = payload_checksum(view)
+        header = encode_record_header(ns, hash_, len(view), payload_sum, flags)
         total = HEADER_SIZE + len(ns) + len(hash_) + len(view)
         if total > self._segment_size:
             raise ValueError(f"record of {total} bytes exceeds segment size {self._segment_size}")
@@ -374,6 +390,11 @@ class SegmentLog:
         """Ids of the segments on disk, oldest first (the last one is active)."""
         with self._meta_lock:
             return sorted(self._segments)
+
+    def segment_sizes(self) -> dict[int, int]:
+        """Segment id -> bytes, for every segment on disk (no I/O)."""
+        with self._meta_lock:
+            return {s.id: s.size for s in self._segments.values()}
 
     def stats(self) -> SegmentStats:
         """Counts only; no I/O."""

@@ -98,7 +98,7 @@ def test_plan_rejects_what_is_not_a_block_key() -> None:
 
 
 def job_of(indices: list[int]) -> Job:
-    return Job(A, NS1, list(indices), [bytes([i]) * 4 for i in indices])
+    return Job(A, NS1, list(indices), [bytes([i]) * 4 for i in indices], [None] * len(indices))
 
 
 def test_chunk_respects_max_keys() -> None:
@@ -223,7 +223,7 @@ def test_target_views() -> None:
 
 def test_request_factory_builds_each_op_with_fresh_ids() -> None:
     factory = RequestFactory(verify_checksums=True)
-    job = Job(A, NS1, [2, 0], [b"h2" * 16, b"h0" * 16])
+    job = Job(A, NS1, [2, 0], [b"h2" * 16, b"h0" * 16], [None, None])
     views = [memoryview(b"zero"), memoryview(b"one"), memoryview(b"two!!")]
     limits = WireLimits()
     put = factory.put(job, views, limits)
@@ -243,6 +243,6 @@ def test_gets_are_chunked_by_what_the_answer_may_carry() -> None:
     targets = [memoryview(bytearray(300)), None, memoryview(bytearray(300))]
     sizes = expected_sizes(targets)
     assert sizes == [300, WireLimits().max_block_size, 300], sizes
-    job = Job(Member("n", "n:1"), "ns", [0, 1, 2], [b"a", b"b", b"c"])
+    job = Job(Member("n", "n:1"), "ns", [0, 1, 2], [b"a", b"b", b"c"], [None] * 3)
     pieces = chunk(job, WireLimits(max_keys=16, max_block_size=1 << 20, max_payload=600), [300, 300, 300])
     assert [p.indices for p in pieces] == [[0, 1], [2]], [p.indices for p in pieces]

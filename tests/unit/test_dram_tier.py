@@ -23,7 +23,8 @@ from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier, TierUsage, checksum
+from kvpool_server.tiers.dram import DramTier, checksum
+from kvpool_server.tiers.usage import TierUsage
 
 KiB = 1024
 CAPACITY = 64 * KiB

@@ -1,4 +1,4 @@
-"""The metrics collector over a real tiny DRAM tier, rendered and parsed back."""
+"""The metrics collector over a real tiny DRAM and SSD store, rendered and parsed back."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from kvpool_server.index import BlockEntry
 from kvpool_server.metrics import KVPoolCollector, build_registry
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.ssd import SsdConfig, SsdTier
+from kvpool_server.tiers.store import BlockStore
 
 KiB = 1024
 
@@ -34,12 +36,16 @@ def counters() -> Counters:
 
 
 @pytest.fixture
-def tier(counters: Counters) -> Iterator[DramTier]:
+def store(counters: Counters) -> Iterator[BlockStore]:
     directory = tempfile.mkdtemp(prefix="kvpool-metrics-")
     arena = SharedArena(directory, "kvpool-metrics-test", 64 * KiB, prefault=False)
+    ssd = SsdTier(SsdConfig(f"{directory}/ssd", 256 * KiB, 64 * KiB, fsync=False), counters)
+    blocks = BlockStore(DramTier(arena, SlabAllocator(64 * KiB, 16 * KiB), counters), ssd, counters)
     try:
-        yield DramTier(arena, SlabAllocator(64 * KiB, 16 * KiB), counters)
+        yield blocks
     finally:
+        blocks.close()
+        ssd.close()
         arena.close()
         shutil.rmtree(directory)
 
@@ -53,15 +59,18 @@ def scrape(collector: KVPoolCollector) -> dict[tuple[str, tuple[tuple[str, str],
     }
 
 
-def test_families_follow_the_tier_counters_and_presence(tier: DramTier, counters: Counters) -> None:
+def test_families_follow_the_tier_counters_and_presence(store: BlockStore, counters: Counters) -> None:
+    tier = store.dram
     presence = FakePresence()
-    collector = KVPoolCollector("node-x", "1.2.3", tier, counters, presence)
+    collector = KVPoolCollector("node-x", "1.2.3", store, counters, presence)
     before = scrape(collector)
     assert before[("kvpool_tier_capacity_bytes", (("tier", "dram"),))] == 64 * KiB
     assert before[("kvpool_tier_blocks", (("tier", "dram"),))] == 0
     assert before[("kvpool_tier_hits_total", (("tier", "dram"),))] == 0
     assert before[("kvpool_requests_total", (("op", "get"),))] == 0
     assert before[("kvpool_node_info", (("node_id", "node-x"), ("version", "1.2.3")))] == 1
+    assert before[("kvpool_tier_capacity_bytes", (("tier", "ssd"),))] == 256 * KiB
+    assert before[("kvpool_tier_demotions_total", (("tier", "ssd"),))] == 0
 
     entry = tier.reserve(("ns", b"a"), 4 * KiB)
     assert isinstance(entry, BlockEntry)
@@ -70,6 +79,7 @@ def test_families_follow_the_tier_counters_and_presence(tier: DramTier, counters
     assert found is not None
     tier.release(found)
     assert tier.acquire(("ns", b"missing")) is None
+    assert store.ssd is not None and store.ssd.write(("ns", b"a"), tier.view(found), found.checksum)
     counters.add("bytes_in", 4096)
     counters.add("requests_put")
     counters.add("errors_not_found", 2)
@@ -81,6 +91,9 @@ def test_families_follow_the_tier_counters_and_presence(tier: DramTier, counters
     assert after[("kvpool_tier_hits_total", (("tier", "dram"),))] == 1
     assert after[("kvpool_tier_misses_total", (("tier", "dram"),))] == 1
     assert after[("kvpool_tier_blocks_written_total", (("tier", "dram"),))] == 1
+    assert after[("kvpool_tier_blocks", (("tier", "ssd"),))] == 1
+    assert after[("kvpool_tier_demotions_total", (("tier", "ssd"),))] == 1
+    assert after[("kvpool_tier_failing", (("tier", "ssd"),))] == 0
     assert after[("kvpool_data_bytes_total", (("direction", "in"), ("transport", "tcp")))] == 4096
     assert after[("kvpool_requests_total", (("op", "put"),))] == 1
     assert after[("kvpool_errors_total", (("code", "not_found"),))] == 2
@@ -89,5 +102,5 @@ def test_families_follow_the_tier_counters_and_presence(tier: DramTier, counters
     assert after[("kvpool_etcd_registered", ())] == 1
     assert after[("kvpool_etcd_session", (("session", "registered"),))] == 1
     assert after[("kvpool_etcd_session", (("session", "standalone"),))] == 0
-    assert tier.delete(("ns", b"a"))
+    assert store.delete(("ns", b"a"))
     assert tier.usage().used_bytes == 0

@@ -145,7 +145,7 @@ def test_a_node_known_down_is_skipped_without_a_request() -> None:
     assert plan.settled(2) and plan.statuses()[2] is DOWN
     answer(plan, jobs, {("b", 0): SLOW})
     assert by_node(plan.next_round(down("a"))) == {"c": [0]}
-    answer(plan, [Job(C, NS, [0], [keys(1)[0].hash])], {})
+    answer(plan, [Job(C, NS, [0], [keys(1)[0].hash], [None])], {})
     assert plan.statuses() == (OK, OK, DOWN)
 
 
@@ -187,5 +187,5 @@ def test_delete_goes_to_every_reachable_reader() -> None:
     assert tally.removed == [True, True, False]
     assert tally.unreached() == [2]
     failed = DeleteTally(1)
-    failed.record(Job(A, NS, [0], [b"x"]), None)
+    failed.record(Job(A, NS, [0], [b"x"], [None]), None)
     assert failed.unreached() == [0] and failed.removed == [False]

@@ -46,7 +46,8 @@ def hash_lists(draw) -> list[bytes]:
 def put_requests(draw) -> PutRequest:
     hashes = draw(hash_lists())
     lengths = [draw(st.integers(0, LIMITS.max_block_size)) for _ in hashes]
-    return PutRequest(draw(request_ids), draw(namespaces), hashes, lengths)
+    depths = [draw(st.integers(0, 2**32 - 1)) for _ in hashes] if draw(st.booleans()) else None
+    return PutRequest(draw(request_ids), draw(namespaces), hashes, lengths, depths)
 
 
 @st.composite

@@ -1,0 +1,294 @@
+"""Tiering benchmark: reload rate of evicted blocks, and LRU vs prefix-aware hit rate.
+
+Both parts run in one invocation, on loopback:
+
+1. Reload rate. One daemon with a small DRAM tier and an SSD tier in a directory
+   on local disk. The same blocks are read (batches of 8 blocks of 384 KiB):
+   - ``dram``: blocks resident in DRAM;
+   - ``ssd``: blocks only on SSD (DRAM holds other blocks; promotion off, so every
+     pass reads the disk), with the segment files' page cache dropped before the
+     pass by ``posix_fadvise(POSIX_FADV_DONTNEED)``;
+   - ``raw``: the same bytes read sequentially from one file of the same size in
+     1 MiB ``preadv`` calls, page cache dropped the same way: the device's rate.
+   Reported as GB/s and the ratio ssd / raw (target >= 0.5).
+2. Hit rate. Two daemons without SSD, one per eviction policy, replay the same
+   multi-turn trace (conversations of growing prefixes plus shared documents)
+   whose working set is 3x DRAM. Each turn looks up its prefix, reads the hits
+   and puts the rest; the hit rate is reused blocks / blocks needed. Reported per
+   policy and as the ratio prefix / lru.
+
+Run: python bench/tiering.py [--out bench/results] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvpool_client import BlockKey, KVPoolClient  # noqa: E402
+from kvpool_server.local import DaemonProcess, start_daemon  # noqa: E402
+
+BLOCK = 384 << 10
+BATCH = 8
+NS = "bench@bf16@tiering@tp0of1"
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    dram_gb_s: float
+    ssd_gb_s: float
+    raw_gb_s: float
+    data_bytes: int
+    page_cache: str = "dropped per file with posix_fadvise(POSIX_FADV_DONTNEED) before each pass"
+
+    @property
+    def ssd_over_raw(self) -> float:
+        return self.ssd_gb_s / self.raw_gb_s
+
+
+@dataclass(frozen=True, slots=True)
+class HitRateResult:
+    policy: str
+    needed_blocks: int
+    hit_blocks: int
+    working_set_blocks: int
+    dram_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_blocks / self.needed_blocks
+
+
+# -- part 1: reload rate -----------------------------------------------------------
+
+
+def drop_page_cache(directory: Path) -> None:
+    for path in directory.glob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def block_keys(prefix: bytes, n: int) -> list[BlockKey]:
+    return [BlockKey(NS, prefix + b"%06d" % i) for i in range(n)]
+
+
+def timed_gets(pool: KVPoolClient, keys: list[BlockKey]) -> float:
+    """Seconds to read ``keys`` in batches into reused buffers; every block must hit."""
+    buffers = [bytearray(BLOCK) for _ in range(BATCH)]
+    started = time.perf_counter()
+    for start in range(0, len(keys), BATCH):
+        batch = keys[start : start + BATCH]
+        result = pool.get(batch, buffers[: len(batch)])
+        if result.hits != len(batch):
+            raise RuntimeError(f"expected {len(batch)} hits, got {result.statuses}")
+    return time.perf_counter() - started
+
+
+def wait_for_demoter(pool: KVPoolClient, address: str, behind_by: int, timeout: float = 30.0) -> None:
+    """Wait until at least ``behind_by`` blocks were demoted, so none is evicted unsaved."""
+    deadline = time.monotonic() + timeout
+    while ssd_demotions(pool, address) < behind_by:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the demoter fell behind for 30 s")
+        time.sleep(0.005)
+
+
+def ssd_demotions(pool: KVPoolClient, address: str) -> int:
+    return next(t.demotions for t in pool.stats(address).tiers if t.name == "ssd")
+
+
+def raw_sequential_read(path: Path) -> float:
+    """Seconds to read ``path`` front to back in 1 MiB preadv calls."""
+    buffer = bytearray(1 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        started, offset = time.perf_counter(), 0
+        while (n := os.preadv(fd, [buffer], offset)) > 0:
+            offset += n
+        return time.perf_counter() - started
+    finally:
+        os.close(fd)
+
+
+def measure_reload(work: Path, data_mib: int) -> ReloadResult:
+    ssd_dir, n = work / "segments", (data_mib << 20) // BLOCK
+    flags = ("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
+             "--ssd-dir", str(ssd_dir), "--ssd-capacity", f"{4 * data_mib}MiB", "--ssd-segment-size", "64MiB",
+             "--ssd-demote-share", "1.0", "--no-ssd-promote-on-hit")
+    node = start_daemon(*flags)
+    try:
+        with KVPoolClient([node.address]) as pool:
+            cold, hot = block_keys(b"cold", n), block_keys(b"hot", 64)  # 24 MiB of hot blocks
+            payload = os.urandom(BLOCK)
+            for start in range(0, n, BATCH):
+                pool.put(cold[start : start + BATCH], [payload] * len(cold[start : start + BATCH])).raise_for_errors()
+                wait_for_demoter(pool, node.address, behind_by=start + BATCH - 64)
+            pool.put(hot, [payload] * len(hot)).raise_for_errors()
+            lost = pool.stats(node.address).counters["dram_evictions_lost"]
+            if lost:
+                raise RuntimeError(f"{lost} blocks were evicted before reaching SSD; slow the writer down")
+            timed_gets(pool, hot)  # warm-up
+            dram_s = min(timed_gets(pool, hot) for _ in range(5))
+            ssd_cold = cold[: len(cold) - (96 << 20) // BLOCK]  # blocks surely out of DRAM
+            drop_page_cache(ssd_dir)
+            ssd_s = timed_gets(pool, ssd_cold)
+    finally:
+        node.stop()
+        node.remove_files()
+    raw = work / "raw.bin"
+    with open(raw, "wb") as file:
+        for _ in range(len(ssd_cold)):
+            file.write(payload)
+    drop_page_cache(work)
+    raw_s = raw_sequential_read(raw)
+    raw.unlink()
+    ssd_bytes = len(ssd_cold) * BLOCK
+    return ReloadResult(
+        dram_gb_s=len(hot) * BLOCK / dram_s / 1e9,
+        ssd_gb_s=ssd_bytes / ssd_s / 1e9,
+        raw_gb_s=ssd_bytes / raw_s / 1e9,
+        data_bytes=ssd_bytes,
+    )
+
+
+# -- part 2: hit rate ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    chain: int  # which prefix chain
+    length: int  # blocks of the chain this turn needs
+    unique: int = 0  # blocks after them that only this turn has (a question about a document)
+    turn_id: int = 0
+
+
+def multi_turn_trace(seed: int, conversations: int, documents: int, turns: int) -> list[Turn]:
+    """Conversations grow by a few blocks per turn; documents are long shared prefixes.
+
+    Chains ``0..documents-1`` are documents (popular ones more), each read followed
+    by a question of its own; the rest are conversations (each turn extends the
+    previous one). Turns interleave at random.
+    """
+    rng = random.Random(seed)
+    doc_length = {d: rng.randint(16, 48) for d in range(documents)}
+    conv_length = {documents + c: rng.randint(4, 12) for c in range(conversations)}
+    trace = []
+    for _ in range(turns):
+        if rng.random() < 0.3:
+            doc = min(int(rng.paretovariate(1.2)) - 1, documents - 1)
+            trace.append(Turn(doc, doc_length[doc], unique=rng.randint(1, 4), turn_id=len(trace)))
+        else:
+            conv = documents + rng.randrange(conversations)
+            conv_length[conv] += rng.randint(2, 6)
+            trace.append(Turn(conv, conv_length[conv]))
+    return trace
+
+
+def turn_keys(turn: Turn) -> list[BlockKey]:
+    shared = [BlockKey(NS, b"c%05d-%04d" % (turn.chain, d), depth=d) for d in range(turn.length)]
+    own = [BlockKey(NS, b"q%06d-%04d" % (turn.turn_id, d), depth=d) for d in range(turn.length, turn.length + turn.unique)]
+    return shared + own
+
+
+def replay(node: DaemonProcess, trace: list[Turn], block: int) -> tuple[int, int]:
+    """Returns (blocks needed, blocks found) over the trace."""
+    needed = found = 0
+    payload = bytes(block)
+    with KVPoolClient([node.address]) as pool:
+        for turn in trace:
+            keys = turn_keys(turn)
+            hit = pool.lookup(keys)
+            if hit:
+                pool.get(keys[:hit])  # a read refreshes recency, like an engine's load
+            if hit < len(keys):
+                missing = keys[hit:]
+                pool.put(missing, [payload] * len(missing))
+            needed, found = needed + len(keys), found + hit
+    return needed, found
+
+
+def measure_hit_rates(quick: bool) -> list[HitRateResult]:
+    block = 16 << 10
+    trace = multi_turn_trace(seed=7, conversations=60 if quick else 120, documents=30,
+                             turns=1500 if quick else 3000)
+    working_set = len({k.hash for t in trace for k in turn_keys(t)})
+    dram_blocks = working_set // 3  # the working set is 3x DRAM
+    results = []
+    for policy in ("lru", "prefix"):
+        node = start_daemon("--dram-capacity", f"{dram_blocks * block}", "--slab-size", f"{block}",
+                            "--eviction-policy", policy, "--log-level", "warning", "--no-prefault-arena")
+        try:
+            needed, found = replay(node, trace, block)
+        finally:
+            node.stop()
+            node.remove_files()
+        results.append(HitRateResult(policy, needed, found, working_set, dram_blocks))
+    return results
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--quick", action="store_true", help="smaller data and trace")
+    parser.add_argument("--dir", type=Path, default=None, help="where SSD files go (default: a temp dir on /var/tmp)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="kvpool-tiering-", dir=args.dir or "/var/tmp"))
+    try:
+        reload = measure_reload(work, data_mib=256 if args.quick else 1024)
+    finally:
+        for path in sorted(work.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        work.rmdir()
+    rates = measure_hit_rates(args.quick)
+    lru, prefix = rates
+    lines = [
+        "# Tiering benchmark",
+        "",
+        f"Reload of {reload.data_bytes >> 20} MiB in batches of {BATCH} x {BLOCK >> 10} KiB; page cache: {reload.page_cache}.",
+        "",
+        "| source | GB/s |",
+        "|---|---|",
+        f"| DRAM tier | {reload.dram_gb_s:.2f} |",
+        f"| SSD tier | {reload.ssd_gb_s:.2f} |",
+        f"| raw sequential read, same device | {reload.raw_gb_s:.2f} |",
+        "",
+        f"**SSD / raw = {reload.ssd_over_raw:.2f}** (target >= 0.5); DRAM / SSD = {reload.dram_gb_s / reload.ssd_gb_s:.2f}",
+        "",
+        f"Hit rate on a multi-turn trace, working set {lru.working_set_blocks} blocks = "
+        f"{lru.working_set_blocks / lru.dram_blocks:.1f}x DRAM ({lru.dram_blocks} blocks):",
+        "",
+        "| policy | blocks needed | blocks reused | hit rate |",
+        "|---|---|---|---|",
+        *(f"| {r.policy} | {r.needed_blocks} | {r.hit_blocks} | {r.hit_rate:.3f} |" for r in rates),
+        "",
+        f"**prefix / lru hit rate = {prefix.hit_rate / lru.hit_rate:.3f}**",
+    ]
+    text = "\n".join(lines) + "\n"
+    (args.out / "tiering.md").write_text(text)
+    payload = {"reload": {**asdict(reload), "ssd_over_raw": reload.ssd_over_raw},
+               "hit_rate": [{**asdict(r), "hit_rate": r.hit_rate} for r in rates]}
+    (args.out / "tiering.json").write_text(json.dumps(payload, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""The SSD tier: blocks demoted from DRAM, kept in a :class:`SegmentLog` on local disk.
+
+An in-memory index maps each key to its newest record. Space is managed in two
+steps, both inside :meth:`SsdTier.write` when a record would not fit:
+
+- eviction drops the least valuable key from the index (its bytes turn dead);
+- compaction copies the live records of the sealed segment with the least live
+  bytes to the log's head and deletes the segment, which returns its bytes.
+
+Bytes on disk never exceed ``capacity``: appends stop one segment short of it, the
+room a compaction needs for the records it copies before it deletes a segment.
+
+A delete removes the key from the index at once and leaves a tombstone record, so
+a restart does not resurrect it. A tombstone is copied forward by compaction
+until its segment is the oldest one (nothing older is left for it to hide), so
+until then it counts as live when choosing what to compact: a segment of
+tombstones only would otherwise be copied forward forever, freeing nothing.
+
+A disk error pauses writes for ``retry_after_error_s``; a compaction that cannot
+copy a record forward keeps its segment, so no stored block is lost to it.
+
+Blocking: every method except ``contains``, ``length_of``, ``keys``, ``usage``,
+``failure`` and ``forget`` does file I/O: call it from a thread, never an event
+loop. ``_lock`` guards the index (dict operations only); ``_write_lock`` makes
+one writer at a time (appends, eviction, compaction). Reads run beside writes: a
+read that loses its segment to compaction retries at the record's new location.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpool_server.eviction import EvictionPolicy, LRUPolicy
+from kvpool_server.index import StoreKey
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
+from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing
+from kvpool_server.tiers.usage import TierUsage
+
+log = logging.getLogger("kvpool.ssd")
+
+_READ_RETRIES = 3  # a record can move at most this often while one read runs
+
+
+@dataclass(frozen=True, slots=True)
+class SsdConfig:
+    directory: str
+    capacity: int  # bytes of segment files, compaction headroom included
+    segment_size: int
+    fsync: bool
+    gc_live_ratio: float = 0.5  # compact a sealed segment whose live share falls below this
+    retry_after_error_s: float = 10.0  # pause writes this long after a disk error
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    location: Location
+    checksum: int
+    length: int
+
+
+def record_size(key: StoreKey, payload_len: int) -> int:
+    """Bytes one record of ``key`` takes on disk."""
+    return HEADER_SIZE + len(key[0].encode()) + len(key[1]) + payload_len
+
+
+class SsdTier:
+    """Blocks in segment files with an index, LRU (or any policy) eviction and compaction.
+
+    Args:
+        config: directory, capacity and segment settings.
+        counters: where ``ssd_*`` events are counted.
+        policy_factory: the eviction order of keys.
+
+    Raises:
+        OSError: the directory cannot be created or a segment opened.
+    """
+
+    def __init__(
+        self,
+        config: SsdConfig,
+        counters: Counters,
+        policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
+    ) -> None:
+        if config.capacity < 3 * config.segment_size:
+            # one segment of compaction headroom, plus room to seal a full active
+            # segment and start the next (with two, a full first segment is stuck)
+            raise ValueError("SSD capacity must hold at least three segments")
+        self._config = config
+        self._counters = counters
+        self._budget = config.capacity - config.segment_size  # a segment's room for compaction
+        self._log = SegmentLog(config.directory, config.segment_size, config.fsync)
+        self._index: dict[StoreKey, _Record] = {}
+        self._policy = policy_factory()
+        self._live: defaultdict[int, int] = defaultdict(int)  # segment -> live record bytes
+        self._keys_in: defaultdict[int, set[StoreKey]] = defaultdict(set)  # segment -> its live keys
+        self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
+        self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._failure: str | None = None
+        self._failed_at = 0.0
+        self._rebuild()
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._log.close()
+
+    # -- start: rebuild the index ----------------------------------------------
+
+    def _rebuild(self) -> None:
+        """Replay every record in log order: the newest record of a key wins."""
+        started = time.monotonic()
+        for found in self._log.scan():
+            self._drop(found.key)
+            if found.tombstone:
+                self._note_tombstone(found.key, found.location)
+            else:
+                self._add(found.key, _Record(found.location, found.checksum, found.payload_len))
+        stats = self._log.stats()
+        self._counters.add("ssd_corrupt_blocks", stats.corrupt_records)
+        log.info(
+            "SSD tier opened",
+            extra={
+                "directory": self._config.directory,
+                "blocks": len(self._index),
+                "segments": stats.segments,
+                "corrupt_records": stats.corrupt_records,
+                "torn_bytes": stats.truncated_bytes,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    # -- no I/O ---------------------------------------------------------------
+
+    def contains(self, key: StoreKey) -> bool:
+        return key in self._index  # one dict read: atomic under the GIL
+
+    def length_of(self, key: StoreKey) -> int | None:
+        record = self._index.get(key)
+        return None if record is None else record.length
+
+    def keys(self) -> list[StoreKey]:
+        with self._lock:
+            return list(self._index)
+
+    def usage(self) -> TierUsage:
+        with self._lock:
+            return TierUsage(self._config.capacity, self._log.stats().bytes, len(self._index))
+
+    def failure(self) -> str | None:
+        """Why writes are paused (the last disk error), or None when the tier is healthy."""
+        if self._failure is not None and time.monotonic() - self._failed_at >= self._config.retry_after_error_s:
+            return None  # the pause is over: the next write tries again
+        return self._failure
+
+    def forget(self, key: StoreKey) -> bool:
+        """Drop ``key`` from the index; the caller then writes a tombstone (:meth:`bury`)."""
+        with self._lock:
+            found = self._drop(key)
+        if found:
+            self._counters.add("ssd_deletes")
+        return found
+
+    # -- writes (blocking) ----------------------------------------------------
+
+    def write(self, key: StoreKey, payload: memoryview, checksum: int) -> bool:
+        """Store one block demoted from DRAM.
+
+        Args:
+            checksum: the block's xxh3-64 as DRAM knows it; recorded as is, so bytes
+                that changed in memory since then read back as corrupt, not as good.
+
+        Returns:
+            True when stored; False when the key is already here, the tier is paused
+            after a disk error, or the block cannot fit at all.
+        """
+        with self._write_lock:
+            if self.failure() is not None or key in self._index:
+                return False
+            size = record_size(key, len(payload))
+            if not self._make_room(size):
+                return False
+            location = self._append(key, payload, checksum, RecordFlags.NONE)
+            if location is None:
+                return False
+            with self._lock:
+                self._add(key, _Record(location, checksum, len(payload)))
+        self._counters.add("ssd_demotions")
+        return True
+
+    def bury(self, key: StoreKey) -> None:
+        """Write a tombstone for a key deleted (or never indexed) here, so a restart forgets it."""
+        with self._write_lock:
+            if key in self._index or not self._make_room(record_size(key, 0)):
+                return  # stored again since; or no room: a restart may then resurrect it
+            self._append_tombstone(key)
+
+    def _append_tombstone(self, key: StoreKey) -> bool:
+        location = self._append(key, b"", 0, RecordFlags.TOMBSTONE)
+        if location is None:
+            return False
+        with self._lock:
+            self._note_tombstone(key, location)
+        return True
+
+    def _append(self, key: StoreKey, payload: memoryview | bytes, checksum: int, flags: RecordFlags) -> Location | None:
+        """Append a record; on a disk error, pause writes and return None."""
+        try:
+            location = self._log.append(key[0], key[1], payload, flags, payload_sum=checksum)
+        except OSError as exc:
+            self._fail(exc)
+            return None
+        self._failure = None  # the disk takes writes again
+        return location
+
+    def _fail(self, exc: OSError) -> None:
+        self._failure = f"{errno.errorcode.get(exc.errno or 0, 'EIO')}: {exc.strerror or exc}"
+        self._failed_at = time.monotonic()
+        self._counters.add("ssd_io_errors")
+        log.error("SSD write failed; demotion paused", extra={"error": self._failure,
+                                                               "retry_s": self._config.retry_after_error_s})
+
+    def _make_room(self, size: int) -> bool:
+        """Evict and compact until ``size`` more bytes fit the budget.
+
+        Returns:
+            False if they never can, or a disk error stopped a compaction.
+
+        Every compaction frees bytes (a victim's kept share is below
+        ``gc_live_ratio``), and eviction ends when the index is empty, so this ends.
+        """
+        if size > self._config.segment_size:
+            return False
+        while self._log.stats().bytes + size > self._budget:
+            segment = self._compaction_victim()
+            if segment is not None:
+                if not self._compact(segment):
+                    return False
+            elif not self._evict_one():
+                return False
+        return True
+
+    def _oldest_segment(self, sizes: dict[int, int]) -> int | None:
+        """The oldest segment holding any record: its tombstones hide nothing older."""
+        return min((segment for segment, size in sizes.items() if size), default=None)
+
+    def _compaction_victim(self) -> int | None:
+        """The sealed segment with the least bytes to keep, if compacting it is worth it.
+
+        A segment keeps its live records and, unless it is the oldest, its tombstones.
+        """
+        active = self._log.active_segment_id
+        sizes = self._log.segment_sizes()
+        oldest = self._oldest_segment(sizes)
+        best: tuple[float, int] | None = None
+        for segment, size in sizes.items():
+            if segment == active or size == 0:
+                continue
+            kept = self._live.get(segment, 0)
+            if segment != oldest:
+                kept += self._tombstone_bytes.get(segment, 0)
+            live_share = kept / size
+            if best is None or live_share < best[0]:
+                best = (live_share, segment)
+        if best is None or best[0] >= self._config.gc_live_ratio:
+            return None
+        return best[1]
+
+    def _evict_one(self) -> bool:
+        with self._lock:
+            victim = next(iter(self._policy.candidates()), None)
+            if victim is None:
+                return False
+            self._drop(victim)
+        self._counters.add("ssd_evictions")
+        return True
+
+    def _compact(self, segment: int) -> bool:
+        """Move ``segment``'s live records (and needed tombstones) to the head, then delete it.
+
+        Returns:
+            False when a disk error stopped a copy: the segment then stays, with
+            every record not yet moved, and nothing is lost.
+        """
+        oldest = segment == self._oldest_segment(self._log.segment_sizes())
+        with self._lock:
+            keys = list(self._keys_in.get(segment, ()))
+            tombstones = list(self._tombstones_in.get(segment, ()))
+        for key in keys:
+            if not self._move(key, segment):
+                return False
+        for key in tombstones if not oldest else ():
+            if key not in self._index and not self._append_tombstone(key):
+                return False
+        with self._lock:
+            left = self._keys_in.pop(segment, set())
+            for key in left:  # unreadable (already counted): lost with the segment
+                self._drop(key)
+            self._live.pop(segment, None)
+            self._tombstones_in.pop(segment, None)
+            self._tombstone_bytes.pop(segment, None)
+        self._log.delete_segment(segment)
+        self._counters.add("ssd_compactions")
+        return True
+
+    def _move(self, key: StoreKey, segment: int) -> bool:
+        """Copy one live record to the head; False only when the copy could not be written."""
+        record = self._index.get(key)
+        if record is None or record.location.segment_id != segment:
+            return True
+        buffer = memoryview(bytearray(record.length))
+        if not self._read(key, record, buffer):
+            return True  # corrupt (dropped) or unreadable: nothing to keep
+        location = self._append(key, buffer, record.checksum, RecordFlags.NONE)
+        if location is None:
+            return False
+        with self._lock:
+            if self._index.get(key) is record:
+                self._unaccount(key, record)
+                moved = _Record(location, record.checksum, record.length)
+                self._index[key] = moved
+                self._account(key, moved)
+        return True
+
+    # -- reads (blocking) -----------------------------------------------------
+
+    def read_into(self, key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
+        """Read ``key``'s block into ``target`` (exactly its length) and verify it.
+
+        Args:
+            touch: a client read: refresh recency and count the hit or miss.
+
+        Returns:
+            The block's checksum, with the verified bytes in ``target``; None on a
+            miss, or when the record is corrupt (then dropped, counted and logged)
+            or unreadable.
+        """
+        for _ in range(_READ_RETRIES):
+            with self._lock:
+                record = self._index.get(key)
+                if record is not None and touch:
+                    self._policy.touch(key)
+            if record is None or record.length != target.nbytes:
+                break  # gone, or stored again with another length since the caller asked
+            try:
+                ok = self._read(key, record, target)
+            except SegmentMissing:
+                continue  # compacted meanwhile: look again
+            if touch:
+                self._counters.add("ssd_hits" if ok else "ssd_misses")
+            return record.checksum if ok else None
+        if touch:
+            self._counters.add("ssd_misses")
+        return None
+
+    def _read(self, key: StoreKey, record: _Record, target: memoryview) -> bool:
+        """One verified read; a corrupt record is dropped. Raises SegmentMissing."""
+        try:
+            self._log.read_into(record.location, target, key)
+            return True
+        except CorruptRecord as exc:
+            with self._lock:
+                if self._index.get(key) is record:
+                    self._drop(key)
+            self._counters.add("ssd_corrupt_blocks")
+            log.error("corrupt SSD record dropped", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
+        except OSError as exc:
+            self._counters.add("ssd_io_errors")
+            log.error("SSD read failed", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
+        return False
+
+    # -- index bookkeeping (caller holds _lock, or runs before threads exist) ----
+
+    def _add(self, key: StoreKey, record: _Record) -> None:
+        self._index[key] = record
+        self._account(key, record)
+        self._policy.insert(key)
+
+    def _drop(self, key: StoreKey) -> bool:
+        record = self._index.pop(key, None)
+        if record is None:
+            return False
+        self._unaccount(key, record)
+        self._policy.remove(key)
+        return True
+
+    def _account(self, key: StoreKey, record: _Record) -> None:
+        self._live[record.location.segment_id] += record.location.length
+        self._keys_in[record.location.segment_id].add(key)
+
+    def _unaccount(self, key: StoreKey, record: _Record) -> None:
+        self._live[record.location.segment_id] -= record.location.length
+        self._keys_in[record.location.segment_id].discard(key)
+
+    def _note_tombstone(self, key: StoreKey, location: Location) -> None:
+        self._tombstones_in[location.segment_id].add(key)
+        self._tombstone_bytes[location.segment_id] += location.length

@@ -1,0 +1,237 @@
+"""The daemon's blocks across tiers: DRAM in front, an optional SSD tier behind it.
+
+Writes land in DRAM. A :class:`~kvpool_server.tiers.demoter.Demoter` copies the
+coldest DRAM blocks to SSD ahead of their eviction, so evicting them later costs
+nothing. A read that misses DRAM but hits SSD is served from SSD and, by policy,
+promoted: read straight into a fresh DRAM slot, which then serves it.
+
+SSD reads run on a thread pool (file I/O never blocks an event loop). DRAM calls
+stay inline: they are dictionary operations under the DRAM tier's short lock.
+
+A delete and a promotion of the same key exclude each other for the few
+dictionary operations that decide the outcome, so a deleted block is never
+committed back into DRAM by a promotion that read it just before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.ssd import SsdTier
+from kvpool_server.tiers.usage import TierUsage
+
+
+@dataclass(frozen=True, slots=True)
+class TierReport:
+    """One tier's usage and event counts, as GetStats and /metrics show them.
+
+    ``promotions`` are blocks copied up out of this tier, ``demotions`` blocks
+    copied down into it; ``failure`` says why the tier stopped taking writes.
+    """
+
+    name: str
+    usage: TierUsage
+    hits: int
+    misses: int
+    evictions: int
+    promotions: int
+    demotions: int
+    corrupt_blocks: int
+    io_errors: int
+    failure: str
+
+    @classmethod
+    def from_counters(cls, name: str, usage: TierUsage, values: dict[str, int], failure: str | None) -> TierReport:
+        def count(event: str) -> int:
+            return values.get(f"{name}_{event}", 0)
+
+        return cls(
+            name, usage, count("hits"), count("misses"), count("evictions"), count("promotions"),
+            count("demotions"), count("corrupt_blocks"), count("io_errors"), failure or "",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBlock:
+    """A block's bytes held for a reader until :meth:`BlockStore.release`.
+
+    ``entry`` is the DRAM pin behind ``view``; None when the bytes were read from
+    SSD into a private buffer (no promotion).
+    """
+
+    view: memoryview
+    checksum: int
+    entry: BlockEntry | None
+
+
+class BlockStore:
+    """Reads, lookups and deletes across the DRAM and SSD tiers.
+
+    Args:
+        dram: the DRAM tier; writes go to it directly (``store.dram``).
+        ssd: the SSD tier, or None for a DRAM-only node.
+        counters: the daemon's counters.
+        promote_on_hit: copy a block read from SSD into DRAM.
+        io_threads: threads for SSD reads.
+    """
+
+    def __init__(
+        self,
+        dram: DramTier,
+        ssd: SsdTier | None,
+        counters: Counters,
+        *,
+        promote_on_hit: bool = True,
+        io_threads: int = 4,
+    ) -> None:
+        self.dram = dram
+        self.ssd = ssd
+        self._counters = counters
+        self._promote = promote_on_hit
+        self._pool = ThreadPoolExecutor(io_threads, "kvpool-ssd-read") if ssd is not None else None
+        self.graves: queue.SimpleQueue[StoreKey] = queue.SimpleQueue()  # tombstones for the demoter to write
+        self._delete_lock = threading.Lock()  # a delete against a promotion's commit
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- lookups (no I/O) -----------------------------------------------------
+
+    def contains(self, key: StoreKey) -> bool:
+        return self.dram.contains(key) or (self.ssd is not None and self.ssd.contains(key))
+
+    def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
+        """Number of leading ``keys`` stored in any tier."""
+        hits = 0
+        for key in keys:
+            if not self.contains(key):
+                break
+            hits += 1
+        return hits
+
+    def readable_keys(self) -> list[StoreKey]:
+        """Every stored key, each once (DRAM first)."""
+        keys = self.dram.readable_keys()
+        if self.ssd is not None:
+            seen = set(keys)
+            keys += [k for k in self.ssd.keys() if k not in seen]
+        return keys
+
+    def usage(self) -> dict[str, TierUsage]:
+        tiers = {"dram": self.dram.usage()}
+        if self.ssd is not None:
+            tiers["ssd"] = self.ssd.usage()
+        return tiers
+
+    def reports(self) -> list[TierReport]:
+        """Usage and counts of every tier, DRAM first."""
+        values = self._counters.snapshot()
+        failures = {"ssd": self.ssd.failure() if self.ssd is not None else None}
+        return [
+            TierReport.from_counters(name, usage, values, failures.get(name))
+            for name, usage in self.usage().items()
+        ]
+
+    # -- deletes --------------------------------------------------------------
+
+    def delete(self, key: StoreKey) -> bool:
+        """Remove ``key`` from every tier; True if any held it.
+
+        The SSD index forgets it at once; its tombstone is written by the demoter.
+        """
+        with self._delete_lock:
+            in_dram = self.dram.delete(key)
+            on_ssd = self.ssd is not None and self.ssd.forget(key)
+        if on_ssd:
+            self.graves.put(key)
+        return in_dram or on_ssd
+
+    # -- reads ----------------------------------------------------------------
+
+    async def acquire(self, keys: Sequence[StoreKey], *, touch: bool = True) -> list[HeldBlock | None]:
+        """Hold each key's bytes for reading (None: a miss); release them with :meth:`release`.
+
+        Args:
+            touch: a client read: count hits and misses, refresh recency, promote.
+                Internal copies (hand-off) pass False.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled; nothing stays pinned
+                (SSD reads already running release their blocks when they finish).
+        """
+        # DRAM first, tail first: a chain's head ends up the most recent.
+        entries = [self.dram.acquire(k, touch=touch) for k in reversed(keys)][::-1]
+        held: list[HeldBlock | None] = [None if e is None else self._dram_held(e) for e in entries]
+        if self.ssd is None:
+            return held
+        misses = [i for i, h in enumerate(held) if h is None and self.ssd.contains(keys[i])]
+        if not misses:
+            return held
+        assert self._pool is not None
+        loads = [self._pool.submit(self._load, keys[i], touch) for i in misses]
+        try:
+            loaded = await asyncio.gather(*(asyncio.wrap_future(f) for f in loads))
+        except BaseException:
+            self.release(held)
+            for load in loads:  # their blocks never reach the caller
+                load.add_done_callback(self._release_load)
+            raise
+        for i, block in zip(misses, loaded):
+            held[i] = block
+        return held
+
+    def _release_load(self, load: Future[HeldBlock | None]) -> None:
+        if not load.cancelled() and load.exception() is None:
+            self.release([load.result()])
+
+    def release(self, held: Iterable[HeldBlock | None]) -> None:
+        for block in held:
+            if block is not None and block.entry is not None:
+                self.dram.release(block.entry)
+
+    def _dram_held(self, entry: BlockEntry) -> HeldBlock:
+        return HeldBlock(self.dram.view(entry), entry.checksum, entry)
+
+    def _load(self, key: StoreKey, touch: bool) -> HeldBlock | None:
+        """Read one block from SSD (on a pool thread): into DRAM when promoting, else a buffer."""
+        assert self.ssd is not None
+        length = self.ssd.length_of(key)
+        if length is None:
+            return None
+        if self._promote and touch:
+            entry = self.dram.reserve(key, length)
+            if isinstance(entry, BlockEntry):
+                return self._promote_into(entry)
+            raced = self.dram.acquire(key, touch=False)  # promoted or put meanwhile?
+            if raced is not None:
+                return self._dram_held(raced)
+        buffer = memoryview(bytearray(length))  # not promoted: DRAM is full of pinned blocks
+        checksum = self.ssd.read_into(key, buffer, touch=touch)
+        return None if checksum is None else HeldBlock(buffer, checksum, None)
+
+    def _promote_into(self, entry: BlockEntry) -> HeldBlock | None:
+        """Read ``entry``'s block from SSD into its reserved DRAM slot; it stays pinned for the reader."""
+        assert self.ssd is not None
+        view = self.dram.view(entry)
+        checksum = self.ssd.read_into(entry.key, view)
+        if checksum is None:
+            self.dram.abort(entry)
+            return None
+        with self._delete_lock:
+            if self.ssd.contains(entry.key):
+                self.dram.commit(entry, checksum, keep_pin=True)
+                self._counters.add("ssd_promotions")
+                return self._dram_held(entry)
+        # deleted (or evicted from SSD) while read: serve this reader, keep no copy
+        private = memoryview(bytearray(view))
+        self.dram.abort(entry)
+        return HeldBlock(private, checksum, None)
