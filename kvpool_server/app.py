@@ -46,7 +46,7 @@ from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.index import StoreKey
-from kvpool_server.stats import Counters
+from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.demoter import Demoter
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
@@ -70,6 +70,7 @@ class Daemon:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.counters = Counters()
+        self.latencies = Latencies()
         self.limits = WireLimits(config.max_keys_per_request, config.max_block_size, config.max_frame_bytes)
         self._sessions: set[Session] = set()  # touched by every worker thread
         self._sessions_lock = threading.Lock()
@@ -144,7 +145,7 @@ class Daemon:
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
-            session = Session(channel, store, self.counters, session_config, lambda: self.presence.accepting_writes)
+            session = Session(channel, store, self.counters, self.latencies, session_config, lambda: self.presence.accepting_writes)
             with self._sessions_lock:
                 self._sessions.add(session)
             try:
@@ -191,7 +192,7 @@ class Daemon:
         cfg = self.config
         if cfg.metrics_port < 0:
             return -1
-        collector = KVPoolCollector(node_id, package_version(), store, self.counters, self.presence)
+        collector = KVPoolCollector(node_id, package_version(), store, self.counters, self.latencies, self.presence)
         try:
             self._metrics = MetricsServer(cfg.host, cfg.metrics_port, build_registry(collector))
         except OSError as exc:

@@ -16,12 +16,12 @@ from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvpool_client.membership.records import NodeState
 from kvpool_server.membership.registration import SessionState
-from kvpool_server.stats import Counters
+from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.store import TierReport
 
 # TierReport field -> help, each a counter family labelled by tier.
@@ -72,13 +72,23 @@ class KVPoolCollector(Collector):
         version: the package version, exported on ``kvpool_node_info``.
         tiers: the block store (anything with ``reports()``).
         counters: the daemon's named counters.
+        latencies: data-plane request durations per operation.
         presence: the node's presence (``state`` and ``session``).
     """
 
-    def __init__(self, node_id: str, version: str, tiers: TierSource, counters: Counters, presence: PresenceSource) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        version: str,
+        tiers: TierSource,
+        counters: Counters,
+        latencies: Latencies,
+        presence: PresenceSource,
+    ) -> None:
         self._info = {"node_id": node_id, "version": version}
         self._tiers = tiers
         self._counters = counters
+        self._latencies = latencies
         self._presence = presence
 
     def collect(self) -> Iterator[Metric]:
@@ -86,6 +96,7 @@ class KVPoolCollector(Collector):
         yield from self._node_families()
         yield from self._tier_families(self._tiers.reports(), values)
         yield from self._data_families(values)
+        yield self._latency_family()
         yield from self._other_counters(values)
 
     def _node_families(self) -> Iterator[Metric]:
@@ -145,6 +156,21 @@ class KVPoolCollector(Collector):
             if name.startswith("errors_"):
                 errors.add_metric([name.removeprefix("errors_")], value)
         yield errors
+
+    def _latency_family(self) -> Metric:
+        family = HistogramMetricFamily(
+            "kvpool_request_duration_seconds",
+            "data-plane request time from its header to the last reply byte sent, by operation",
+            labels=["op"],
+        )
+        bounds = [*(repr(b) for b in self._latencies.bounds), "+Inf"]
+        histograms = self._latencies.snapshot()
+        for op in _OPS:
+            histogram = histograms.get(op)
+            cumulative = histogram.cumulative() if histogram else [0] * len(bounds)
+            total = histogram.total if histogram else 0.0
+            family.add_metric([op], list(zip(bounds, cumulative)), total)
+        return family
 
     def _other_counters(self, values: dict[str, int]) -> Iterator[Metric]:
         for name, help_text in _PLAIN_COUNTERS.items():

@@ -1,9 +1,12 @@
-"""Named monotonic counters, kept per daemon and shown by GetStats."""
+"""Named monotonic counters and request latency histograms, kept per daemon."""
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import Counter
+from dataclasses import dataclass
+from itertools import accumulate
 
 
 class Counters:
@@ -29,3 +32,46 @@ class Counters:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)
+
+
+# Upper bounds in seconds: a small get on loopback takes ~100 us, a batch of MiBs ~10 ms.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Counts per bucket (the last is +Inf) and the sum of observed values."""
+
+    counts: list[int]
+    total: float = 0.0
+
+    def cumulative(self) -> list[int]:
+        return list(accumulate(self.counts))
+
+
+class Latencies:
+    """Request durations per operation, bucketed for a Prometheus histogram."""
+
+    __slots__ = ("_bounds", "_by_op", "_lock")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self._bounds = bounds
+        self._by_op: dict[str, Histogram] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        return self._bounds
+
+    def observe(self, op: str, seconds: float) -> None:
+        slot = bisect_left(self._bounds, seconds)
+        with self._lock:
+            histogram = self._by_op.get(op)
+            if histogram is None:
+                histogram = self._by_op[op] = Histogram([0] * (len(self._bounds) + 1))
+            histogram.counts[slot] += 1
+            histogram.total += seconds
+
+    def snapshot(self) -> dict[str, Histogram]:
+        with self._lock:
+            return {op: Histogram(list(h.counts), h.total) for op, h in self._by_op.items()}

@@ -20,6 +20,9 @@ Commands:
                               delete one block
   lookup TOKEN_FILE --namespace-model M --dtype D --layout L --block-size N
                               how many leading blocks of a token sequence are in the pool
+  top [--interval S] [--count N]
+                              live per-node view: use, hit rate, requests/s, bytes/s
+  completion bash|zsh         print a shell completion script
 
 Every command takes --nodes or --etcd/--cluster, --timeout and --json (machine-readable
 output on stdout). With --etcd the nodes are those registered in etcd, and --nodes is
@@ -50,7 +53,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from kvpool_client.admin import blocks, cluster, drain, watch
+from kvpool_client.admin import blocks, cluster, completion, drain, top, watch
 from kvpool_client.admin.exits import CliError, ExitCode, from_kvpool_error
 from kvpool_client.admin.inputs import (
     cluster_arg,
@@ -149,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     rm.set_defaults(run=blocks.run_rm)
 
     _add_lookup(command("lookup", "count the leading blocks of a token sequence that are in the pool"))
+
+    top_cmd = command("top", "live per-node view (use, hit rate, requests/s), refreshed until Ctrl-C")
+    top.add_arguments(top_cmd)
+    top_cmd.set_defaults(run=top.run_top)
+
+    completion_cmd = command("completion", "print a shell completion script: source <(kvpoolctl completion bash)")
+    completion.add_arguments(completion_cmd)
+    completion_cmd.set_defaults(run=completion.run_completion, parser=parser)
     return parser
 
 

@@ -17,6 +17,7 @@ Errors and the connection:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,7 +44,7 @@ from kvpool_client.wire import (
 )
 from kvpool_server.data.readahead import ReadAhead
 from kvpool_server.index import BlockEntry
-from kvpool_server.stats import Counters
+from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import checksum
 from kvpool_server.tiers.store import BlockStore, HeldBlock
 
@@ -80,6 +81,7 @@ class Session:
         channel: Channel,
         store: BlockStore,
         counters: Counters,
+        latencies: Latencies,
         config: SessionConfig,
         accepting_writes: Callable[[], bool],
     ) -> None:
@@ -88,6 +90,7 @@ class Session:
         self._store = store
         self._tier = store.dram  # writes go to DRAM
         self._counters = counters
+        self._latencies = latencies
         self._config = config
         self._accepting_writes = accepting_writes  # False while the node drains
         self.busy = False  # True while a request is in flight; shutdown waits for it
@@ -126,6 +129,7 @@ class Session:
         return True
 
     async def _dispatch(self, header: FrameHeader) -> None:
+        started = time.perf_counter()  # the header is in: meta, payload and reply are timed
         op = Op(header.op & 0x7F)
         meta = await self._reader.recv_exactly(header.meta_len)
         try:
@@ -148,6 +152,7 @@ class Session:
                 await self._delete(request)
             case PingRequest():
                 await self._channel.send([encode(PingResponse(request.request_id))])
+        self._latencies.observe(op.name.lower(), time.perf_counter() - started)
 
     async def _put(self, request: PutRequest) -> None:
         ns = request.namespace

@@ -50,6 +50,9 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     assert moved[("kvpool_data_bytes_total", (("direction", "out"), ("transport", "tcp")))] == len(keys) * 4096
     assert moved[("kvpool_requests_total", (("op", "put"),))] >= 1
     assert moved[("kvpool_requests_total", (("op", "get"),))] >= 1
+    gets_timed = moved[("kvpool_request_duration_seconds_count", (("op", "get"),))]
+    assert gets_timed == moved[("kvpool_requests_total", (("op", "get"),))], f"{gets_timed} gets timed"
+    assert moved[("kvpool_request_duration_seconds_sum", (("op", "get"),))] > 0
     (tier,) = stats.tiers
     assert after[dram("kvpool_tier_capacity_bytes")] == tier.capacity_bytes == 64 << 20
     assert after[dram("kvpool_tier_used_bytes")] == tier.used_bytes > 0

@@ -16,7 +16,7 @@ from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry
 from kvpool_server.metrics import KVPoolCollector, build_registry
-from kvpool_server.stats import Counters
+from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
@@ -62,7 +62,8 @@ def scrape(collector: KVPoolCollector) -> dict[tuple[str, tuple[tuple[str, str],
 def test_families_follow_the_tier_counters_and_presence(store: BlockStore, counters: Counters) -> None:
     tier = store.dram
     presence = FakePresence()
-    collector = KVPoolCollector("node-x", "1.2.3", store, counters, presence)
+    latencies = Latencies()
+    collector = KVPoolCollector("node-x", "1.2.3", store, counters, latencies, presence)
     before = scrape(collector)
     assert before[("kvpool_tier_capacity_bytes", (("tier", "dram"),))] == 64 * KiB
     assert before[("kvpool_tier_blocks", (("tier", "dram"),))] == 0
@@ -80,6 +81,8 @@ def test_families_follow_the_tier_counters_and_presence(store: BlockStore, count
     tier.release(found)
     assert tier.acquire(("ns", b"missing")) is None
     assert store.ssd is not None and store.ssd.write(("ns", b"a"), tier.view(found), found.checksum)
+    latencies.observe("get", 0.0003)
+    latencies.observe("get", 2.0)
     counters.add("bytes_in", 4096)
     counters.add("requests_put")
     counters.add("errors_not_found", 2)
@@ -96,6 +99,12 @@ def test_families_follow_the_tier_counters_and_presence(store: BlockStore, count
     assert after[("kvpool_tier_failing", (("tier", "ssd"),))] == 0
     assert after[("kvpool_data_bytes_total", (("direction", "in"), ("transport", "tcp")))] == 4096
     assert after[("kvpool_requests_total", (("op", "put"),))] == 1
+    assert after[("kvpool_request_duration_seconds_bucket", (("le", "0.00025"), ("op", "get")))] == 0
+    assert after[("kvpool_request_duration_seconds_bucket", (("le", "0.0005"), ("op", "get")))] == 1
+    assert after[("kvpool_request_duration_seconds_bucket", (("le", "+Inf"), ("op", "get")))] == 2
+    assert after[("kvpool_request_duration_seconds_count", (("op", "get"),))] == 2
+    assert after[("kvpool_request_duration_seconds_sum", (("op", "get"),))] == pytest.approx(2.0003)
+    assert after[("kvpool_request_duration_seconds_count", (("op", "put"),))] == 0
     assert after[("kvpool_errors_total", (("code", "not_found"),))] == 2
     states = {labels[0][1]: v for (name, labels), v in after.items() if name == "kvpool_node_state"}
     assert states == {"joining": 0, "active": 0, "draining": 1}
