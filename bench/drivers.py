@@ -18,7 +18,7 @@ import redis
 
 from bench import sockio
 from bench.workload import REGION_BYTES, BlockRef, region
-from kvpool_client import BlockKey, KVPoolClient, Namespace
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient, Namespace
 
 _DELETE_CHUNK = 1024
 
@@ -49,7 +49,8 @@ class KvpoolDriver:
     stores = True
 
     def __init__(self, endpoint: str) -> None:
-        self._client = KVPoolClient([endpoint])
+        # tcp: the baselines here are sockets; bench/transports.py compares tcp with shm.
+        self._client = KVPoolClient(config=ClientConfig(nodes=(endpoint,), transport="tcp"))
         self._namespace = Namespace("bench", "u8", "raw").id
 
     def prepare(self, refs: list[BlockRef], block_size: int) -> Any:

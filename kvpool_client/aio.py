@@ -27,6 +27,7 @@ from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
+from kvpool_client.transport.shm import SharedArena
 from kvpool_client.transport.tcp import open_async_connection
 from kvpool_client.wire import WireLimits
 
@@ -65,6 +66,7 @@ class _AsyncNode(NodeRecord[AsyncSocketChannel]):
 
     def forget(self) -> None:
         idle, self._idle, self._info = self._idle, [], None
+        self.reset_transport()
         for connection in idle:
             connection.close()
 
@@ -91,7 +93,7 @@ class AsyncKVPoolClient:
         self.config = config or ClientConfig(nodes=tuple(nodes or ()))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._nodes: dict[str, _AsyncNode] = {}
-        self._requests = batching.RequestFactory(self.config.verify_checksums)
+        self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)
         self._started: asyncio.Future[None] | None = None
@@ -138,6 +140,12 @@ class AsyncKVPoolClient:
 
     async def stats(self, address: str) -> pb.Stats:
         return await self._node_at(address).control.stats()
+
+    async def transport(self, address: str) -> str:
+        """The transport gets from the node at ``address`` use; see :meth:`KVPoolClient.transport`."""
+        node = self._node_at(address)
+        await node.info()
+        return node.transport()
 
     async def close(self) -> None:
         if self._membership is not None and self._started is not None:
@@ -231,6 +239,9 @@ class AsyncKVPoolClient:
         missing = operations.limits_to_fetch(members, self._cached_limits, self.breaker.gate())
         await asyncio.gather(*(self._fetch_info(m) for m in missing))
         return operations.known_limits(members, self._cached_limits)
+
+    def _shared_arena(self, member: Member) -> SharedArena | None:
+        return self._node(member).shared_arena()
 
     def _cached_limits(self, member: Member) -> WireLimits | None:
         return self._node(member).cached_limits()

@@ -19,7 +19,8 @@ from kvpool_client.errors import ErrorCode, KVPoolError, UsageError
 from kvpool_client.keys import BlockKey
 from kvpool_client.results import failure_code
 from kvpool_client.routing import Member, Router
-from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits
+from kvpool_client.transport.shm import SharedArena, SharedArenaUnavailable
+from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, LocateRequest, PutRequest, WireLimits
 
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
@@ -141,12 +142,23 @@ def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[m
     return [byte_view(b, writable=True) for b in into]
 
 
-class RequestFactory:
-    """Builds each op's exchange for a job, with request ids unique per client."""
+ArenaOf = Callable[[Member], SharedArena | None]
+"""The node's shared arena mapped here (the shm transport), or None to read over tcp."""
 
-    def __init__(self, verify_checksums: bool) -> None:
+
+class RequestFactory:
+    """Builds each op's exchange for a job, with request ids unique per client.
+
+    Args:
+        verify_checksums: check each block read against the node's checksum.
+        arena_of: the member's shared arena, when gets may copy from it; may raise
+            :class:`~kvpool_client.transport.shm.SharedArenaUnavailable` (shm required).
+    """
+
+    def __init__(self, verify_checksums: bool, arena_of: ArenaOf | None = None) -> None:
         self._ids = count(1)
         self._verify = verify_checksums
+        self._arena_of = arena_of
 
     def put(self, job: Job, views: Sequence[memoryview], limits: WireLimits) -> exchange.Exchange[list[int]]:
         blocks = [views[i] for i in job.indices]
@@ -157,8 +169,15 @@ class RequestFactory:
     def get(
         self, job: Job, targets: Sequence[memoryview | None], limits: WireLimits
     ) -> exchange.Exchange[tuple[list[int], list[memoryview | None]]]:
-        request = GetRequest(next(self._ids), job.namespace, job.hashes)
-        return exchange.get(request, [targets[i] for i in job.indices], limits, self._verify)
+        mine = [targets[i] for i in job.indices]
+        try:
+            arena = self._arena_of(job.member) if self._arena_of is not None else None
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        if arena is not None:
+            located = LocateRequest(next(self._ids), job.namespace, job.hashes)
+            return exchange.get_shared(located, mine, limits, self._verify, arena)
+        return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
 
     def exists(self, job: Job, limits: WireLimits, prefix: bool) -> exchange.Exchange[list[int]]:
         return exchange.exists(ExistsRequest(next(self._ids), job.namespace, job.hashes, prefix), limits)

@@ -37,6 +37,7 @@ from kvpool_client.placement_source import (
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
+from kvpool_client.transport.shm import SharedArena
 from kvpool_client.transport.tcp import TcpConnection
 from kvpool_client.wire import WireLimits
 
@@ -83,6 +84,7 @@ class _Node(NodeRecord[TcpConnection]):
         """After a failure: drop pooled connections and re-read the node's info next time."""
         with self._lock:
             idle, self._idle, self._info = self._idle, [], None
+            self.reset_transport()
         for connection in idle:
             connection.close()
 
@@ -116,7 +118,7 @@ class KVPoolClient:
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._requests = batching.RequestFactory(self.config.verify_checksums)
+        self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
         self._source: PlacementSource = (
             ThreadedMembershipSource(self.config)
             if self.config.uses_etcd and router is None
@@ -179,6 +181,16 @@ class KVPoolClient:
 
     def stats(self, address: str) -> pb.Stats:
         return self._node_at(address).control.stats()
+
+    def transport(self, address: str) -> str:
+        """The transport gets from the node at ``address`` use: ``shm`` (same node) or ``tcp``.
+
+        Raises:
+            SharedArenaUnavailable: ``transport="shm"`` is set and the node's arena cannot be mapped.
+        """
+        node = self._node_at(address)
+        node.info()
+        return node.transport()
 
     def close(self) -> None:
         close_source = getattr(self._source, "close", None)
@@ -278,6 +290,9 @@ class KVPoolClient:
         elif missing:
             self._fetch_info(missing[0])
         return operations.known_limits(members, self._cached_limits)
+
+    def _shared_arena(self, member: Member) -> SharedArena | None:
+        return self._node(member).shared_arena()
 
     def _cached_limits(self, member: Member) -> WireLimits | None:
         return self._node(member).cached_limits()

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from kvpool_client.errors import UsageError
 from kvpool_client.membership.records import MAX_REPLICAS, check_name
 
+TRANSPORTS = ("auto", "tcp", "shm")  # how gets move bytes; see ClientConfig.transport
+
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
@@ -30,8 +32,14 @@ class ClientConfig:
         write_quorum: owners that must store a key for a put to succeed; None: the
             cluster config's in etcd, else 1. Clamped to the owners placed.
         io_threads: threads the blocking client uses to talk to several nodes at once.
+        transport: how gets move block bytes: ``auto`` copies them out of a
+            node's shared-memory arena when the node runs on this machine (``shm``)
+            and uses ``tcp`` otherwise; ``tcp`` always uses the socket; ``shm``
+            requires the arena, and a node that offers none fails its gets with
+            ``UNAVAILABLE``. Puts and everything else go over tcp.
     Raises:
-        UsageError: no nodes and no etcd, a non-positive timeout, or R/quorum out of range.
+        UsageError: no nodes and no etcd, a non-positive timeout, R/quorum out of
+            range, or an unknown transport.
     """
 
     nodes: tuple[str, ...] = field(default_factory=tuple)
@@ -44,6 +52,7 @@ class ClientConfig:
     replicas: int | None = None
     write_quorum: int | None = None
     io_threads: int = 8
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("nodes", "etcd_endpoints"):
@@ -63,6 +72,8 @@ class ClientConfig:
             raise UsageError("max_idle_connections must be >= 0")
         if self.io_threads < 1:
             raise UsageError("io_threads must be >= 1")
+        if self.transport not in TRANSPORTS:
+            raise UsageError(f"transport must be one of {', '.join(TRANSPORTS)}, not {self.transport!r}")
         try:
             check_name("cluster name", self.cluster)
         except ValueError as exc:
@@ -92,8 +103,8 @@ class ClientConfig:
         """Settings from the environment, then ``overrides``.
 
         Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
-        ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM`` and
-        ``KVPOOL_REQUEST_TIMEOUT_S``.
+        ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM``,
+        ``KVPOOL_REQUEST_TIMEOUT_S`` and ``KVPOOL_TRANSPORT`` (auto, tcp or shm).
 
         Raises:
             UsageError: a malformed number, or an invalid combination (see the class).
@@ -106,6 +117,8 @@ class ClientConfig:
             values["etcd_endpoints"] = _split(env["KVPOOL_ETCD_ENDPOINTS"])
         if env.get("KVPOOL_CLUSTER"):
             values["cluster"] = env["KVPOOL_CLUSTER"].strip()
+        if env.get("KVPOOL_TRANSPORT"):
+            values["transport"] = env["KVPOOL_TRANSPORT"].strip().lower()
         for name, var, kind in (
             ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
             ("replicas", "KVPOOL_REPLICAS", int),

@@ -18,18 +18,29 @@ ERROR_CODE_METADATA = "kvpool-error-code"
 
 
 @dataclass(frozen=True, slots=True)
+class SharedArenaInfo:
+    """The node's DRAM arena, which a client on the same node may map read-only (``shm``)."""
+
+    arena_path: str
+    generations_offset: int  # the slot generations' header, inside the arena file
+    arena_id: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """A node as its GetServerInfo describes it."""
 
     address: str  # control plane, host:port
     node_id: str
-    data_endpoints: dict[str, str]  # transport -> host:port
+    data_endpoints: dict[str, str]  # transport -> host:port (shm: the arena's path)
     limits: WireLimits
     protocol_version: int
     version: str = ""
     state: str = ""
     dram_capacity_bytes: int = 0
     started_at_unix_s: float = 0.0
+    shared_arena: SharedArenaInfo | None = None
 
     @classmethod
     def from_proto(cls, address: str, info: pb.ServerInfo) -> NodeInfo:
@@ -40,6 +51,10 @@ class NodeInfo:
             )
         limits = WireLimits(info.limits.max_keys, info.limits.max_block_size, info.limits.max_payload)
         endpoints = {e.transport: e.address for e in info.endpoints}
+        arena = info.shared_arena if info.HasField("shared_arena") else None
+        shared = None if arena is None else SharedArenaInfo(
+            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes
+        )
         return cls(
             address,
             info.node_id,
@@ -50,6 +65,7 @@ class NodeInfo:
             state=info.state,
             dram_capacity_bytes=info.dram_capacity_bytes,
             started_at_unix_s=info.started_at_unix_s,
+            shared_arena=shared,
         )
 
 

@@ -16,7 +16,8 @@ from typing import Any, Protocol, TypeVar
 
 import xxhash
 
-from kvpool_client.errors import ErrorCode, ProtocolError, error_for_code
+from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
+from kvpool_client.transport.shm import Location, SharedArena
 from kvpool_client.wire import (
     HEADER_SIZE,
     DeleteRequest,
@@ -24,6 +25,8 @@ from kvpool_client.wire import (
     ExistsRequest,
     GetRequest,
     GetResponse,
+    LocateRequest,
+    LocateResponse,
     Op,
     PingRequest,
     PingResponse,
@@ -175,6 +178,74 @@ def get(
     return statuses, filled
 
 
+def get_shared(
+    request: LocateRequest,
+    targets: Sequence[memoryview | None],
+    limits: WireLimits,
+    verify: bool,
+    arena: SharedArena,
+) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+    """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire.
+
+    The node says where each block lies (LOCATE); each is copied into its target
+    and kept only if its slot's generation did not change meanwhile. Blocks whose
+    slot was reused during the copy, and blocks the node holds outside the arena,
+    are fetched with one GET on the same connection. An answer for another arena
+    (the node restarted) marks ``arena`` stale and fetches everything with GET.
+    """
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.LOCATE, limits, _locate_meta(len(request.hashes)))
+    if not isinstance(response, LocateResponse) or len(response.statuses) != len(targets):
+        raise ProtocolError(f"expected {len(targets)} LOCATE results, got {response!r}")
+    if response.arena_id != arena.arena_id:
+        arena.stale = True  # the node restarted: its arena is another file now
+        count = len(targets)
+        filled: list[memoryview | None] = [None] * count
+        statuses, again = [int(ErrorCode.NOT_IN_ARENA)] * count, list(range(count))
+    else:
+        statuses, filled, again = _copy_located(response, targets, arena, verify)
+    if again:
+        rest = GetRequest(request.request_id, request.namespace, [request.hashes[i] for i in again])
+        codes, views = yield from get(rest, [targets[i] for i in again], limits, verify)
+        for i, code, view in zip(again, codes, views):
+            statuses[i], filled[i] = code, view
+    return statuses, filled
+
+
+def _copy_located(
+    response: LocateResponse, targets: Sequence[memoryview | None], arena: SharedArena, verify: bool
+) -> tuple[list[int], list[memoryview | None], list[int]]:
+    """Copy each located block into its target: (statuses, filled buffers, indices to GET instead)."""
+    statuses = list(response.statuses)
+    filled: list[memoryview | None] = [None] * len(targets)
+    copied: list[tuple[int, Location]] = []
+    for i, target in enumerate(targets):
+        if statuses[i] != ErrorCode.OK:
+            continue
+        location = Location(response.offsets[i], response.lengths[i], response.generations[i])
+        target = memoryview(bytearray(location.length)) if target is None else target
+        if len(target) != location.length:
+            statuses[i] = ErrorCode.SIZE_MISMATCH
+            continue
+        arena.copy_into(location, target)
+        filled[i] = target
+        copied.append((i, location))
+    again = [i for i, status in enumerate(statuses) if status == ErrorCode.NOT_IN_ARENA]
+    for i, location in copied:  # each check comes after its copy: a reuse during it shows
+        if not arena.unchanged(location):
+            filled[i] = None
+            again.append(i)
+        elif verify and xxhash.xxh3_64_intdigest(filled[i]) != response.checksums[i]:
+            statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
+    return statuses, filled, sorted(again)
+
+
+def fail(error: KVPoolError) -> Exchange[Any]:
+    """An exchange that fails with ``error`` before any I/O (e.g. a required transport is missing)."""
+    raise error
+    yield  # unreachable: makes this a generator, so the error surfaces when it is run
+
+
 def exists(request: ExistsRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
     response = yield from _response(request.request_id, Op.EXISTS, limits, _status_meta(len(request.hashes)))
@@ -227,6 +298,10 @@ def _status_meta(count: int) -> int:
 
 def _get_meta(count: int) -> int:
     return 4 + 13 * count  # count u32, status u8 + length u32 + checksum u64 per key
+
+
+def _locate_meta(count: int) -> int:
+    return 12 + 29 * count  # count u32, arena id u64; status u8, offset, checksum, generation u64, length u32 per key
 
 
 def _statuses(response: Response, count: int) -> list[int]:

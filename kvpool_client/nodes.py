@@ -1,7 +1,9 @@
 """What both clients keep per node, minus the I/O: its member, cached info and idle connections.
 
 :class:`NodeRecord` is the I/O-free base of the blocking and asyncio node objects;
-they add fetching the info and opening, pooling and closing connections.
+they add fetching the info and opening, pooling and closing connections. The
+record also negotiates the transport gets use: the node's shared arena when it can
+be mapped here (``shm``), else ``tcp``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import NodeInfo
 from kvpool_client.routing import Member
+from kvpool_client.transport.shm import SharedArena, open_shared_arena
 from kvpool_client.wire import WireLimits
 
 C = TypeVar("C")  # a pooled data connection
@@ -27,6 +30,39 @@ class NodeRecord(Generic[C]):
         self._config = config
         self._info: NodeInfo | None = None
         self._idle: list[C] = []
+        self._arena: SharedArena | None = None
+        self._arena_tried = False
+
+    def shared_arena(self) -> SharedArena | None:
+        """The node's arena mapped here when the transport setting allows it; None: use tcp.
+
+        Decided once per info read (None before the info is read). An arena the node
+        no longer serves (it restarted) is dropped with the info, so the next
+        operation reads the info again and maps the new arena.
+
+        Raises:
+            SharedArenaUnavailable: the ``shm`` transport is required and unusable.
+        """
+        info = self._info
+        if info is None:
+            return None
+        arena = self._arena
+        if arena is not None and arena.stale:
+            self._info = None
+            self.reset_transport()
+            return None
+        if not self._arena_tried:
+            arena = self._arena = open_shared_arena(info.shared_arena, self._config.transport)
+            self._arena_tried = True
+        return arena
+
+    def transport(self) -> str:
+        """The transport gets use now: ``shm`` or ``tcp``."""
+        return "shm" if self.shared_arena() is not None else "tcp"
+
+    def reset_transport(self) -> None:
+        """Negotiate again next time (after a failure, or when the info is re-read)."""
+        self._arena, self._arena_tried = None, False
 
     def cached_limits(self) -> WireLimits | None:
         """The node's limits if its info was read (and not forgotten since), else None."""

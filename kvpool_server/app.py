@@ -33,9 +33,10 @@ from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.wire import WireLimits
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
+from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
-from kvpool_server.control.service import ControlService, NodeIdentity
+from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
 from kvpool_server.data.session import Session, SessionConfig
 from kvpool_server.data.tcp import TcpListener
 from kvpool_server.data.workers import LoopThread
@@ -45,9 +46,8 @@ from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
-from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters, Latencies
-from kvpool_server.tiers.demoter import Demoter
+from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
@@ -76,6 +76,7 @@ class Daemon:
         self._sessions_lock = threading.Lock()
         self._workers: list[LoopThread] = []
         self._arena: SharedArena | None = None
+        self._generations: SlotGenerations | None = None
         self._store: BlockStore | None = None
         self._demoter: Demoter | None = None
         self._data: TcpListener | None = None
@@ -93,13 +94,15 @@ class Daemon:
         assert self._data is not None
         grpc_port = self._bind_grpc()
         resolved = self.config.resolved(grpc_port)
+        shared = self._shared_arena()
         identity = NodeIdentity(
             node_id=resolved.node_id,
             version=package_version(),
-            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"),),
+            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"), ("shm", shared.arena_path)),
             limits=self.limits,
             slab_size=self.config.slab_size,
             started_at=time.time(),
+            shared_arena=shared,
         )
         await self._start_control_plane(store, identity)
         metrics_port = self._start_metrics(store, identity.node_id)
@@ -116,22 +119,28 @@ class Daemon:
         for stale in remove_stale_arenas(cfg.shm_dir):
             log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
         name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
-        self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena)
+        extra = SlotGenerations.region_bytes(cfg.dram_capacity)
+        self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena, extra=extra)
+        arena_id = int.from_bytes(os.urandom(8), "little") or 1  # tells this arena from a restarted daemon's
+        self._generations = SlotGenerations(self._arena.extra, cfg.dram_capacity, arena_id)
         ssd = await asyncio.to_thread(self._open_ssd) if cfg.ssd_dir else None  # scans segments
-        on_evict = None
-        if ssd is not None:
-            def on_evict(key: StoreKey) -> None:
-                if not ssd.contains(key):
-                    self.counters.add("dram_evictions_lost")  # the demoter had not reached it
+        on_evict = count_lost_evictions(ssd, self.counters) if ssd is not None else None
         allocator = SlabAllocator(cfg.dram_capacity, cfg.slab_size)
         policy = POLICIES[cfg.eviction_policy]
-        dram = DramTier(self._arena, allocator, self.counters, policy_factory=policy, on_evict=on_evict)
+        dram = DramTier(self._arena, allocator, self.counters, policy_factory=policy, on_evict=on_evict,
+                        generations=self._generations)
         self._store = BlockStore(dram, ssd, self.counters, promote_on_hit=cfg.ssd_promote_on_hit,
-                                 io_threads=cfg.ssd_io_threads)
+                                 write_through=cfg.ssd_write_through, io_threads=cfg.ssd_io_threads)
         if ssd is not None:
             self._demoter = Demoter(self._store, cfg.ssd_demote_share)
             self._demoter.start()
         return self._store
+
+    def _shared_arena(self) -> SharedArenaIdentity:
+        """The arena as same-node clients map it (the ``shm`` transport)."""
+        assert self._arena is not None and self._generations is not None
+        arena = self._arena
+        return SharedArenaIdentity(str(arena.path), arena.capacity, self._generations.arena_id, arena.capacity)
 
     def _open_ssd(self) -> SsdTier:
         cfg = self.config
@@ -285,6 +294,8 @@ class Daemon:
             await asyncio.to_thread(self._metrics.stop, max(0.1, min(1.0, deadline - time.monotonic())))
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
+        if self._generations is not None:
+            self._generations.close()
         if self._arena is not None:
             try:
                 self._arena.close()

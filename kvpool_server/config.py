@@ -76,6 +76,7 @@ class ServerConfig:
     ssd_fsync: bool = _opt(False, "fdatasync each SSD write: blocks survive power loss, not only a crash")
     ssd_io_threads: int = _opt(4, "threads that read blocks from the SSD tier")
     ssd_demote_share: float = _opt(0.25, "coldest share of each DRAM size class copied to SSD ahead of eviction")
+    ssd_write_through: bool = _opt(False, "acknowledge a put once its blocks are on SSD: they survive a crash; puts go at disk speed")
     ssd_promote_on_hit: bool = _opt(True, "copy a block served from SSD back into DRAM")
     ssd_gc_live_ratio: float = _opt(0.5, "compact an SSD segment once its live share falls below this")
     ssd_flush_on_shutdown: bool = _opt(True, "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm")

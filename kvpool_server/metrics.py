@@ -39,7 +39,7 @@ _TIER_NAMED_COUNTERS = {
     "blocks_written": "blocks committed",
     "deletes": "blocks deleted on request",
 }
-_OPS = ("put", "get", "exists", "delete", "ping")
+_OPS = ("put", "get", "exists", "delete", "ping", "locate")
 _PLAIN_COUNTERS = {
     "handoff_started": "hand-offs of this node's blocks started (drain with hand-off)",
     "handoff_finished": "hand-offs finished",
@@ -146,6 +146,7 @@ class KVPoolCollector(Collector):
         data = CounterMetricFamily("kvpool_data_bytes", "block payload bytes moved", labels=["direction", "transport"])
         data.add_metric(["in", "tcp"], values.get("bytes_in", 0))
         data.add_metric(["out", "tcp"], values.get("bytes_out", 0))
+        data.add_metric(["out", "shm"], values.get("bytes_out_shm", 0))  # located for same-node readers
         yield data
         requests = CounterMetricFamily("kvpool_requests", "data-plane requests by operation", labels=["op"])
         for op in _OPS:

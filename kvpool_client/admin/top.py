@@ -107,6 +107,11 @@ def _bytes_rate(value: float) -> str:
     return fmt.size(int(value))
 
 
+def _bytes_out(report: NodeReport) -> int:
+    """Block bytes served: over TCP, and located for same-node readers to copy (shm)."""
+    return _counter(report, "bytes_out") + _counter(report, "bytes_out_shm")
+
+
 def _requests(report: NodeReport) -> int:
     assert report.stats is not None
     return sum(int(v) for k, v in report.stats.counters.items() if k.startswith("requests_"))
@@ -141,7 +146,7 @@ def node_row(current: Sample, previous: Sample | None) -> NodeRow:
         hit_rate=hits / (hits + misses) if hits + misses else None,
         requests_per_s=(_requests(report) - _requests(before)) / elapsed,
         bytes_in_per_s=(_counter(report, "bytes_in") - _counter(before, "bytes_in")) / elapsed,
-        bytes_out_per_s=(_counter(report, "bytes_out") - _counter(before, "bytes_out")) / elapsed,
+        bytes_out_per_s=(_bytes_out(report) - _bytes_out(before)) / elapsed,
     )
 
 

@@ -26,6 +26,18 @@ class DataEndpoint(_message.Message):
     address: str
     def __init__(self, transport: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
+class SharedArena(_message.Message):
+    __slots__ = ("arena_path", "generations_offset", "arena_id", "capacity_bytes")
+    ARENA_PATH_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    arena_path: str
+    generations_offset: int
+    arena_id: int
+    capacity_bytes: int
+    def __init__(self, arena_path: _Optional[str] = ..., generations_offset: _Optional[int] = ..., arena_id: _Optional[int] = ..., capacity_bytes: _Optional[int] = ...) -> None: ...
+
 class WireLimits(_message.Message):
     __slots__ = ("max_keys", "max_block_size", "max_payload")
     MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -37,7 +49,7 @@ class WireLimits(_message.Message):
     def __init__(self, max_keys: _Optional[int] = ..., max_block_size: _Optional[int] = ..., max_payload: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s", "ssd_capacity_bytes")
+    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s", "ssd_capacity_bytes", "shared_arena")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +60,7 @@ class ServerInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_ARENA_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     protocol_version: int
@@ -58,7 +71,8 @@ class ServerInfo(_message.Message):
     state: str
     started_at_unix_s: float
     ssd_capacity_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ssd_capacity_bytes: _Optional[int] = ...) -> None: ...
+    shared_arena: SharedArena
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ssd_capacity_bytes: _Optional[int] = ..., shared_arena: _Optional[_Union[SharedArena, _Mapping]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("namespace", "hashes")

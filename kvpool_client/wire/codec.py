@@ -14,10 +14,12 @@ Layout (little endian)::
             request_id u64 | meta_len u32 | payload_len u64
     keys    ns_len u8 | namespace utf-8 | hash_size u8 | count u32 | count*hash_size
     PUT     keys | count*u32 lengths | has_depths u8 | has_depths ? count*u32 chain depths
-    GET/DEL keys
+    GET/DEL/LOCATE keys
     EXISTS  prefix u8 | keys
     status  count u32 | count*u8 statuses                  (PUT/EXISTS/DELETE responses)
     GET rsp count u32 | count*u8 statuses | count*u32 lengths | count*u64 checksums
+    LOCATE rsp  count u32 | arena_id u64 | count*u8 statuses | count*u64 offsets |
+            count*u32 lengths | count*u64 checksums | count*u64 generations
     ERROR   utf-8 message (header.status holds the code)
 """
 
@@ -39,6 +41,8 @@ from kvpool_client.wire.frames import (
     FrameHeader,
     GetRequest,
     GetResponse,
+    LocateRequest,
+    LocateResponse,
     Message,
     Op,
     PingRequest,
@@ -106,6 +110,8 @@ def _encode_meta(message: Message) -> tuple[int, int, bytes]:
             return Op.DELETE, 0, _encode_keys(ns, hashes)
         case PingRequest():
             return Op.PING, 0, b""
+        case LocateRequest(namespace=ns, hashes=hashes):
+            return Op.LOCATE, 0, _encode_keys(ns, hashes)
         case StatusResponse(op=op, statuses=statuses):
             if op not in _STATUS_OPS:
                 raise ProtocolError(f"{Op(op).name} is not answered by per-key statuses")
@@ -114,6 +120,8 @@ def _encode_meta(message: Message) -> tuple[int, int, bytes]:
             return Op.GET | RESPONSE_BIT, 0, _encode_get_response(statuses, lengths, checksums)
         case PingResponse():
             return Op.PING | RESPONSE_BIT, 0, b""
+        case LocateResponse():
+            return Op.LOCATE | RESPONSE_BIT, 0, _encode_locate_response(message)
         case ErrorResponse(op=op, code=code, message=text):
             if not 0 < code <= 0xFFFF:
                 raise ProtocolError(f"error code {code} outside 1..65535")
@@ -142,6 +150,21 @@ def _encode_get_response(statuses: Sequence[int], lengths: Sequence[int], checks
     if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
         raise ProtocolError("a key that is not OK cannot carry payload bytes")
     return _U32.pack(count) + _statuses(statuses) + _pack_array("I", lengths) + _pack_array("Q", sums)
+
+
+def _encode_locate_response(message: LocateResponse) -> bytes:
+    m, count = message, len(message.statuses)
+    if not len(m.offsets) == len(m.lengths) == len(m.checksums) == len(m.generations) == count:
+        raise ProtocolError("statuses, offsets, lengths, checksums and generations differ in length")
+    if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(m)):
+        raise ProtocolError("a key that is not OK cannot carry a location")
+    arrays = (_pack_array("Q", m.offsets), _pack_array("I", m.lengths), _pack_array("Q", m.checksums))
+    return b"".join([_U32.pack(count), _pack_array("Q", [m.arena_id]), _statuses(m.statuses), *arrays,
+                     _pack_array("Q", m.generations)])
+
+
+def _locations(m: LocateResponse) -> zip[tuple[int, int, int, int, int]]:
+    return zip(m.statuses, m.offsets, m.lengths, m.checksums, m.generations)
 
 
 def _statuses(statuses: Sequence[int]) -> bytes:
@@ -237,7 +260,7 @@ def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Me
         return ExistsRequest(rid, *_decode_keys(reader, limits), prefix=bool(prefix))
     if op is Op.PING:
         return PingRequest(rid)
-    request = GetRequest if op is Op.GET else DeleteRequest
+    request = {Op.GET: GetRequest, Op.LOCATE: LocateRequest}.get(op, DeleteRequest)
     return request(rid, *_decode_keys(reader, limits))
 
 
@@ -247,6 +270,8 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
         return ErrorResponse(rid, op, status, text)
     if op is Op.PING:
         return PingResponse(rid)
+    if op is Op.LOCATE:
+        return _decode_locate_response(rid, reader, limits)
     count = reader.count(limits)
     statuses = list(reader.take(count))
     if op is not Op.GET:
@@ -258,6 +283,19 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
     if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
         raise ProtocolError("a key that is not OK carries payload bytes")
     return GetResponse(rid, statuses, lengths, checksums)
+
+
+def _decode_locate_response(rid: int, reader: _Reader, limits: WireLimits) -> LocateResponse:
+    count = reader.count(limits)
+    (arena_id,) = reader.array("Q", 1)
+    statuses = list(reader.take(count))
+    offsets, lengths = reader.array("Q", count), reader.array("I", count)
+    message = LocateResponse(rid, arena_id, statuses, offsets, lengths, reader.array("Q", count), reader.array("Q", count))
+    if any(n > limits.max_block_size for n in lengths):
+        raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
+    if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(message)):
+        raise ProtocolError("a key that is not OK carries a location")
+    return message
 
 
 def _decode_keys(reader: _Reader, limits: WireLimits) -> tuple[str, list[bytes]]:

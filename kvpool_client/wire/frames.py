@@ -28,6 +28,7 @@ class Op(enum.IntEnum):
     EXISTS = 3
     DELETE = 4
     PING = 5
+    LOCATE = 6  # where blocks lie in the node's shared arena (same-node readers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,15 @@ class DeleteRequest:
 
 
 @dataclass(slots=True)
+class LocateRequest:
+    """Ask where each block lies in the node's shared-memory arena (no payload moves)."""
+
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+
+
+@dataclass(slots=True)
 class PingRequest:
     request_id: int
 
@@ -128,6 +138,24 @@ class GetResponse:
 
 
 @dataclass(slots=True)
+class LocateResponse:
+    """Per key: status, and for an OK key where its bytes lie in the arena ``arena_id``.
+
+    ``generations[i]`` is the slot's generation while the block was held; a reader
+    that copied the bytes and then still sees it knows the slot was not reused.
+    Every field of a key that is not OK is 0. No payload follows.
+    """
+
+    request_id: int
+    arena_id: int
+    statuses: list[int]
+    offsets: list[int]
+    lengths: list[int]
+    checksums: list[int]
+    generations: list[int]
+
+
+@dataclass(slots=True)
 class PingResponse:
     request_id: int
 
@@ -142,6 +170,6 @@ class ErrorResponse:
     message: str
 
 
-Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest
-Response = StatusResponse | GetResponse | PingResponse | ErrorResponse
+Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest | LocateRequest
+Response = StatusResponse | GetResponse | PingResponse | ErrorResponse | LocateResponse
 Message = Request | Response

@@ -30,21 +30,23 @@ class SharedArena:
         capacity: bytes to map.
         prefault: allocate and map every page now, so that missing memory fails at
             start and the hot path takes no page faults.
+        extra: bytes mapped past ``capacity``, outside the blocks: bookkeeping that
+            same-node readers map along with them (the slot generations).
 
     Raises:
         OSError: the file exists already, or the memory cannot be reserved.
     """
 
-    def __init__(self, directory: str, name: str, capacity: int, prefault: bool = True) -> None:
+    def __init__(self, directory: str, name: str, capacity: int, prefault: bool = True, extra: int = 0) -> None:
         self.path = Path(directory) / name
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process exits
-            os.posix_fallocate(fd, 0, capacity)
+            os.posix_fallocate(fd, 0, capacity + extra)
             # MAP_POPULATE maps every page now: a first write into a fresh slot would
             # otherwise take one page fault per 4 KiB and halve put throughput.
             flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if prefault else 0)
-            self._map = mmap.mmap(fd, capacity, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = mmap.mmap(fd, capacity + extra, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)
@@ -52,6 +54,7 @@ class SharedArena:
         self._fd = fd
         self.capacity = capacity
         self.view = memoryview(self._map)
+        self.extra = self.view[capacity:]
 
     def slice(self, offset: int, length: int) -> memoryview:
         return self.view[offset : offset + length]
@@ -67,6 +70,7 @@ class SharedArena:
             BufferError: views of the arena are still alive (the file is removed anyway).
         """
         self.path.unlink(missing_ok=True)
+        self.extra.release()
         self.view.release()
         self._map.close()
         os.close(self._fd)

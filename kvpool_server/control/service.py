@@ -27,15 +27,26 @@ ERROR_CODE_METADATA = "kvpool-error-code"
 
 
 @dataclass(frozen=True, slots=True)
+class SharedArenaIdentity:
+    """Where same-node clients find the arena to map read-only."""
+
+    arena_path: str
+    generations_offset: int
+    arena_id: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeIdentity:
     """What GetServerInfo reports about this daemon."""
 
     node_id: str
     version: str
-    endpoints: tuple[tuple[str, str], ...]  # (transport, "host:port")
+    endpoints: tuple[tuple[str, str], ...]  # (transport, "host:port" or the arena path for shm)
     limits: WireLimits
     slab_size: int
     started_at: float
+    shared_arena: SharedArenaIdentity | None = None
 
 
 class ControlService(kvpool_pb2_grpc.KVPoolServicer):
@@ -72,6 +83,7 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             ),
             state=str(self._presence.state),
             started_at_unix_s=ident.started_at,
+            shared_arena=_shared_arena(ident.shared_arena),
         )
 
     async def Exists(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.ExistsResponse:
@@ -120,6 +132,13 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         code = ErrorCode.INVALID_ARGUMENT if status in caller_errors else ErrorCode.INTERNAL
         context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(code))),))
         await context.abort(status, message)
+
+
+def _shared_arena(arena: SharedArenaIdentity | None) -> pb.SharedArena | None:
+    if arena is None:
+        return None
+    return pb.SharedArena(arena_path=arena.arena_path, generations_offset=arena.generations_offset,
+                          arena_id=arena.arena_id, capacity_bytes=arena.capacity_bytes)
 
 
 def _tier_stats(report: TierReport) -> pb.TierStats:

@@ -31,6 +31,8 @@ from kvpool_client.wire import (
     FrameHeader,
     GetRequest,
     GetResponse,
+    LocateRequest,
+    LocateResponse,
     Op,
     PingRequest,
     PingResponse,
@@ -152,6 +154,8 @@ class Session:
                 await self._delete(request)
             case PingRequest():
                 await self._channel.send([encode(PingResponse(request.request_id))])
+            case LocateRequest():
+                await self._locate(request)
         self._latencies.observe(op.name.lower(), time.perf_counter() - started)
 
     async def _put(self, request: PutRequest) -> None:
@@ -171,9 +175,12 @@ class Session:
             raise
         # Commit the chain's tail first: LRU then evicts tails before heads (a head
         # without its tail is still a usable prefix; a tail without its head is not).
-        for outcome in reversed(outcomes):
-            if isinstance(outcome, BlockEntry):
-                self._tier.commit(outcome)
+        stored = [o for o in reversed(outcomes) if isinstance(o, BlockEntry)]
+        write_through = self._store.write_through
+        for entry in stored:
+            self._tier.commit(entry, keep_pin=write_through)
+        if write_through and stored:
+            await self._store.persist(stored)  # acknowledged once on SSD
         statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
         self._counters.add("bytes_in", sum(request.lengths))
         await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
@@ -215,6 +222,36 @@ class Session:
             self._counters.add("bytes_out", sum(lengths))
         finally:
             self._store.release(held)
+
+    async def _locate(self, request: LocateRequest) -> None:
+        """Say where each block lies in the shared arena; the same-node client copies it itself.
+
+        Each block is held only while its location and slot generation are read:
+        the reader detects a reuse of the slot by the generation, not by a pin.
+        """
+        generations = self._tier.generations
+        if generations is None:
+            await self._send_error(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))
+            return
+        held = await self._store.acquire([(request.namespace, h) for h in request.hashes])
+        try:
+            rows = [self._location(block) for block in held]
+        finally:
+            self._store.release(held)
+        columns = [list(column) for column in zip(*rows)] or [[] for _ in range(5)]
+        response = LocateResponse(request.request_id, generations.arena_id, *columns)
+        self._counters.add("bytes_out_shm", sum(response.lengths))
+        await self._channel.send([encode(response)])
+
+    def _location(self, block: HeldBlock | None) -> tuple[int, int, int, int, int]:
+        """(status, offset, length, checksum, generation) of a held block; zeros unless OK."""
+        status = self._check(block)
+        if status is not ErrorCode.OK or block is None:
+            return int(status), 0, 0, 0, 0
+        entry = block.entry
+        if entry is None:  # read from SSD into a private buffer: not in the arena
+            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
+        return int(status), entry.offset, entry.length, entry.checksum, self._tier.generation(entry)
 
     def _check(self, block: HeldBlock | None) -> ErrorCode:
         if block is None:

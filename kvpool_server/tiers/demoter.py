@@ -117,7 +117,7 @@ class Demoter:
         assert ssd is not None
         if entry.unlinked:
             return False
-        written = ssd.write(entry.key, self._store.dram.view(entry), entry.checksum)
+        written = ssd.write(entry.key, self._store.dram.view(entry), entry.checksum, entry.depth)
         if written and entry.unlinked and ssd.forget(entry.key):
             ssd.bury(entry.key)  # deleted while being written: it must not come back
         return written

@@ -17,6 +17,7 @@ import xxhash
 
 from kvpool_client.errors import ErrorCode
 from kvpool_server.alloc.arena import SharedArena
+from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import Allocation, SlabAllocator
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
@@ -41,6 +42,7 @@ class DramTier:
         counters: where hits, misses and evictions are counted (``dram_*``).
         policy_factory: builds the eviction order for each size class.
         on_evict: told the key of every evicted block, under the tier's lock (keep it cheap).
+        generations: slot generations for same-node readers, bumped on every free.
     """
 
     def __init__(
@@ -50,8 +52,10 @@ class DramTier:
         counters: Counters,
         policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
         on_evict: Callable[[StoreKey], None] | None = None,
+        generations: SlotGenerations | None = None,
     ) -> None:
         self._on_evict = on_evict
+        self.generations = generations
         self._arena = arena
         self._alloc = allocator
         self._counters = counters
@@ -144,6 +148,10 @@ class DramTier:
     def view(self, entry: BlockEntry) -> memoryview:
         """The block's bytes in the arena (writable while ``WRITING``)."""
         return self._arena.slice(entry.offset, entry.length)
+
+    def generation(self, entry: BlockEntry) -> int:
+        """The generation of ``entry``'s slot (0 without generations); stable while it is pinned."""
+        return 0 if self.generations is None else self.generations.get(entry.offset)
 
     def contains(self, key: StoreKey) -> bool:
         entry = self._index.get(key)  # one dict read: atomic under the GIL
@@ -305,4 +313,6 @@ class DramTier:
 
     def _free(self, entry: BlockEntry) -> None:
         del self._by_offset[entry.offset]
+        if self.generations is not None:  # before the slot can be handed out again
+            self.generations.bump(entry.offset)
         self._alloc.free(entry.offset)

@@ -170,12 +170,13 @@ class SsdTier:
 
     # -- writes (blocking) ----------------------------------------------------
 
-    def write(self, key: StoreKey, payload: memoryview, checksum: int) -> bool:
+    def write(self, key: StoreKey, payload: memoryview, checksum: int, depth: int = 0) -> bool:
         """Store one block demoted from DRAM.
 
         Args:
             checksum: the block's xxh3-64 as DRAM knows it; recorded as is, so bytes
                 that changed in memory since then read back as corrupt, not as good.
+            depth: the block's depth in its prefix chain, for the eviction policy.
 
         Returns:
             True when stored; False when the key is already here, the tier is paused
@@ -191,7 +192,7 @@ class SsdTier:
             if location is None:
                 return False
             with self._lock:
-                self._add(key, _Record(location, checksum, len(payload)))
+                self._add(key, _Record(location, checksum, len(payload)), depth)
         self._counters.add("ssd_demotions")
         return True
 
@@ -378,10 +379,10 @@ class SsdTier:
 
     # -- index bookkeeping (caller holds _lock, or runs before threads exist) ----
 
-    def _add(self, key: StoreKey, record: _Record) -> None:
+    def _add(self, key: StoreKey, record: _Record, depth: int = 0) -> None:
         self._index[key] = record
         self._account(key, record)
-        self._policy.insert(key)
+        self._policy.insert(key, depth)
 
     def _drop(self, key: StoreKey) -> bool:
         record = self._index.pop(key, None)

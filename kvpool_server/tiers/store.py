@@ -80,6 +80,8 @@ class BlockStore:
         ssd: the SSD tier, or None for a DRAM-only node.
         counters: the daemon's counters.
         promote_on_hit: copy a block read from SSD into DRAM.
+        write_through: a put is acknowledged only once its blocks are on SSD
+            (see :meth:`persist`).
         io_threads: threads for SSD reads.
     """
 
@@ -90,12 +92,14 @@ class BlockStore:
         counters: Counters,
         *,
         promote_on_hit: bool = True,
+        write_through: bool = False,
         io_threads: int = 4,
     ) -> None:
         self.dram = dram
         self.ssd = ssd
         self._counters = counters
         self._promote = promote_on_hit
+        self.write_through = write_through and ssd is not None
         self._pool = ThreadPoolExecutor(io_threads, "kvpool-ssd-read") if ssd is not None else None
         self.graves: queue.SimpleQueue[StoreKey] = queue.SimpleQueue()  # tombstones for the demoter to write
         self._delete_lock = threading.Lock()  # a delete against a promotion's commit
@@ -147,13 +151,35 @@ class BlockStore:
         """Remove ``key`` from every tier; True if any held it.
 
         The SSD index forgets it at once; its tombstone is written by the demoter.
+        A block only in DRAM gets one too: an older copy of it may still lie in the
+        segment files (demoted, then evicted from SSD), and a restart would bring
+        that back. A key held nowhere gets none, so deletes of unknown keys cost
+        no disk.
         """
         with self._delete_lock:
             in_dram = self.dram.delete(key)
             on_ssd = self.ssd is not None and self.ssd.forget(key)
-        if on_ssd:
+        if self.ssd is not None and (in_dram or on_ssd):
             self.graves.put(key)
         return in_dram or on_ssd
+
+    # -- write-through ----------------------------------------------------------
+
+    async def persist(self, entries: Sequence[BlockEntry]) -> None:
+        """Write just-committed blocks to SSD, then release their pins.
+
+        The caller committed them with ``keep_pin=True``, so eviction cannot take
+        them meanwhile. A block SSD cannot take (disk error, already there) stays
+        in DRAM: the failure is counted and logged by the SSD tier.
+        """
+        assert self.ssd is not None and self._pool is not None
+        writes = []
+        for entry in entries:
+            write = self._pool.submit(self.ssd.write, entry.key, self.dram.view(entry), entry.checksum, entry.depth)
+            # Unpinned when its write ends, even if the put is cancelled meanwhile.
+            write.add_done_callback(lambda _, entry=entry: self.dram.release(entry))
+            writes.append(asyncio.wrap_future(write))
+        await asyncio.gather(*writes)
 
     # -- reads ----------------------------------------------------------------
 

@@ -85,15 +85,16 @@ def test_status_lists_every_node_from_etcd_with_live_stats(etcd: LocalEtcd, star
     rows = lines[3:]
     assert [row.split()[0] for row in rows] == ["node-a", "node-b", "node-c"]
     for row, daemon in zip(rows, daemons):
-        assert f"  active  {daemon.address}  tcp://{daemon.data_address}  " in row
+        assert f"  active  {daemon.address}  tcp://{daemon.data_address} +shm  " in row
         assert "16.0 MiB" in row
-    assert rows[0].split()[9] == "5"  # node-a holds the 5 blocks (cells 6-7, 8-9 are sizes)
+    assert rows[0].split()[10] == "5"  # node-a holds the 5 blocks (cells 7-8, 9-10 are sizes)
 
     nodes = status_json(etcd)
     assert sorted(nodes) == ["node-a", "node-b", "node-c"]
     a = nodes["node-a"]
     assert a["state"] == a["live_state"] == "active" and a["reachable"] is True
-    assert a["address"] == daemons[0].address and a["data_endpoints"] == {"tcp": daemons[0].data_address}
+    assert a["address"] == daemons[0].address and a["data_endpoints"]["tcp"] == daemons[0].data_address
+    assert set(a["data_endpoints"]) == {"tcp", "shm"}, a["data_endpoints"]
     assert a["blocks"] == 5 and a["capacity_bytes"] == 16 << 20 and a["weight"] == 1.0
     assert nodes["node-b"]["blocks"] == 0 and nodes["node-b"]["uptime_s"] >= 0
 

@@ -17,6 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvpool_client.wire.generations import GRANULE, GenerationsHeader
 from kvpool_client import AsyncKVPoolClient, BlockKey, ErrorCode, KVPoolClient
 from kvpool_client.wire import GetRequest, Op, StatusResponse, encode
 from tests.support.daemon import DaemonProcess
@@ -109,7 +110,8 @@ def test_signal_stops_cleanly(daemon_factory: Callable[..., DaemonProcess], sig:
     daemon = daemon_factory("--dram-capacity", "32MiB", "--slab-size", "1MiB", "--shutdown-grace-s", str(GRACE_S))
     files = arena_files(daemon.process.pid)
     assert len(files) == 1, f"expected one arena file, found {files}"
-    assert os.path.getsize(files[0]) == 32 * MiB
+    generations = GenerationsHeader(arena_id=0, granule=GRANULE, count=32 * MiB // GRANULE).nbytes
+    assert os.path.getsize(files[0]) == 32 * MiB + generations, "the arena, then its slot generations"
     with KVPoolClient([daemon.address]) as client:  # idle pooled connections stay open across the stop
         round_trip(daemon, client)
         started = time.monotonic()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpool_client import BlockKeyBuilder, KVPoolClient, Namespace
+from kvpool_client import BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace
 from tests.support.daemon import DaemonProcess
 
 NS = Namespace("metrics-model", "fp16", "L1-H1-D8-T4")
@@ -38,7 +38,7 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     before = scrape(daemon)
     keys = BlockKeyBuilder(NS, block_size=4).keys(list(range(64)))
     blocks = [bytes([i]) * 4096 for i in range(len(keys))]
-    with KVPoolClient([daemon.address]) as client:
+    with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport="tcp")) as client:  # tcp labels
         assert client.put(keys, blocks).stored == len(keys)
         assert [bytes(b) for b in client.get(keys).buffers] == blocks
         after = scrape(daemon)

@@ -15,7 +15,8 @@ from kvpool_client.errors import ErrorCode, LimitExceeded, ProtocolError
 from kvpool_client.wire.codec import HEADER_SIZE, decode_header, decode_message, encode, payload_length, payload_lengths
 from kvpool_client.wire.frames import (
     MAX_HASH_BYTES, MAX_NAMESPACE_BYTES, RESPONSE_BIT, DeleteRequest, ErrorResponse, ExistsRequest,
-    GetRequest, GetResponse, Op, PingRequest, PingResponse, PutRequest, StatusResponse, WireLimits,
+    GetRequest, GetResponse, LocateRequest, LocateResponse, Op, PingRequest, PingResponse, PutRequest,
+    StatusResponse, WireLimits,
 )
 
 LIMITS = WireLimits(max_keys=8, max_block_size=1024, max_payload=1 << 20)
@@ -58,6 +59,18 @@ def get_responses(draw) -> GetResponse:
     return GetResponse(draw(request_ids), codes, lengths, checksums)
 
 
+@st.composite
+def locate_responses(draw) -> LocateResponse:
+    codes = draw(st.lists(statuses, max_size=LIMITS.max_keys))
+
+    def per_key(values: st.SearchStrategy[int]) -> list[int]:
+        return [draw(values) if s == ErrorCode.OK else 0 for s in codes]
+
+    offsets, lengths = per_key(st.integers(0, U64)), per_key(st.integers(0, LIMITS.max_block_size))
+    checksums, generations = per_key(st.integers(0, U64)), per_key(st.integers(0, U64))
+    return LocateResponse(draw(request_ids), draw(st.integers(0, U64)), codes, offsets, lengths, checksums, generations)
+
+
 messages = st.one_of(
     put_requests(),
     st.builds(GetRequest, request_ids, namespaces, hash_lists()),
@@ -68,6 +81,8 @@ messages = st.one_of(
               st.lists(statuses, max_size=LIMITS.max_keys)),
     get_responses(),
     st.builds(PingResponse, request_ids),
+    st.builds(LocateRequest, request_ids, namespaces, hash_lists()),
+    locate_responses(),
     st.builds(ErrorResponse, request_ids, st.sampled_from(Op), st.integers(1, 0xFFFF), st.text(max_size=200)),
 )
 
@@ -143,7 +158,7 @@ def test_every_message_round_trips(message):
     assert header.request_id == message.request_id, f"header {header}"
     assert header.payload_len == payload_length(message) == sum(payload_lengths(message)), (
         f"header {header}, payload_length {payload_length(message)}, blocks {payload_lengths(message)}")
-    is_response = isinstance(message, (StatusResponse, GetResponse, PingResponse, ErrorResponse))
+    is_response = isinstance(message, (StatusResponse, GetResponse, PingResponse, ErrorResponse, LocateResponse))
     assert header.is_response == is_response, f"header {header} for {message!r}"
 
 
@@ -199,7 +214,7 @@ def test_decoder_enforces_key_and_block_limits(message):
 @pytest.mark.parametrize("header, code", [
     (raw_header(magic=b"VK"), ErrorCode.PROTOCOL), (raw_header(version=0), ErrorCode.UNSUPPORTED_VERSION),
     (raw_header(version=2), ErrorCode.UNSUPPORTED_VERSION), (raw_header(op=0), ErrorCode.PROTOCOL),
-    (raw_header(op=6), ErrorCode.PROTOCOL), (raw_header(op=RESPONSE_BIT), ErrorCode.PROTOCOL),
+    (raw_header(op=max(Op) + 1), ErrorCode.PROTOCOL), (raw_header(op=RESPONSE_BIT), ErrorCode.PROTOCOL),
     (raw_header(op=0xFF), ErrorCode.PROTOCOL), (raw_header()[:-1], ErrorCode.PROTOCOL),
     (raw_header() + b"\0", ErrorCode.PROTOCOL),
     # Oversized sections are refused from the 28 header bytes alone, before any meta is read.
@@ -381,3 +396,42 @@ def test_huge_announced_sections_fail_in_the_header_with_small_allocation():
     peak, error = peak_allocation_while_rejecting(header, BIG)
     assert isinstance(error, LimitExceeded), f"raised {error!r}"
     assert peak < 1 << 20, f"peak allocation {peak} bytes"
+
+
+# -- LOCATE (the shm transport's request) ------------------------------------------
+
+
+@given(locate_responses())
+@FUZZ
+def test_locate_response_meta_size_is_what_the_client_expects(message):
+    frame = encode(message)
+    assert len(frame) - HEADER_SIZE == 12 + 29 * len(message.statuses)
+    assert payload_length(message) == 0 and decode_frame(frame) == message
+
+
+@pytest.mark.parametrize("field", ["offsets", "lengths", "checksums", "generations"])
+def test_a_key_that_is_not_ok_cannot_carry_a_location(field):
+    message = LocateResponse(7, 1, [ErrorCode.NOT_FOUND], [0], [0], [0], [0])
+    getattr(message, field)[0] = 4096
+    with pytest.raises(ProtocolError):
+        encode(message)
+    valid = LocateResponse(7, 1, [ErrorCode.OK], [0], [0], [0], [0])
+    getattr(valid, field)[0] = 4096
+    frame = bytearray(encode(valid))
+    frame[HEADER_SIZE + 12] = ErrorCode.NOT_FOUND  # the first status byte
+    with pytest.raises(ProtocolError):
+        decode_frame(bytes(frame))
+
+
+def test_locate_response_block_over_the_limit_is_rejected():
+    frame = encode(LocateResponse(7, 1, [ErrorCode.OK], [0], [LIMITS.max_block_size + 1], [0], [0]))
+    with pytest.raises(LimitExceeded):
+        decode_frame(frame)
+
+
+@pytest.mark.parametrize("field", ["offsets", "lengths", "checksums", "generations"])
+def test_locate_response_lists_must_match_the_statuses(field):
+    message = LocateResponse(7, 1, [ErrorCode.OK, ErrorCode.OK], [0, 0], [1, 1], [0, 0], [0, 0])
+    getattr(message, field).pop()
+    with pytest.raises(ProtocolError):
+        encode(message)

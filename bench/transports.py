@@ -1,0 +1,188 @@
+"""Get throughput of each data-plane transport against memcpy, in one run.
+
+Usage: ``.venv/bin/python bench/transports.py [--duration 1.0] [--out bench/results]``
+
+Starts one kvpool daemon on this node and, for 64 KiB, 384 KiB and 2 MiB blocks in
+batches of 32, with 1 and 4 client processes, measures gets over ``tcp`` and over
+``shm`` (copied out of the daemon's arena), and a plain ``memcpy`` of the same
+bytes from process memory. Each client reads a working set of ``--working-set``
+bytes (larger than the CPU caches, so sources are cache-cold for every system)
+into the same 32 page-aligned destination buffers. Every system's bytes are checked once,
+untimed. Prints a table and the ratios (target: shm >= 0.5x memcpy at 384 KiB);
+writes ``transports.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_server.local import start_daemon
+
+KiB, MiB = 1 << 10, 1 << 20
+BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
+BATCH = 32
+CLIENTS = (1, 4)
+SYSTEMS = ("memcpy", "tcp", "shm")
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    system: str
+    block: int
+    clients: int
+    gbps: float  # aggregate over the clients
+    batches: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    system: str
+    address: str
+    block: int
+    working_set: int
+    duration_s: float
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=1.0, help="seconds per cell")
+    parser.add_argument("--working-set", default=64, type=int, help="MiB each client reads (cache-cold)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    return parser.parse_args(argv)
+
+
+def worker(job: Job, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None:
+    """One client: load its working set, wait for the others, then get batches for the duration."""
+    batches = max(1, job.working_set // (job.block * BATCH))
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    data = page_aligned(batches * BATCH * job.block)
+    data[:] = rng.integers(0, 256, len(data), dtype=np.uint8)
+    targets = [page_aligned(job.block) for _ in range(BATCH)]
+    fetch, close = _fetcher(job, data, batches, targets)
+    for index in range(batches):  # warm: connections, and every page mapped (a long-lived client's state)
+        fetch(index)
+    barrier.wait()
+    started, done = time.perf_counter(), 0
+    while time.perf_counter() - started < job.duration_s:
+        fetch(done % batches)
+        done += 1
+    elapsed = time.perf_counter() - started
+    fetch(1 % batches)  # untimed check of what a get returns
+    expected = data[(1 % batches) * BATCH * job.block :][: BATCH * job.block]
+    ok = np.array_equal(np.concatenate(targets), expected)
+    close()
+    results.put((done * BATCH * job.block, elapsed, done, ok))
+
+
+def page_aligned(nbytes: int) -> np.ndarray:
+    """A buffer starting on a page, as arena slots, pinned buffers and large torch tensors do.
+
+    memcpy slows down 2-3x here when source and destination differ in alignment
+    (numpy's own arrays start 16 bytes into a page, arena slots on one), so every
+    system gets the same aligned buffers.
+    """
+    raw = np.empty(nbytes + 4096, dtype=np.uint8)
+    start = -raw.ctypes.data % 4096
+    return raw[start : start + nbytes]
+
+
+def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]):  # type: ignore[no-untyped-def]
+    """(fetch(batch index), close) for the job's system; kvpool systems store the data first."""
+    blocks = [data[i * job.block : (i + 1) * job.block] for i in range(batches * BATCH)]
+    if job.system == "memcpy":
+        def copy(index: int) -> None:
+            for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH]):
+                np.copyto(target, source)
+        return copy, lambda: None
+    client = KVPoolClient(config=ClientConfig(nodes=(job.address,), transport=job.system))
+    if client.transport(job.address) != job.system:
+        raise RuntimeError(f"asked for {job.system}, negotiated {client.transport(job.address)}")
+    keys = [BlockKey("bench@u8@raw", os.urandom(32)) for _ in blocks]
+    for start in range(0, len(keys), BATCH):
+        if client.put(keys[start : start + BATCH], blocks[start : start + BATCH]).stored != BATCH:
+            raise RuntimeError("put failed: is the arena large enough for every client's working set?")
+
+    def get(index: int) -> None:
+        result = client.get(keys[index * BATCH : (index + 1) * BATCH], targets)
+        if result.hits != BATCH:
+            raise RuntimeError(f"get hit {result.hits}/{BATCH}: {result.statuses[:3]}")
+
+    def close() -> None:
+        client.delete(keys)
+        client.close()
+
+    return get, close
+
+
+def run_cell(system: str, address: str, block: int, clients: int, args: argparse.Namespace) -> Cell:
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    job = Job(system, address, block, args.working_set * MiB, args.duration)
+    procs = [ctx.Process(target=worker, args=(job, barrier, results)) for _ in range(clients)]
+    for proc in procs:
+        proc.start()
+    outcomes = [results.get(timeout=120 + args.duration) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    if not all(ok for *_, ok in outcomes):
+        raise RuntimeError(f"{system}: a get returned wrong bytes")
+    total = sum(nbytes for nbytes, *_ in outcomes)
+    elapsed = max(seconds for _, seconds, *_ in outcomes)
+    return Cell(system, block, clients, total / elapsed / 1e9, sum(n for _, _, n, _ in outcomes))
+
+
+def ratios(cells: list[Cell]) -> list[str]:
+    by = {(c.system, c.block, c.clients): c.gbps for c in cells}
+    lines = []
+    for clients in CLIENTS:
+        for block in BLOCK_SIZES:
+            memcpy, tcp, shm = (by[(s, block, clients)] for s in SYSTEMS)
+            lines.append(f"{clients} client(s), {block // KiB:>5} KiB: shm/memcpy {shm / memcpy:.2f}  "
+                         f"tcp/memcpy {tcp / memcpy:.2f}  shm/tcp {shm / tcp:.2f}")
+    for system in SYSTEMS:
+        scale = [by[(system, b, 4)] / by[(system, b, 1)] for b in BLOCK_SIZES]
+        lines.append(f"{system}: 4 clients / 1 client = " + ", ".join(f"{s:.2f}" for s in scale))
+    return lines
+
+
+def _line(c: Cell) -> str:
+    return f"{c.system:>6} {c.block // KiB:>5} KiB x{BATCH} {c.clients} client(s): {c.gbps:6.2f} GB/s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    capacity = max(CLIENTS) * args.working_set * MiB + 64 * MiB
+    daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1")
+    cells: list[Cell] = []
+    try:
+        for clients in CLIENTS:
+            for block in BLOCK_SIZES:
+                for system in SYSTEMS:
+                    cells.append(run_cell(system, daemon.address, block, clients, args))
+                    print(_line(cells[-1]), flush=True)
+    finally:
+        daemon.stop()
+        daemon.remove_files()
+    print("\n".join(["", *ratios(cells)]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"cpus": os.cpu_count(), "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH}
+    (args.out / "transports.json").write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The ``shm`` transport: a same-node client reads blocks straight out of the daemon's arena.
+
+The daemon's DRAM arena is a file in ``/dev/shm``. A client on the same node maps
+it read-only, asks the node over the TCP connection where a batch of blocks lies
+(``LOCATE``: offset, length, checksum and slot generation per key) and copies
+each block into the caller's buffer: one memcpy, no socket in between.
+
+Nothing is pinned during the copy. Instead the daemon bumps a slot's generation
+whenever it frees the slot, before it can be reused (:mod:`kvpool_client.wire.generations`).
+The reader copies, then reads the generation again: unchanged means no reuse
+overlapped the copy (x86-64 keeps loads in order, and the daemon's bump is stored
+before any new bytes); changed means the bytes may be torn, and the block is
+read again over TCP. A reader never returns bytes of a reused slot.
+
+Which transport a node gets is negotiated from its server info
+(:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+from kvpool_client.control import SharedArenaInfo
+from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
+from kvpool_client.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
+
+
+class SharedArenaUnavailable(KVPoolError):
+    """The node's arena cannot be mapped here (another host, no permission, gone)."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where one block lies in the arena, and its slot's generation when it was located."""
+
+    offset: int
+    length: int
+    generation: int
+
+
+class SharedArena:
+    """A read-only mapping of a daemon's arena and of its slot generations.
+
+    Args:
+        info: the arena as the node's server info describes it.
+
+    Raises:
+        SharedArenaUnavailable: a file is missing or unreadable, or it is not the
+            arena ``info`` names (another daemon's file at the same path).
+    """
+
+    def __init__(self, info: SharedArenaInfo) -> None:
+        self.info = info
+        try:
+            self._map = _map_readonly(info.arena_path)
+            self.header = _check_header(self._map, info)
+        except (OSError, ValueError) as exc:
+            raise SharedArenaUnavailable(f"cannot map the arena {info.arena_path}: {exc}") from exc
+        self._view = memoryview(self._map)
+        start = info.generations_offset + HEADER_BYTES
+        self._generations = self._view[start : info.generations_offset + self.header.nbytes].cast("Q")
+        self.stale = False  # set when the node answered for another arena (it restarted)
+
+    @property
+    def arena_id(self) -> int:
+        return self.header.arena_id
+
+    def copy_into(self, location: Location, target: memoryview) -> None:
+        """Copy the located block into ``target`` (exactly its length).
+
+        Raises:
+            ProtocolError: the location lies outside the arena (the node lied).
+        """
+        end = location.offset + location.length
+        if end > self.info.capacity_bytes or len(target) != location.length:
+            raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
+        target[:] = self._view[location.offset : end]
+
+    def unchanged(self, location: Location) -> bool:
+        """Whether the block's slot is still in the generation it was located in."""
+        try:
+            index = self.header.index(location.offset)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+        return int(self._generations[index]) == location.generation
+
+
+def open_shared_arena(info: SharedArenaInfo | None, transport: str) -> SharedArena | None:
+    """The arena to read from under the ``transport`` setting; None: use tcp.
+
+    ``auto`` maps the arena when the node offers one that is readable here, and
+    quietly uses tcp otherwise; ``tcp`` never maps it.
+
+    Raises:
+        SharedArenaUnavailable: ``shm`` was required and the arena cannot be mapped.
+    """
+    if transport == "tcp":
+        return None
+    if info is None:
+        if transport == "shm":
+            raise SharedArenaUnavailable("the node offers no shared arena (shm transport)")
+        return None
+    try:
+        return SharedArena(info)
+    except SharedArenaUnavailable:
+        if transport == "shm":
+            raise
+        return None
+
+
+def _map_readonly(path: str) -> mmap.mmap:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)  # the mapping keeps the memory; no descriptor stays open
+
+
+def _check_header(arena: mmap.mmap, info: SharedArenaInfo) -> GenerationsHeader:
+    """The generations header of the mapped file, checked against what the node announced.
+
+    Raises:
+        ValueError: the file is not the node's arena (another daemon's at the same
+            path, e.g. on another host) or is too small for what was announced.
+    """
+    start = info.generations_offset
+    if info.capacity_bytes > start or len(arena) < start + HEADER_BYTES:
+        raise ValueError(f"{info.arena_path} has no slot generations at offset {start}")
+    header = decode_header(arena[start : start + HEADER_BYTES])
+    if header.arena_id != info.arena_id:
+        raise ValueError(f"{info.arena_path} is arena {header.arena_id:#x}, not {info.arena_id:#x}")
+    if len(arena) < start + header.nbytes or header.count * header.granule < info.capacity_bytes:
+        raise ValueError(f"{info.arena_path} is too small for its slot generations")
+    return header

@@ -1,0 +1,233 @@
+"""One contract for every data-plane transport: the same puts, gets, errors and races on each.
+
+Each test runs once per transport the client can use against a daemon on this
+node (``tcp``, and ``shm``: gets copied out of the daemon's arena). A transport
+that drifts from the others fails here. The races check one thing above all:
+a get never returns wrong bytes, whatever eviction or a dying daemon does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from tests.support.daemon import DaemonProcess, start_daemon
+
+pytestmark = pytest.mark.integration
+
+OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
+KiB, MiB = 1 << 10, 1 << 20
+TRANSPORTS = ["tcp", "shm"]  # a ucx transport joins this list when it exists
+NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[DaemonProcess]:
+    daemon = start_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB")
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def connect(daemon: DaemonProcess, transport: str, **settings: object) -> KVPoolClient:
+    """A client whose gets use ``transport``; fails unless that is what it negotiated."""
+    client = KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=transport, **settings))  # type: ignore[arg-type]
+    assert client.transport(daemon.address) == transport
+    return client
+
+
+@pytest.fixture
+def client(node: DaemonProcess, transport: str) -> Iterator[KVPoolClient]:
+    with connect(node, transport) as c:
+        yield c
+
+
+def new_keys(n: int) -> list[BlockKey]:
+    ns = f"tr-{uuid.uuid4().hex[:12]}@u8@raw@tp0of1"
+    return [BlockKey(ns, os.urandom(32)) for _ in range(n)]
+
+
+def pattern(key: BlockKey, size: int) -> bytes:
+    """Bytes determined by the key, so any reader can check any block it got."""
+    return random.Random(key.hash).randbytes(size)
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+def test_gets_into_every_kind_of_buffer(client: KVPoolClient) -> None:
+    keys = new_keys(4)
+    sizes = [4 * KiB, 64 * KiB, 384 * KiB, MiB]
+    blocks = [pattern(k, n) for k, n in zip(keys, sizes)]
+    assert client.put(keys, blocks).stored == 4
+    into_bytearrays = [bytearray(n) for n in sizes]
+    assert client.get(keys, into_bytearrays).ok
+    assert [bytes(b) for b in into_bytearrays] == blocks
+    into_numpy = [np.empty(n // 2, dtype=np.float16) for n in sizes]
+    assert client.get(keys, into_numpy).ok
+    assert [a.tobytes() for a in into_numpy] == blocks
+    into_torch = [torch.empty(n // 2, dtype=torch.bfloat16) for n in sizes]
+    got = client.get(keys, into_torch)
+    assert got.ok and [t.view(torch.uint8).numpy().tobytes() for t in into_torch] == blocks
+    allocated = client.get(keys)
+    assert [bytes(b) for b in allocated.buffers] == blocks
+
+
+def test_misses_and_hits_mix_in_one_batch(client: KVPoolClient) -> None:
+    keys = new_keys(6)
+    stored = keys[1::2]
+    assert client.put(stored, [pattern(k, 8 * KiB) for k in stored]).stored == 3
+    got = client.get(keys)
+    assert got.statuses == (NOT_FOUND, OK) * 3 and got.hits == 3 and got.prefix_hits == 0
+    assert [bytes(got.buffers[i]) for i in (1, 3, 5)] == [pattern(k, 8 * KiB) for k in stored]
+    assert [got.buffers[i] for i in (0, 2, 4)] == [None] * 3
+
+
+def test_a_wrong_size_fails_that_key_only_and_leaves_its_buffer_alone(client: KVPoolClient) -> None:
+    keys = new_keys(3)
+    assert client.put(keys, [pattern(k, 16 * KiB) for k in keys]).stored == 3
+    targets = [bytearray(16 * KiB), bytearray(b"\xab" * (8 * KiB)), bytearray(16 * KiB)]
+    got = client.get(keys, targets)
+    assert got.statuses == (OK, ErrorCode.SIZE_MISMATCH, OK)
+    assert targets[1] == b"\xab" * (8 * KiB), "a refused block must not touch the caller's buffer"
+    assert bytes(targets[2]) == pattern(keys[2], 16 * KiB)
+    assert client.get(keys[2:], [bytearray(16 * KiB)]).ok, "the connection goes on after a mismatch"
+
+
+def test_checksums_verified_on_the_client(node: DaemonProcess, transport: str) -> None:
+    keys = new_keys(2)
+    with connect(node, transport, verify_checksums=True) as c:
+        assert c.put(keys, [pattern(k, 32 * KiB) for k in keys]).stored == 2
+        got = c.get(keys)
+        assert got.ok and [bytes(b) for b in got.buffers] == [pattern(k, 32 * KiB) for k in keys]
+
+
+def test_async_client_gets_over_the_same_transport(node: DaemonProcess, transport: str) -> None:
+    keys = new_keys(8)
+    blocks = [pattern(k, 64 * KiB) for k in keys]
+
+    async def scenario() -> list[bytes]:
+        config = ClientConfig(nodes=(node.address,), transport=transport)
+        async with AsyncKVPoolClient(config=config) as c:
+            assert (await c.put(keys, blocks)).stored == 8
+            assert await c.transport(node.address) == transport
+            got = await c.get(keys + new_keys(1))
+            assert got.statuses == (OK,) * 8 + (NOT_FOUND,)
+            return [bytes(b) for b in got.buffers[:8]]
+
+    assert asyncio.run(scenario()) == blocks
+
+
+def test_concurrent_clients_each_read_their_own_and_shared_blocks(node: DaemonProcess, transport: str) -> None:
+    shared = new_keys(8)
+    with connect(node, transport) as c:
+        assert c.put(shared, [pattern(k, 64 * KiB) for k in shared]).stored == 8
+    failures: list[str] = []
+
+    def work(index: int) -> None:
+        with connect(node, transport) as c:
+            own = new_keys(16)
+            if c.put(own, [pattern(k, 32 * KiB) for k in own]).stored != 16:
+                failures.append(f"client {index}: put failed")
+            for _ in range(10):
+                keys = own + shared
+                got = c.get(keys)
+                if not got.ok or any(bytes(b) != pattern(k, len(b)) for k, b in zip(keys, got.buffers)):
+                    failures.append(f"client {index}: {got.statuses}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures, failures[:3]
+
+
+# -- races -----------------------------------------------------------------------------------
+
+
+def test_eviction_racing_reads_never_returns_wrong_bytes(
+    daemon_factory: Callable[..., DaemonProcess], transport: str
+) -> None:
+    """A writer keeps the tiny arena evicting while readers fetch blocks that may vanish meanwhile."""
+    daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB")  # 64 slots of 64 KiB
+    written: list[BlockKey] = []
+    stop = threading.Event()
+    seen = {"ok": 0, "missing": 0}
+    wrong: list[str] = []
+
+    def writer() -> None:
+        with connect(daemon, transport) as c:
+            while not stop.is_set():
+                keys = new_keys(8)
+                c.put(keys, [pattern(k, 64 * KiB) for k in keys])
+                written.extend(keys)
+
+    def reader() -> None:
+        with connect(daemon, transport) as c:
+            while not stop.is_set():
+                if len(written) < 80:
+                    time.sleep(0.001)
+                    continue
+                keys = written[-80:][::5]  # recent ones: some still there, some being evicted
+                got = c.get(keys, [bytearray(64 * KiB) for _ in keys])
+                for key, status, buffer in zip(keys, got.statuses, got.buffers):
+                    if status is OK and bytes(buffer) != pattern(key, 64 * KiB):
+                        wrong.append(key.hash.hex())
+                    seen["ok" if status is OK else "missing"] += 1
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not wrong, f"{len(wrong)} gets returned bytes of another block"
+    assert seen["ok"] > 0 and seen["missing"] > 0, seen  # the race really happened
+
+
+def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
+    daemon_factory: Callable[..., DaemonProcess], transport: str
+) -> None:
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB")
+    keys = new_keys(32)
+    blocks = [pattern(k, 256 * KiB) for k in keys]
+    outcomes: list[tuple[ErrorCode, ...]] = []
+    wrong: list[int] = []
+    with connect(daemon, transport, request_timeout_s=2.0) as c:
+        assert c.put(keys, blocks).stored == 32
+
+        def read() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got = c.get(keys, [bytearray(256 * KiB) for _ in keys])
+                outcomes.append(got.statuses)
+                wrong.extend(i for i, (s, b) in enumerate(zip(got.statuses, got.buffers)) if s is OK and bytes(b) != blocks[i])
+                if all(s in NODE_DOWN for s in got.statuses):
+                    return
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        daemon.stop(signal.SIGKILL)
+        reader.join(15)
+        assert not wrong, f"keys {wrong[:5]} came back with wrong bytes"
+        assert outcomes and outcomes[0] == (OK,) * 32
+        assert set(outcomes[-1]) <= NODE_DOWN, outcomes[-1]
+        assert set(c.get(keys[:1]).statuses) <= NODE_DOWN

@@ -1,0 +1,489 @@
+"""BlockStore (DRAM in front of SSD) and its Demoter, on a real arena file and real segments.
+
+DRAM is 64 KiB of 4 KiB blocks: sixteen slots, evicted in LRU order. SSD holds 32
+such blocks. Each test ends with a leak check: once every held block is released
+and every key deleted, the DRAM allocator must be empty again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from kvpool_server.alloc.arena import SharedArena
+from kvpool_server.alloc.slab import SlabAllocator
+from kvpool_server.eviction import LRUPolicy
+from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.stats import Counters
+from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
+from kvpool_server.tiers.dram import DramTier, checksum
+from kvpool_server.tiers.records import RecordFlags, WalkResult, walk_records
+from kvpool_server.tiers.ssd import SsdConfig, SsdTier, record_size
+from kvpool_server.tiers.store import BlockStore, HeldBlock
+from kvpool_server.tiers.usage import TierUsage
+
+KiB = 1024
+BLOCK = 4 * KiB
+DRAM = 64 * KiB
+SLAB = 16 * KiB
+NS = "m@fp16@tp0"
+
+
+def k(i: int) -> StoreKey:
+    return (NS, b"blk-%04d" % i)
+
+
+SEG = 4 * record_size(k(0), BLOCK)
+
+
+def data_for(i: int) -> bytes:
+    return random.Random(i).randbytes(BLOCK)
+
+
+def wait_until(condition: Callable[[], bool], what: Callable[[], object], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out; saw {what()}"
+        time.sleep(0.002)
+
+
+class Harness:
+    """A BlockStore over a fresh arena and SSD directory, and the helpers to drive and audit it."""
+
+    def __init__(self, directory: Path, promote_on_hit: bool = True) -> None:
+        self.directory = directory
+        self.counters = Counters()
+        self.arena = SharedArena(str(directory), "arena", DRAM, prefault=False)
+        self.alloc = SlabAllocator(DRAM, SLAB)
+        self.ssd_config = SsdConfig(str(directory / "ssd"), 8 * SEG, SEG, fsync=False)
+        self.ssd_policy = LRUPolicy()
+        self.ssd = SsdTier(self.ssd_config, self.counters, lambda: self.ssd_policy)
+        self.dram = DramTier(self.arena, self.alloc, self.counters,
+                             on_evict=count_lost_evictions(self.ssd, self.counters))
+        self.store = BlockStore(self.dram, self.ssd, self.counters, promote_on_hit=promote_on_hit, io_threads=2)
+        self.keys: set[StoreKey] = set()
+
+    def close(self) -> None:
+        self.store.close()
+        self.ssd.close()
+        self.arena.close()
+
+    def put(self, i: int) -> BlockEntry:
+        entry = self.dram.reserve(k(i), BLOCK)
+        assert isinstance(entry, BlockEntry), f"reserve {k(i)} gave {entry!r}"
+        self.keys.add(k(i))
+        self.dram.view(entry)[:] = data_for(i)
+        self.dram.commit(entry)
+        return entry
+
+    def put_ssd(self, i: int) -> None:
+        payload = data_for(i)
+        assert self.ssd.write(k(i), memoryview(payload), checksum(payload)), f"SSD refused {k(i)}"
+        self.keys.add(k(i))
+
+    def acquire(self, indices: Sequence[int], touch: bool = True) -> list[HeldBlock | None]:
+        return asyncio.run(self.store.acquire([k(i) for i in indices], touch=touch))
+
+    def read(self, indices: Sequence[int], touch: bool = True) -> list[bytes | None]:
+        held = self.acquire(indices, touch)
+        try:
+            return [None if h is None else bytes(h.view) for h in held]
+        finally:
+            self.store.release(held)
+
+    def pins(self, i: int) -> int | None:
+        """Pins on the DRAM block of ``k(i)`` besides this look's own; None when not in DRAM."""
+        entry = self.dram.acquire(k(i), touch=False)
+        if entry is None:
+            return None
+        pins = entry.pins - 1
+        self.dram.release(entry)
+        return pins
+
+    def in_dram(self) -> list[int]:
+        return sorted(int(key[1][4:]) for key in self.dram.readable_keys())
+
+    def reopen_ssd(self) -> SsdTier:
+        self.ssd.close()
+        self.ssd = SsdTier(self.ssd_config, Counters())
+        return self.ssd
+
+    def graves(self) -> list[StoreKey]:
+        found = []
+        while True:
+            try:
+                found.append(self.store.graves.get_nowait())
+            except queue.Empty:
+                return found
+
+    def assert_no_leak(self, held: Sequence[HeldBlock | None] = ()) -> None:
+        self.store.release(held)
+        for key in self.keys:
+            self.dram.delete(key)
+        usage = self.dram.usage()
+        assert usage == TierUsage(DRAM, 0, 0), f"leak: {usage}"
+        assert self.alloc.used_bytes == 0, f"leak: {self.alloc.used_bytes} bytes still allocated"
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def factory(**kwargs: bool) -> Harness:
+        directory = tmp_path / f"store-{len(made)}"
+        directory.mkdir()
+        harness = Harness(directory, **kwargs)
+        made.append(harness)
+        return harness
+
+    yield factory
+    for harness in made:
+        harness.close()
+
+
+@pytest.fixture
+def s(make: Callable[..., Harness]) -> Harness:
+    return make()
+
+
+def disk_keys(directory: str) -> list[tuple[StoreKey, bool]]:
+    """(key, is a tombstone) of every record in the segment files, in log order."""
+    found = []
+    for path in sorted(Path(directory).glob("*.seg")):
+        raw = path.read_bytes()
+        for record in walk_records(lambda o, n: raw[o : o + n], len(raw), False, WalkResult()):
+            found.append(((record.namespace.decode(), record.hash),
+                          bool(record.header.flags & RecordFlags.TOMBSTONE)))
+    return found
+
+
+# -- lookups --------------------------------------------------------------------------
+
+
+def test_contains_and_prefix_hits_span_both_tiers(s: Harness) -> None:
+    s.put(0)
+    s.put(1)
+    s.put_ssd(2)
+    s.put(4)
+    s.put(5)
+    s.put_ssd(5)  # on both
+    assert [s.store.contains(k(i)) for i in range(6)] == [True, True, True, False, True, True]
+    assert s.store.prefix_hits([k(i) for i in range(6)]) == 3
+    assert s.store.prefix_hits([k(3), k(0)]) == 0
+    assert sorted(s.store.readable_keys()) == [k(i) for i in (0, 1, 2, 4, 5)], s.store.readable_keys()
+    assert s.counters.snapshot().get("dram_hits") is None, "lookups are not reads"
+    s.assert_no_leak()
+
+
+# -- acquire --------------------------------------------------------------------------
+
+
+def test_dram_hits_are_served_in_place_and_pinned(s: Harness) -> None:
+    s.put(0)
+    held = s.acquire([0, 7])
+    first = held[0]
+    assert first is not None and first.entry is not None and held[1] is None, held
+    assert bytes(first.view) == data_for(0) and first.checksum == checksum(data_for(0))
+    assert s.pins(0) == 1
+    s.store.release(held)
+    assert s.pins(0) == 0
+    snapshot = s.counters.snapshot()
+    assert (snapshot.get("dram_hits"), snapshot.get("dram_misses"), snapshot.get("ssd_misses")) == (1, 1, None), snapshot
+    s.assert_no_leak()
+
+
+def test_ssd_hit_is_promoted_into_dram_and_pinned_until_release(s: Harness) -> None:
+    s.put_ssd(0)
+    held = s.acquire([0])
+    block = held[0]
+    assert block is not None and block.entry is not None, "a promoted block is served from DRAM"
+    assert bytes(block.view) == data_for(0) and block.checksum == checksum(data_for(0))
+    assert s.in_dram() == [0] and s.pins(0) == 1
+    for i in range(1, 17):  # fill DRAM and more: the pinned block must survive
+        s.put(i)
+    assert 0 in s.in_dram() and bytes(block.view) == data_for(0), s.in_dram()
+    s.store.release(held)
+    assert s.pins(0) == 0
+    snapshot = s.counters.snapshot()
+    assert (snapshot["ssd_promotions"], snapshot["ssd_hits"], snapshot["dram_misses"]) == (1, 1, 1), snapshot
+    assert s.read([0]) == [data_for(0)] and s.counters.get("dram_hits") == 1, "now a DRAM hit"
+    report = {r.name: r for r in s.store.reports()}
+    assert (report["ssd"].hits, report["ssd"].promotions, report["ssd"].failure) == (1, 1, ""), report
+    s.assert_no_leak()
+
+
+def test_no_promotion_when_dram_is_full_of_pinned_blocks(s: Harness) -> None:
+    for i in range(16):
+        s.put(i)
+    pinned = s.acquire(list(range(16)))
+    s.put_ssd(99)
+    held = s.acquire([99])
+    block = held[0]
+    assert block is not None and block.entry is None, "served from a private buffer"
+    assert bytes(block.view) == data_for(99) and block.checksum == checksum(data_for(99))
+    assert 99 not in s.in_dram() and s.in_dram() == list(range(16))
+    snapshot = s.counters.snapshot()
+    assert ("ssd_promotions" not in snapshot, snapshot["ssd_hits"]) == (True, 1), snapshot
+    s.store.release(held)
+    s.assert_no_leak(pinned)
+
+
+def test_untouched_reads_do_not_promote_count_or_refresh(s: Harness) -> None:
+    s.put_ssd(0)
+    s.put_ssd(1)
+    s.put(2)
+    before = s.counters.snapshot()
+    held = s.acquire([0, 2], touch=False)
+    assert [h is not None and bytes(h.view) for h in held] == [data_for(0), data_for(2)]
+    assert held[0] is not None and held[0].entry is None and s.in_dram() == [2]
+    s.store.release(held)
+    assert s.counters.snapshot() == before, (before, s.counters.snapshot())
+    assert list(s.ssd_policy.candidates()) == [k(0), k(1)], "SSD recency must not change"
+    s.assert_no_leak()
+
+
+def test_promotion_off_serves_from_a_buffer(make: Callable[..., Harness]) -> None:
+    s = make(promote_on_hit=False)
+    s.put_ssd(0)
+    held = s.acquire([0])
+    assert held[0] is not None and held[0].entry is None and bytes(held[0].view) == data_for(0)
+    assert s.in_dram() == [] and s.counters.get("ssd_hits") == 1
+    s.assert_no_leak(held)
+
+
+def test_corrupt_ssd_record_is_a_miss_and_frees_its_dram_slot(s: Harness) -> None:
+    payload = data_for(0)
+    assert s.ssd.write(k(0), memoryview(payload), checksum(payload) ^ 1)
+    s.keys.add(k(0))
+    assert s.acquire([0]) == [None]
+    assert s.in_dram() == [] and not s.store.contains(k(0))
+    assert s.counters.get("ssd_corrupt_blocks") == 1 and s.dram.usage().used_bytes == 0, s.counters.snapshot()
+    s.assert_no_leak()
+
+
+def test_cancelled_acquire_leaves_nothing_pinned(s: Harness) -> None:
+    s.put(0)
+    s.put_ssd(1)
+    started, gate = threading.Event(), threading.Event()
+    real = s.ssd.read_into
+
+    def slow(key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
+        started.set()
+        gate.wait(5)
+        return real(key, target, touch=touch)
+
+    s.ssd.read_into = slow  # type: ignore[method-assign]
+
+    async def cancel_mid_read() -> None:
+        task = asyncio.ensure_future(s.store.acquire([k(0), k(1)]))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_mid_read())
+    gate.set()
+    s.store.close()  # waits for the read still running
+    assert (s.pins(0), s.pins(1)) == (0, 0), "a cancelled reader's blocks stayed pinned"
+    s.assert_no_leak()
+
+
+def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
+    s.put_ssd(0)
+    real = s.ssd.read_into
+
+    def read_then_delete(key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
+        found = real(key, target, touch=touch)
+        assert s.store.delete(key)  # lands between the read and the commit
+        return found
+
+    s.ssd.read_into = read_then_delete  # type: ignore[method-assign]
+    held = s.acquire([0])
+    block = held[0]
+    assert block is None or (block.entry is None and bytes(block.view) == data_for(0)), block
+    assert s.in_dram() == [] and not s.store.contains(k(0)), "the deleted block came back into DRAM"
+    assert s.graves() == [k(0)] and "ssd_promotions" not in s.counters.snapshot()
+    s.assert_no_leak(held)
+
+
+# -- delete ---------------------------------------------------------------------------
+
+
+def test_persist_writes_committed_blocks_through_to_ssd_and_unpins_them(s: Harness) -> None:
+    entries = []
+    for i in range(3):
+        entry = s.dram.reserve(k(i), BLOCK, depth=i)
+        assert isinstance(entry, BlockEntry), f"reserve gave {entry!r}"
+        s.keys.add(k(i))
+        s.dram.view(entry)[:] = data_for(i)
+        s.dram.commit(entry, keep_pin=True)  # as a write-through put does
+        entries.append(entry)
+    assert [s.pins(i) for i in range(3)] == [1, 1, 1]
+    asyncio.run(s.store.persist(entries))
+    assert [s.pins(i) for i in range(3)] == [0, 0, 0], "persist must release the writer's pins"
+    copies = [bytearray(BLOCK) for _ in range(3)]
+    sums = [s.ssd.read_into(k(i), memoryview(copies[i]), touch=False) for i in range(3)]
+    assert all(sums) and [bytes(c) for c in copies] == [data_for(i) for i in range(3)], f"SSD holds {sums}"
+    s.assert_no_leak()
+
+
+def test_delete_removes_from_both_tiers_and_queues_a_tombstone(s: Harness) -> None:
+    s.put(0)
+    s.put_ssd(0)
+    s.put_ssd(1)
+    s.put(2)
+    assert [s.store.delete(k(i)) for i in (0, 1, 2, 3)] == [True, True, True, False]
+    assert not any(s.store.contains(k(i)) for i in range(4))
+    graves = s.graves()
+    assert graves == [k(0), k(1), k(2)], "a tombstone for every block held, none for unknown keys"
+    for key in graves:
+        s.ssd.bury(key)
+    assert s.reopen_ssd().keys() == []
+    s.assert_no_leak()
+
+
+def test_delete_of_a_block_evicted_from_ssd_stays_deleted_after_restart(s: Harness) -> None:
+    s.put(0)
+    for i in (0, *range(100, 127)):
+        s.put_ssd(i)  # segment 1: 0 (demoted earlier), 100..102; SSD is now full
+    for i in (100, 101, 102):
+        assert s.ssd.read_into(k(i), memoryview(bytearray(BLOCK))) is not None  # now recent
+    s.put_ssd(127)  # SSD evicts block 0, then 103..105, and compacts segment 2: segment 1 stays
+    assert not s.ssd.contains(k(0)) and s.store.contains(k(0)), s.ssd.keys()
+    assert (k(0), False) in disk_keys(s.ssd_config.directory), "block 0's record should still be on disk"
+    assert s.store.delete(k(0))
+    for key in s.graves():
+        s.ssd.bury(key)
+    assert k(0) not in s.reopen_ssd().keys(), "the deleted block came back from its evicted record"
+    s.assert_no_leak()
+
+
+# -- the demoter ----------------------------------------------------------------------
+
+
+def test_demoter_needs_an_ssd_tier(tmp_path: Path) -> None:
+    arena = SharedArena(str(tmp_path), "arena", DRAM, prefault=False)
+    try:
+        store = BlockStore(DramTier(arena, SlabAllocator(DRAM, SLAB), Counters()), None, Counters())
+        with pytest.raises(ValueError):
+            Demoter(store, 0.25)
+    finally:
+        arena.close()
+
+
+def test_coldest_share_is_on_ssd_before_dram_evicts_it(s: Harness) -> None:
+    for i in range(16):
+        s.put(i)
+    demoter = Demoter(s.store, share=0.25, idle_s=0.005)
+    demoter.start()
+    try:
+        wait_until(lambda: all(s.ssd.contains(k(i)) for i in range(4)), lambda: s.ssd.keys())
+    finally:
+        demoter.stop()
+    assert sorted(s.ssd.keys()) == [k(i) for i in range(4)], "only the coldest quarter is copied"
+    assert s.in_dram() == list(range(16)), "demotion copies: the blocks stay in DRAM"
+    for i in range(16, 20):
+        s.put(i)  # evicts 0..3
+    assert s.in_dram() == list(range(4, 20)), s.in_dram()
+    snapshot = s.counters.snapshot()
+    assert (snapshot["dram_evictions"], snapshot.get("dram_evictions_lost")) == (4, None), snapshot
+    assert s.read([0, 1, 2, 3], touch=False) == [data_for(i) for i in range(4)]
+    s.assert_no_leak()
+
+
+def test_evictions_the_demoter_missed_are_counted_lost(s: Harness) -> None:
+    for i in range(16):
+        s.put(i)
+    s.put_ssd(1)
+    s.put(16)  # evicts 0: not on SSD
+    s.put(17)  # evicts 1: on SSD
+    snapshot = s.counters.snapshot()
+    assert (snapshot["dram_evictions"], snapshot["dram_evictions_lost"]) == (2, 1), snapshot
+    assert s.read([0, 1], touch=False) == [None, data_for(1)]
+    s.assert_no_leak()
+
+
+@pytest.mark.parametrize("when", ["before the write", "after the write"])
+def test_block_deleted_while_demoted_does_not_come_back(s: Harness, when: str) -> None:
+    s.put(0)
+    s.put(1)
+    real = s.ssd.write
+
+    def racing_write(key: StoreKey, payload: memoryview, checksum_: int, depth: int = 0) -> bool:
+        if key == k(0) and when == "before the write":
+            assert s.store.delete(key)
+        written = real(key, payload, checksum_, depth)
+        if key == k(0) and when == "after the write":
+            assert s.store.delete(key)
+        return written
+
+    s.ssd.write = racing_write  # type: ignore[method-assign]
+    Demoter(s.store, share=1.0).stop(flush_within_s=5.0)  # a flush: one synchronous pass
+    assert not s.store.contains(k(0)) and s.store.contains(k(1))
+    assert (k(0), True) in disk_keys(s.ssd_config.directory), disk_keys(s.ssd_config.directory)
+    assert s.reopen_ssd().keys() == [k(1)], "the deleted block came back after a restart"
+    s.assert_no_leak()
+
+
+def test_stop_flushes_dram_coldest_first(s: Harness) -> None:
+    for i in range(10):
+        s.put(i)
+    s.read([0])  # now the hottest
+    assert Demoter(s.store, share=0.25).stop(flush_within_s=0.0) == 0
+    assert s.ssd.keys() == []
+    assert Demoter(s.store, share=0.25).stop(flush_within_s=5.0) == 10
+    assert [key for key, _ in disk_keys(s.ssd_config.directory)] == [k(i) for i in (*range(1, 10), 0)]
+    ssd = s.reopen_ssd()
+    for i in range(10):
+        target = bytearray(BLOCK)
+        assert ssd.read_into(k(i), memoryview(target)) == checksum(data_for(i)) and target == data_for(i)
+    s.assert_no_leak()
+
+
+def test_stop_writes_pending_tombstones(s: Harness) -> None:
+    s.put_ssd(0)
+    s.store.delete(k(0))
+    assert Demoter(s.store, share=0.25).stop() == 0
+    assert disk_keys(s.ssd_config.directory) == [(k(0), False), (k(0), True)]
+    assert s.reopen_ssd().keys() == []
+    s.assert_no_leak()
+
+
+def test_no_demotion_while_the_ssd_tier_has_failed(s: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    s.put(0)
+    monkeypatch.setattr(s.ssd, "failure", lambda: "ENOSPC: No space left on device")
+    assert Demoter(s.store, share=1.0).stop(flush_within_s=5.0) == 0
+    assert s.ssd.keys() == []
+    s.assert_no_leak()
+
+
+def test_demoter_thread_outlives_a_failing_pass(s: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    s.put(0)
+    real = s.ssd.write
+    calls: list[StoreKey] = []
+
+    def fail_once(key: StoreKey, payload: memoryview, checksum_: int, depth: int = 0) -> bool:
+        calls.append(key)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return real(key, payload, checksum_, depth)
+
+    s.ssd.write = fail_once  # type: ignore[method-assign]
+    demoter = Demoter(s.store, share=1.0, idle_s=0.005)
+    demoter.start()
+    try:
+        wait_until(lambda: s.ssd.contains(k(0)), lambda: (calls, s.ssd.keys()))
+    finally:
+        demoter.stop()
+    assert "demotion pass failed" in caplog.text
+    caplog.clear()  # its traceback holds a view of the arena
+    assert s.pins(0) == 0, "the failed pass left its block pinned"
+    s.assert_no_leak()
