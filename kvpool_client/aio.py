@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from kvpool_client import batching, operations
+from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import AsyncControlClient, NodeInfo
@@ -29,7 +29,7 @@ from kvpool_client.routing import Member, Router
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.shm import SharedArena
 from kvpool_client.transport.tcp import open_async_connection
-from kvpool_client.wire import WireLimits
+from kvpool_client.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -40,7 +40,7 @@ class _AsyncNode(NodeRecord[AsyncSocketChannel]):
 
     def __init__(self, member: Member, config: ClientConfig) -> None:
         super().__init__(member, config)
-        self.control = AsyncControlClient(member.address, config.request_timeout_s)
+        self.control = AsyncControlClient(member.address, config.request_timeout_s, config.credentials)
 
     async def info(self) -> NodeInfo:
         if self._info is None:
@@ -56,7 +56,15 @@ class _AsyncNode(NodeRecord[AsyncSocketChannel]):
         endpoint = self.member.data_address or (await self.info()).data_endpoints.get("tcp")
         if not endpoint:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        return await open_async_connection(endpoint, self._config.connect_timeout_s)
+        connection = await open_async_connection(endpoint, self._config.connect_timeout_s)
+        token = self._config.auth_token
+        if token is not None:
+            try:
+                await run_async(connection, exchange.hello(HelloRequest(0, token), WireLimits()))
+            except BaseException:
+                connection.close()
+                raise
+        return connection
 
     def release(self, connection: AsyncSocketChannel) -> None:
         if self.has_room():

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvpool_client import batching, operations
+from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
@@ -39,7 +39,7 @@ from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.shm import SharedArena
 from kvpool_client.transport.tcp import TcpConnection
-from kvpool_client.wire import WireLimits
+from kvpool_client.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -51,7 +51,7 @@ class _Node(NodeRecord[TcpConnection]):
     def __init__(self, member: Member, config: ClientConfig) -> None:
         super().__init__(member, config)
         self._lock = threading.Lock()
-        self.control = ControlClient(member.address, config.request_timeout_s)
+        self.control = ControlClient(member.address, config.request_timeout_s, config.credentials)
 
     def info(self) -> NodeInfo:
         info = self._info
@@ -71,7 +71,16 @@ class _Node(NodeRecord[TcpConnection]):
         endpoint = self.member.data_address or self.info().data_endpoints.get("tcp")
         if not endpoint:
             raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        return TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
+        connection = TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
+        token = self._config.auth_token
+        if token is not None:
+            try:
+                connection.start_request()
+                run_sync(connection, exchange.hello(HelloRequest(0, token), WireLimits()))
+            except BaseException:
+                connection.close()
+                raise
+        return connection
 
     def release(self, connection: TcpConnection) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvpool_client.auth import Credentials, TlsFiles, read_token, tls_from_env
 from kvpool_client.errors import UsageError
 from kvpool_client.membership.records import MAX_REPLICAS, check_name
 
@@ -37,6 +38,9 @@ class ClientConfig:
             and uses ``tcp`` otherwise; ``tcp`` always uses the socket; ``shm``
             requires the arena, and a node that offers none fails its gets with
             ``UNAVAILABLE``. Puts and everything else go over tcp.
+        auth_token: the cluster's shared token, for nodes that require one
+            (proved on every data connection and gRPC call).
+        tls: CA (and client certificate) files for nodes whose gRPC port is TLS.
     Raises:
         UsageError: no nodes and no etcd, a non-positive timeout, R/quorum out of
             range, or an unknown transport.
@@ -53,6 +57,8 @@ class ClientConfig:
     write_quorum: int | None = None
     io_threads: int = 8
     transport: str = "auto"
+    auth_token: bytes | None = field(default=None, repr=False)
+    tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "etcd_endpoints"):
@@ -94,6 +100,10 @@ class ClientConfig:
         return 2 * self.request_timeout_s + self.connect_timeout_s + 1.0
 
     @property
+    def credentials(self) -> Credentials:
+        return Credentials(self.auth_token, self.tls)
+
+    @property
     def uses_etcd(self) -> bool:
         """Whether membership comes from etcd (else the static ``nodes`` list)."""
         return bool(self.etcd_endpoints)
@@ -104,7 +114,10 @@ class ClientConfig:
 
         Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
         ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM``,
-        ``KVPOOL_REQUEST_TIMEOUT_S`` and ``KVPOOL_TRANSPORT`` (auto, tcp or shm).
+        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp or shm) and
+        ``KVPOOL_AUTH_TOKEN_FILE`` (the token's file, the daemon's setting too) and
+        ``KVPOOL_TLS_CA_FILE`` (with ``KVPOOL_TLS_CLIENT_CERT_FILE`` and
+        ``KVPOOL_TLS_CLIENT_KEY_FILE`` for mTLS).
 
         Raises:
             UsageError: a malformed number, or an invalid combination (see the class).
@@ -119,6 +132,9 @@ class ClientConfig:
             values["cluster"] = env["KVPOOL_CLUSTER"].strip()
         if env.get("KVPOOL_TRANSPORT"):
             values["transport"] = env["KVPOOL_TRANSPORT"].strip().lower()
+        if env.get("KVPOOL_AUTH_TOKEN_FILE"):
+            values["auth_token"] = read_token(env["KVPOOL_AUTH_TOKEN_FILE"])
+        values["tls"] = tls_from_env(env)
         for name, var, kind in (
             ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
             ("replicas", "KVPOOL_REPLICAS", int),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvpool_client.auth import Credentials, open_aio_channel, open_channel
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, error_for_code
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
@@ -86,10 +87,10 @@ def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:
 class ControlClient:
     """Blocking control-plane calls to one node."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, credentials: Credentials = Credentials()) -> None:
         self.address = address
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, credentials)
         self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
 
     def server_info(self) -> NodeInfo:
@@ -114,10 +115,10 @@ class ControlClient:
 class AsyncControlClient:
     """asyncio control-plane calls to one node."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, credentials: Credentials = Credentials()) -> None:
         self.address = address
         self._timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = open_aio_channel(address, credentials)
         self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
 
     async def server_info(self) -> NodeInfo:

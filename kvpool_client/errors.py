@@ -27,6 +27,7 @@ class ErrorCode(enum.IntEnum):
     LIMIT_EXCEEDED = 12  # too many keys, frame or meta too large
     INVALID_ARGUMENT = 13
     CHECKSUM_MISMATCH = 14
+    UNAUTHENTICATED = 15  # the connection or call did not prove the cluster's token
     UNAVAILABLE = 20  # node unreachable, connection lost
     TIMEOUT = 21
     SHUTTING_DOWN = 22
@@ -77,6 +78,12 @@ class RequestTimeout(KVPoolError):
     code = ErrorCode.TIMEOUT
 
 
+class AuthenticationError(KVPoolError):
+    """The node requires the cluster's token and this client did not prove it."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
 class ServerError(KVPoolError):
     """The node answered a whole request with an error code."""
 
@@ -95,5 +102,6 @@ def error_for_code(code: int, message: str) -> KVPoolError:
         ErrorCode.UNAVAILABLE: NodeUnavailable,
         ErrorCode.SHUTTING_DOWN: NodeUnavailable,
         ErrorCode.TIMEOUT: RequestTimeout,
+        ErrorCode.UNAUTHENTICATED: AuthenticationError,
     }
     return by_code.get(known, ServerError)(message, known)

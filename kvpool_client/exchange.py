@@ -25,6 +25,8 @@ from kvpool_client.wire import (
     ExistsRequest,
     GetRequest,
     GetResponse,
+    HelloRequest,
+    HelloResponse,
     LocateRequest,
     LocateResponse,
     Op,
@@ -263,6 +265,18 @@ def ping(request: PingRequest, limits: WireLimits) -> Exchange[None]:
     response = yield from _response(request.request_id, Op.PING, limits, 0)
     if not isinstance(response, PingResponse):
         raise ProtocolError(f"expected a PING response, got {response!r}")
+
+
+def hello(request: HelloRequest, limits: WireLimits) -> Exchange[None]:
+    """Prove the cluster's token on a new connection.
+
+    Raises:
+        AuthenticationError: the node rejected the token (it then closes the connection).
+    """
+    yield Send([encode(request)])
+    response = yield from _response(request.request_id, Op.HELLO, limits, 0)
+    if not isinstance(response, HelloResponse):
+        raise ProtocolError(f"expected a HELLO response, got {response!r}")
 
 
 def _response(request_id: int, op: Op, limits: WireLimits, expected_meta: int) -> Exchange[Response]:

@@ -28,6 +28,8 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvpool_client.auth import Credentials, read_token, tls_from_env
+from kvpool_client.errors import UsageError
 from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
@@ -36,7 +38,9 @@ from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_ar
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
+from kvpool_server.control.auth import TokenInterceptor
 from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
+from kvpool_server.control.tls import CertificateFiles
 from kvpool_server.data.session import Session, SessionConfig
 from kvpool_server.data.tcp import TcpListener
 from kvpool_server.data.workers import LoopThread
@@ -67,8 +71,9 @@ def package_version() -> str:
 class Daemon:
     """One node's storage daemon: DRAM and SSD tiers, TCP data plane, gRPC control plane."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, token: bytes | None = None) -> None:
         self.config = config
+        self._token = token  # the cluster's shared token; None: no authentication
         self.counters = Counters()
         self.latencies = Latencies()
         self.limits = WireLimits(config.max_keys_per_request, config.max_block_size, config.max_frame_bytes)
@@ -151,7 +156,7 @@ class Daemon:
     def _start_data_plane(self, store: BlockStore) -> None:
         """Worker loops and the TCP listener that hands them connections."""
         cfg = self.config
-        session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get)
+        session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get, self._token)
 
         async def serve_connection(channel: AsyncSocketChannel) -> None:
             session = Session(channel, store, self.counters, self.latencies, session_config, lambda: self.presence.accepting_writes)
@@ -176,9 +181,15 @@ class Daemon:
             OSError: the port is taken or the address unusable.
         """
         cfg = self.config
-        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        interceptors = [TokenInterceptor(self._token, self.counters)] if self._token is not None else []
+        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
+        address = f"{cfg.host}:{cfg.grpc_port}"
         try:
-            port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+            if cfg.tls_cert_file:
+                files = CertificateFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+                port = self._grpc.add_secure_port(address, files.credentials())
+            else:
+                port = self._grpc.add_insecure_port(address)
         except RuntimeError as exc:  # grpc reports a port in use this way
             raise OSError(f"cannot bind gRPC on {cfg.host}:{cfg.grpc_port}: {exc}") from exc
         if port == 0:
@@ -237,7 +248,8 @@ class Daemon:
             log.warning("hand-off needs etcd membership; skipped")
             return
         task = asyncio.get_running_loop().create_task(
-            hand_off(blocks, store, self.presence.cluster, identity.node_id, self.counters)
+            hand_off(blocks, store, self.presence.cluster, identity.node_id, self.counters,
+                     Credentials(self._token, tls_from_env(os.environ)))
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -304,8 +316,8 @@ class Daemon:
         log.info("stopped")
 
 
-async def run(config: ServerConfig) -> None:
-    daemon = Daemon(config)
+async def run(config: ServerConfig, token: bytes | None) -> None:
+    daemon = Daemon(config, token)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
@@ -319,12 +331,13 @@ async def run(config: ServerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
-    except ConfigError as exc:
+        token = read_token(config.auth_token_file) if config.auth_token_file else None
+    except (ConfigError, UsageError) as exc:
         print(f"kvpool-server: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format, config.node_id or "kvpool")
     try:
-        uvloop.run(run(config))
+        uvloop.run(run(config, token))
     except OSError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         return 1

@@ -34,7 +34,8 @@ ENV_PREFIX = "KVPOOL_"
 CONFIG_ENV = "KVPOOL_CONFIG"
 # Read by kvpool_client in the same environment; the daemon ignores them.
 CLIENT_ENV_VARS = frozenset(
-    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM"}
+    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM",
+     "KVPOOL_TRANSPORT", "KVPOOL_TLS_CA_FILE", "KVPOOL_TLS_CLIENT_CERT_FILE", "KVPOOL_TLS_CLIENT_KEY_FILE"}
 )
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -86,6 +87,13 @@ class ServerConfig:
     verify_checksum_on_get: bool = _opt(False, "verify each block's checksum before sending it")
     io_timeout_s: float = _opt(30.0, "seconds a peer may stall mid-frame before it is dropped")
     shutdown_grace_s: float = _opt(10.0, "seconds in-flight requests get to finish at shutdown")
+    auth_token_file: str = _opt(
+        "", "file with the cluster's shared token (16..1024 printable bytes): data connections and gRPC calls "
+        "must prove it; empty: no authentication"
+    )
+    tls_cert_file: str = _opt("", "PEM certificate chain of the gRPC port; with tls_key_file, gRPC runs over TLS")
+    tls_key_file: str = _opt("", "PEM private key of tls_cert_file")
+    tls_client_ca_file: str = _opt("", "PEM CA of client certificates: set, gRPC requires them (mTLS)")
     announce_file: str = _opt("", "if set, the bound ports are written there as JSON once ready")
     log_level: str = _opt("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = _opt("json", "log line format", choices=("json", "text"))
@@ -455,6 +463,13 @@ def _check_paths(report: _Report) -> None:
         report.fail("shm_dir", "not an existing directory")
     if config.ssd_dir and not os.path.isdir(os.path.dirname(os.path.abspath(config.ssd_dir))):
         report.fail("ssd_dir", "its parent directory does not exist")
+    for name in ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        if getattr(config, name) and not os.path.isfile(getattr(config, name)):
+            report.fail(name, "not an existing file")
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        report.fail("tls_key_file" if config.tls_cert_file else "tls_cert_file", "TLS needs both tls_cert_file and tls_key_file")
+    if config.tls_client_ca_file and not config.tls_cert_file:
+        report.fail("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     if config.announce_file:
         parent = os.path.dirname(os.path.abspath(config.announce_file))
         if not os.path.isdir(parent):

@@ -83,7 +83,9 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
             if process.poll() is None:
                 process.kill()
                 process.wait(5)
-            raise RuntimeError(f"daemon did not start (exit {process.returncode}):\n{log_path.read_text()}")
+            log_text = log_path.read_text()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise RuntimeError(f"daemon did not start (exit {process.returncode}):\n{log_text}")
         time.sleep(0.02)
     info = json.loads(announce.read_text())
     ports = info["grpc_port"], info["data_port"]

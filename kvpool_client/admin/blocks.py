@@ -38,7 +38,7 @@ class _Pool:
         self.router = _etcd_router(args) if args.etcd else StaticRouter(args.nodes)
         config = ClientConfig(
             nodes=tuple(m.address for m in self.router.members()), request_timeout_s=args.timeout,
-            connect_timeout_s=min(args.timeout, 3.0),
+            connect_timeout_s=min(args.timeout, 3.0), auth_token=args.credentials.token, tls=args.credentials.tls,
         )
         self.client = KVPoolClient(config=config, router=self.router)
 

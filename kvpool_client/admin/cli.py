@@ -27,6 +27,9 @@ Commands:
 Every command takes --nodes or --etcd/--cluster, --timeout and --json (machine-readable
 output on stdout). With --etcd the nodes are those registered in etcd, and --nodes is
 ignored; config and watch need --etcd. Errors are one line on stderr that says what to do.
+Nodes that require the cluster's token get it from --auth-token-file (or $KVPOOL_AUTH_TOKEN_FILE);
+a TLS gRPC port is trusted through $KVPOOL_TLS_CA_FILE (and $KVPOOL_TLS_CLIENT_CERT_FILE,
+$KVPOOL_TLS_CLIENT_KEY_FILE for mTLS).
 
 Exit codes:
   0  success
@@ -65,6 +68,7 @@ from kvpool_client.admin.inputs import (
     positive_int_arg,
     setting_arg,
 )
+from kvpool_client.auth import Credentials, read_token, tls_from_env
 from kvpool_client.errors import KVPoolError
 
 PROG = "kvpoolctl"
@@ -99,6 +103,9 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
     parser.add_argument("--timeout", type=positive_float_arg, metavar="SECONDS", default=default(None),
                         help=f"most seconds to wait for a node or etcd (default: $KVPOOL_REQUEST_TIMEOUT_S or "
                              f"{DEFAULT_TIMEOUT_S}); for watch: stop after this many seconds")
+    parser.add_argument("--auth-token-file", metavar="PATH", default=default(env.get("KVPOOL_AUTH_TOKEN_FILE") or None),
+                        help="the cluster's shared token, for nodes that require one "
+                             "(default: $KVPOOL_AUTH_TOKEN_FILE)")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print machine-readable JSON on stdout")
     parser.add_argument("--debug", action="store_true", default=default(False),
@@ -221,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kvpool").setLevel(logging.DEBUG if args.debug else logging.ERROR)
     try:
         _settle_timeout(args)
+        token = read_token(args.auth_token_file) if args.auth_token_file else None
+        args.credentials = Credentials(token, tls_from_env(os.environ))
         return int(args.run(args))
     except CliError as exc:
         return _fail(exc)

@@ -58,7 +58,7 @@ def run_status(args: argparse.Namespace) -> ExitCode:
         listing = session.nodes()
         config, config_problem = _config_or_problem(session)
     records = [listing.nodes[n] for n in sorted(listing.nodes)]
-    reports = nodes.probe_all(tuple(r.address for r in records), args.timeout) if records else []
+    reports = nodes.probe_all(tuple(r.address for r in records), args.timeout, args.credentials) if records else []
     if args.json:
         fmt.print_json({
             "cluster": args.cluster,

@@ -20,6 +20,7 @@ from kvpool_client.admin import format as fmt
 from kvpool_client.admin import nodes
 from kvpool_client.admin.exits import CliError, ExitCode, unreachable
 from kvpool_client.admin.session import ClusterSession, Target, open_session
+from kvpool_client.auth import Credentials, open_channel
 from kvpool_client.control import translate_rpc_error
 from kvpool_client.membership.records import NodeState
 from kvpool_client.proto import kvpool_pb2 as pb
@@ -70,7 +71,7 @@ def run_undrain(args: argparse.Namespace) -> ExitCode:
 
 def _change_state(args: argparse.Namespace, state: NodeState, handoff: bool) -> ExitCode:
     if not args.etcd:
-        target = Target(nodes.resolve(args.node, args.nodes, args.timeout))
+        target = Target(nodes.resolve(args.node, args.nodes, args.timeout, args.credentials))
         return _apply(args, None, target, state, handoff)
     with open_session(args, args.command) as session:
         return _apply(args, session, session.resolve(args.node), state, handoff)
@@ -78,13 +79,13 @@ def _change_state(args: argparse.Namespace, state: NodeState, handoff: bool) -> 
 
 def _apply(args: argparse.Namespace, session: ClusterSession | None, target: Target, state: NodeState,
            handoff: bool) -> ExitCode:
-    before = nodes.probe(target.address, args.timeout)
+    before = nodes.probe(target.address, args.timeout, args.credentials)
     if before.error is not None or before.info is None:
         assert before.error is not None
         raise unreachable(target.address, before.error)
     if target.record is None and session is not None:
         target = Target(target.address, session.record(before.info.node_id))
-    info = _set_state(target, state, handoff, args.timeout)
+    info = _set_state(target, state, handoff, args.timeout, args.credentials)
     outcome = _Outcome(target, before.info.state, info.state, handoff)
     if args.wait:
         outcome = _Waiter(args, session, target, state, before).wait(outcome)
@@ -97,14 +98,14 @@ def _apply(args: argparse.Namespace, session: ClusterSession | None, target: Tar
     return ExitCode.OK
 
 
-def _set_state(target: Target, state: NodeState, handoff: bool, timeout: float) -> pb.ServerInfo:
+def _set_state(target: Target, state: NodeState, handoff: bool, timeout: float, credentials: Credentials) -> pb.ServerInfo:
     """Call SetState on the node.
 
     Raises:
         CliError: USAGE if the node refuses the transition (with its reason),
             UNREACHABLE if it does not answer, ERROR if it has no SetState.
     """
-    channel = grpc.insecure_channel(target.address)
+    channel = open_channel(target.address, credentials)
     try:
         stub = kvpool_pb2_grpc.KVPoolStub(channel)
         return stub.SetState(pb.SetStateRequest(state=str(state), handoff=handoff), timeout=timeout)
@@ -177,7 +178,7 @@ class _Waiter:
         return ""
 
     def _stats(self) -> pb.Stats:
-        report = nodes.probe(self._target.address, self._args.timeout)
+        report = nodes.probe(self._target.address, self._args.timeout, self._args.credentials)
         if report.error is not None or report.stats is None:
             assert report.error is not None
             raise unreachable(self._target.address, report.error)

@@ -27,6 +27,7 @@ class CliError(Exception):
         self.message = message
 
 
+_TOKEN_HINT = "requires the cluster's token: pass --auth-token-file PATH or set KVPOOL_AUTH_TOKEN_FILE"
 _UNREACHABLE_HINT = "is kvpool-server running? set --nodes or KVPOOL_NODES"
 _ETCD_HINT = "is etcd running? set --etcd or KVPOOL_ETCD_ENDPOINTS"
 _UNREACHABLE_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT})
@@ -39,6 +40,8 @@ def unreachable(address: str, exc: KVPoolError) -> CliError:
         return CliError(ExitCode.UNREACHABLE, f"{address} did not answer in time: raise --timeout or check the node")
     if exc.code is ErrorCode.SHUTTING_DOWN:
         return CliError(ExitCode.UNREACHABLE, f"{address} is shutting down: use another node in --nodes")
+    if exc.code is ErrorCode.UNAUTHENTICATED:
+        return CliError(ExitCode.USAGE, f"{address} {_TOKEN_HINT}")
     return CliError(ExitCode.UNREACHABLE, f"cannot reach {address}: {_UNREACHABLE_HINT}")
 
 
@@ -50,6 +53,8 @@ def etcd_unreachable(endpoints: str) -> CliError:
 def from_kvpool_error(exc: KVPoolError) -> CliError:
     """The error for an SDK exception that names no address we can trust."""
     message = str(exc.args[0]) if exc.args else str(exc)
+    if exc.code is ErrorCode.UNAUTHENTICATED:
+        return CliError(ExitCode.USAGE, f"a node {_TOKEN_HINT}")
     if isinstance(exc, (NodeUnavailable, RequestTimeout)) or exc.code in _UNREACHABLE_CODES:
         return CliError(ExitCode.UNREACHABLE, f"{message}: {_UNREACHABLE_HINT}")
     if isinstance(exc, UsageError) or exc.code in _USAGE_CODES:

@@ -15,6 +15,7 @@ import grpc
 
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import CliError, ExitCode, unreachable
+from kvpool_client.auth import Credentials, open_channel
 from kvpool_client.control import translate_rpc_error
 from kvpool_client.errors import KVPoolError
 from kvpool_client.proto import kvpool_pb2 as pb
@@ -38,10 +39,10 @@ class NodeReport:
         return next((t for t in tiers if t.name == "dram"), pb.TierStats(name="dram"))
 
 
-def probe(address: str, timeout: float) -> NodeReport:
+def probe(address: str, timeout: float, credentials: Credentials) -> NodeReport:
     """Ask one node for its ServerInfo and Stats; never raises for a node failure."""
     # ControlClient.server_info keeps only what the data plane needs; status wants all of ServerInfo.
-    channel = grpc.insecure_channel(address)
+    channel = open_channel(address, credentials)
     try:
         stub = kvpool_pb2_grpc.KVPoolStub(channel)
         info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
@@ -53,15 +54,15 @@ def probe(address: str, timeout: float) -> NodeReport:
     return NodeReport(address, info, stats)
 
 
-def probe_all(addresses: tuple[str, ...], timeout: float) -> list[NodeReport]:
+def probe_all(addresses: tuple[str, ...], timeout: float, credentials: Credentials) -> list[NodeReport]:
     """:func:`probe` each address in parallel; reports in the order given."""
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(addresses))) as pool:
-        return list(pool.map(lambda a: probe(a, timeout), addresses))
+        return list(pool.map(lambda a: probe(a, timeout, credentials), addresses))
 
 
 def run_status(args: argparse.Namespace) -> ExitCode:
     """One row per node: identity, endpoints, DRAM use, blocks, hit rate, uptime."""
-    reports = probe_all(args.nodes, args.timeout)
+    reports = probe_all(args.nodes, args.timeout, args.credentials)
     if args.json:
         fmt.print_json({"nodes": [_status_json(r) for r in reports]})
     else:
@@ -74,13 +75,13 @@ def run_stats(args: argparse.Namespace) -> ExitCode:
     """Every counter and tier of each node, or of the one node ``args.node`` names."""
     addresses = args.nodes
     if args.node is not None:
-        addresses = (resolve(args.node, args.nodes, args.timeout),)
+        addresses = (resolve(args.node, args.nodes, args.timeout, args.credentials),)
     return show_stats(args, addresses)
 
 
 def show_stats(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode:
     """Print every counter and tier of each of ``addresses``; exit 3 if one is unreachable."""
-    reports = probe_all(addresses, args.timeout)
+    reports = probe_all(addresses, args.timeout, args.credentials)
     if args.json:
         fmt.print_json({"nodes": [_stats_json(r) for r in reports]})
     else:
@@ -88,7 +89,7 @@ def show_stats(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode
     return report_failures(reports)
 
 
-def resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
+def resolve(node: str, addresses: tuple[str, ...], timeout: float, credentials: Credentials) -> str:
     """The control address of ``node``: an address as is, else the node whose id it is.
 
     Raises:
@@ -96,7 +97,7 @@ def resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
     """
     if ":" in node:
         return node
-    reports = probe_all(addresses, timeout)
+    reports = probe_all(addresses, timeout, credentials)
     for report in reports:
         if report.info is not None and report.info.node_id == node:
             return report.address
@@ -106,11 +107,10 @@ def resolve(node: str, addresses: tuple[str, ...], timeout: float) -> str:
 
 
 def report_failures(reports: list[NodeReport]) -> ExitCode:
-    failed = [r for r in reports if r.error is not None]
-    for report in failed:
-        assert report.error is not None
-        print(f"kvpoolctl: error: {unreachable(report.address, report.error).message}", file=sys.stderr)
-    return ExitCode.UNREACHABLE if failed else ExitCode.OK
+    errors = [unreachable(r.address, r.error) for r in reports if r.error is not None]
+    for error in errors:
+        print(f"kvpoolctl: error: {error.message}", file=sys.stderr)
+    return max((e.code for e in errors), default=ExitCode.OK)  # unreachable (3) outranks a missing token (2)
 
 
 def _status_row(report: NodeReport) -> tuple[object, ...]:

@@ -208,7 +208,7 @@ def _loop(args: argparse.Namespace, source: _Source) -> ExitCode:
         while True:
             started = time.monotonic()
             addresses = source.addresses()
-            reports = nodes.probe_all(addresses, args.timeout) if addresses else []
+            reports = nodes.probe_all(addresses, args.timeout, args.credentials) if addresses else []
             now = time.monotonic()
             samples = {r.address: Sample(now, r) for r in reports}
             rows = [node_row(s, previous.get(a)) for a, s in samples.items()]

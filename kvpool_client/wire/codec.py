@@ -16,6 +16,7 @@ Layout (little endian)::
     PUT     keys | count*u32 lengths | has_depths u8 | has_depths ? count*u32 chain depths
     GET/DEL/LOCATE keys
     EXISTS  prefix u8 | keys
+    HELLO   token bytes (at most MAX_TOKEN_BYTES); the response has no meta
     status  count u32 | count*u8 statuses                  (PUT/EXISTS/DELETE responses)
     GET rsp count u32 | count*u8 statuses | count*u32 lengths | count*u64 checksums
     LOCATE rsp  count u32 | arena_id u64 | count*u8 statuses | count*u64 offsets |
@@ -33,6 +34,7 @@ from kvpool_client.wire.frames import (
     MAGIC,
     MAX_HASH_BYTES,
     MAX_NAMESPACE_BYTES,
+    MAX_TOKEN_BYTES,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
     DeleteRequest,
@@ -45,6 +47,8 @@ from kvpool_client.wire.frames import (
     LocateResponse,
     Message,
     Op,
+    HelloRequest,
+    HelloResponse,
     PingRequest,
     PingResponse,
     PutRequest,
@@ -110,6 +114,10 @@ def _encode_meta(message: Message) -> tuple[int, int, bytes]:
             return Op.DELETE, 0, _encode_keys(ns, hashes)
         case PingRequest():
             return Op.PING, 0, b""
+        case HelloRequest(token=token):
+            if len(token) > MAX_TOKEN_BYTES:
+                raise ProtocolError(f"a token is at most {MAX_TOKEN_BYTES} bytes")
+            return Op.HELLO, 0, bytes(token)
         case LocateRequest(namespace=ns, hashes=hashes):
             return Op.LOCATE, 0, _encode_keys(ns, hashes)
         case StatusResponse(op=op, statuses=statuses):
@@ -120,6 +128,8 @@ def _encode_meta(message: Message) -> tuple[int, int, bytes]:
             return Op.GET | RESPONSE_BIT, 0, _encode_get_response(statuses, lengths, checksums)
         case PingResponse():
             return Op.PING | RESPONSE_BIT, 0, b""
+        case HelloResponse():
+            return Op.HELLO | RESPONSE_BIT, 0, b""
         case LocateResponse():
             return Op.LOCATE | RESPONSE_BIT, 0, _encode_locate_response(message)
         case ErrorResponse(op=op, code=code, message=text):
@@ -260,6 +270,10 @@ def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Me
         return ExistsRequest(rid, *_decode_keys(reader, limits), prefix=bool(prefix))
     if op is Op.PING:
         return PingRequest(rid)
+    if op is Op.HELLO:
+        if reader.remaining > MAX_TOKEN_BYTES:
+            raise LimitExceeded(f"a token is at most {MAX_TOKEN_BYTES} bytes")
+        return HelloRequest(rid, bytes(reader.take(reader.remaining)))
     request = {Op.GET: GetRequest, Op.LOCATE: LocateRequest}.get(op, DeleteRequest)
     return request(rid, *_decode_keys(reader, limits))
 
@@ -270,6 +284,8 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
         return ErrorResponse(rid, op, status, text)
     if op is Op.PING:
         return PingResponse(rid)
+    if op is Op.HELLO:
+        return HelloResponse(rid)
     if op is Op.LOCATE:
         return _decode_locate_response(rid, reader, limits)
     count = reader.count(limits)

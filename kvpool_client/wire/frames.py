@@ -13,13 +13,14 @@ for that op when the whole request failed.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROTOCOL_VERSION = 1
 MAGIC = b"KV"
 RESPONSE_BIT = 0x80
 MAX_NAMESPACE_BYTES = 255
 MAX_HASH_BYTES = 64
+MAX_TOKEN_BYTES = 1024
 
 
 class Op(enum.IntEnum):
@@ -29,6 +30,7 @@ class Op(enum.IntEnum):
     DELETE = 4
     PING = 5
     LOCATE = 6  # where blocks lie in the node's shared arena (same-node readers)
+    HELLO = 7  # the first frame on a connection to a node that requires a token
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,14 @@ class PingRequest:
 
 
 @dataclass(slots=True)
+class HelloRequest:
+    """Proves the cluster's shared token; a node with a token requires it first on every connection."""
+
+    request_id: int
+    token: bytes = field(repr=False)  # never in logs or reprs
+
+
+@dataclass(slots=True)
 class StatusResponse:
     """Per-key status codes; answers PUT, EXISTS and DELETE (see ``op``)."""
 
@@ -161,6 +171,11 @@ class PingResponse:
 
 
 @dataclass(slots=True)
+class HelloResponse:
+    request_id: int
+
+
+@dataclass(slots=True)
 class ErrorResponse:
     """The whole request failed; ``code`` is an :class:`~kvpool_client.errors.ErrorCode`."""
 
@@ -170,6 +185,6 @@ class ErrorResponse:
     message: str
 
 
-Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest | LocateRequest
-Response = StatusResponse | GetResponse | PingResponse | ErrorResponse | LocateResponse
+Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest | LocateRequest | HelloRequest
+Response = StatusResponse | GetResponse | PingResponse | ErrorResponse | LocateResponse | HelloResponse
 Message = Request | Response

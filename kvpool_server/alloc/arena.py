@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 
 ARENA_PREFIX = "kvpool-"
+# The daemon writes; members of its group (same-node engines) may map it read-only; nobody else.
+_ARENA_MODE = 0o640
 
 
 class SharedArena:
@@ -39,8 +41,9 @@ class SharedArena:
 
     def __init__(self, directory: str, name: str, capacity: int, prefault: bool = True, extra: int = 0) -> None:
         self.path = Path(directory) / name
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, _ARENA_MODE)
         try:
+            os.fchmod(fd, _ARENA_MODE)  # whatever the umask: same-node readers come in by group
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process exits
             os.posix_fallocate(fd, 0, capacity + extra)
             # MAP_POPULATE maps every page now: a first write into a fresh slot would

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvpool_client.control import ERROR_CODE_METADATA
 from kvpool_client.errors import ErrorCode
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
@@ -23,7 +24,6 @@ from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore, TierReport
 
-ERROR_CODE_METADATA = "kvpool-error-code"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
 
     async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         if request.state not in ("draining", "active"):
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"state must be draining or active, not {request.state!r}")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"state must be draining or active, not {request.state[:64]!r}")
         try:
             await self._presence.set_state(request.state)
         except InvalidTransition as exc:

@@ -16,13 +16,14 @@ Errors and the connection:
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvpool_client.errors import ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
+from kvpool_client.errors import AuthenticationError, ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
 from kvpool_client.wire import (
     HEADER_SIZE,
     DeleteRequest,
@@ -31,6 +32,8 @@ from kvpool_client.wire import (
     FrameHeader,
     GetRequest,
     GetResponse,
+    HelloRequest,
+    HelloResponse,
     LocateRequest,
     LocateResponse,
     Op,
@@ -44,6 +47,7 @@ from kvpool_client.wire import (
     encode,
     header_identity,
 )
+from kvpool_client.wire.frames import MAX_TOKEN_BYTES
 from kvpool_server.data.readahead import ReadAhead
 from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters, Latencies
@@ -53,6 +57,7 @@ from kvpool_server.tiers.store import BlockStore, HeldBlock
 log = logging.getLogger("kvpool.data")
 
 _DRAIN_CHUNK = 1 << 20
+_NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token_file)"
 
 
 class Channel(Protocol):
@@ -73,6 +78,7 @@ class Channel(Protocol):
 class SessionConfig:
     limits: WireLimits
     verify_checksum_on_get: bool
+    token: bytes | None = field(default=None, repr=False)  # required in a HELLO first, when set
 
 
 class Session:
@@ -96,6 +102,7 @@ class Session:
         self._config = config
         self._accepting_writes = accepting_writes  # False while the node drains
         self.busy = False  # True while a request is in flight; shutdown waits for it
+        self._authenticated = config.token is None
 
     async def run(self) -> None:
         """Serve requests until the peer leaves, stalls mid-frame or breaks the stream.
@@ -127,7 +134,27 @@ class Session:
         except ProtocolError as exc:
             await self._send_error(*header_identity(raw), exc)
             return False
+        if header.op == Op.HELLO:
+            return await self._hello(header)
+        if not self._authenticated:  # nothing more is read from an unproven peer
+            await self._send_error(header.request_id, Op(header.op & 0x7F), AuthenticationError(_NEEDS_TOKEN))
+            return False
         await self._dispatch(header)
+        return True
+
+    async def _hello(self, header: FrameHeader) -> bool:
+        """Check the token a HELLO proves; a wrong one closes the connection."""
+        if header.meta_len > MAX_TOKEN_BYTES or header.payload_len:
+            await self._send_error(header.request_id, Op.HELLO, ProtocolError("a HELLO holds only a token"))
+            return False
+        request = decode_message(header, await self._reader.recv_exactly(header.meta_len), self._config.limits)
+        assert isinstance(request, HelloRequest)
+        expected = self._config.token
+        if expected is not None and not hmac.compare_digest(request.token, expected):
+            await self._send_error(header.request_id, Op.HELLO, AuthenticationError("wrong token"))
+            return False
+        self._authenticated = True
+        await self._channel.send([encode(HelloResponse(header.request_id))])
         return True
 
     async def _dispatch(self, header: FrameHeader) -> None:

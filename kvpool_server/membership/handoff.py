@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from kvpool_client.aio import AsyncKVPoolClient
+from kvpool_client.auth import Credentials
+from kvpool_client.config import ClientConfig
 from kvpool_client.errors import KVPoolError
 from kvpool_client.keys import BlockKey
 from kvpool_client.membership.cluster import list_nodes, read_config
@@ -36,8 +38,17 @@ class HandoffReport:
     failed: int  # copies that could not be stored
 
 
-async def hand_off(blocks: BlockStore, store: EtcdStore, cluster: str, self_id: str, counters: Counters) -> HandoffReport:
+async def hand_off(
+    blocks: BlockStore,
+    store: EtcdStore,
+    cluster: str,
+    self_id: str,
+    counters: Counters,
+    credentials: Credentials = Credentials(),
+) -> HandoffReport:
     """Copy every readable block to its owners among the other active nodes.
+
+    ``credentials`` (the cluster's token, TLS) are presented to the new owners.
 
     An unreadable membership is logged and ends the hand-off: the blocks stay
     readable here until the node leaves.
@@ -66,7 +77,7 @@ async def hand_off(blocks: BlockStore, store: EtcdStore, cluster: str, self_id: 
             by_owner[owner.address].append(key)
     copies = failed = 0
     for address, owned in by_owner.items():
-        stored, lost = await _copy_to(blocks, address, owned)
+        stored, lost = await _copy_to(blocks, address, owned, credentials)
         copies, failed = copies + stored, failed + lost
     counters.add("handoff_copies", copies)
     counters.add("handoff_failures", failed)
@@ -75,10 +86,13 @@ async def hand_off(blocks: BlockStore, store: EtcdStore, cluster: str, self_id: 
     return HandoffReport(len(keys), copies, failed)
 
 
-async def _copy_to(blocks: BlockStore, address: str, keys: list[StoreKey]) -> tuple[int, int]:
+async def _copy_to(
+    blocks: BlockStore, address: str, keys: list[StoreKey], credentials: Credentials
+) -> tuple[int, int]:
     """Put ``keys`` to the node at ``address``; returns (stored, failed)."""
     stored = failed = 0
-    async with AsyncKVPoolClient([address]) as client:
+    config = ClientConfig(nodes=(address,), auth_token=credentials.token, tls=credentials.tls)
+    async with AsyncKVPoolClient(config=config) as client:
         for start in range(0, len(keys), _BATCH):
             batch = keys[start : start + _BATCH]
             held = await blocks.acquire(batch, touch=False)

@@ -15,8 +15,8 @@ from kvpool_client.errors import ErrorCode, LimitExceeded, ProtocolError
 from kvpool_client.wire.codec import HEADER_SIZE, decode_header, decode_message, encode, payload_length, payload_lengths
 from kvpool_client.wire.frames import (
     MAX_HASH_BYTES, MAX_NAMESPACE_BYTES, RESPONSE_BIT, DeleteRequest, ErrorResponse, ExistsRequest,
-    GetRequest, GetResponse, LocateRequest, LocateResponse, Op, PingRequest, PingResponse, PutRequest,
-    StatusResponse, WireLimits,
+    MAX_TOKEN_BYTES, GetRequest, GetResponse, HelloRequest, HelloResponse, LocateRequest, LocateResponse, Op,
+    PingRequest, PingResponse, PutRequest, StatusResponse, WireLimits,
 )
 
 LIMITS = WireLimits(max_keys=8, max_block_size=1024, max_payload=1 << 20)
@@ -83,6 +83,8 @@ messages = st.one_of(
     st.builds(PingResponse, request_ids),
     st.builds(LocateRequest, request_ids, namespaces, hash_lists()),
     locate_responses(),
+    st.builds(HelloRequest, request_ids, st.binary(max_size=MAX_TOKEN_BYTES)),
+    st.builds(HelloResponse, request_ids),
     st.builds(ErrorResponse, request_ids, st.sampled_from(Op), st.integers(1, 0xFFFF), st.text(max_size=200)),
 )
 
@@ -158,7 +160,8 @@ def test_every_message_round_trips(message):
     assert header.request_id == message.request_id, f"header {header}"
     assert header.payload_len == payload_length(message) == sum(payload_lengths(message)), (
         f"header {header}, payload_length {payload_length(message)}, blocks {payload_lengths(message)}")
-    is_response = isinstance(message, (StatusResponse, GetResponse, PingResponse, ErrorResponse, LocateResponse))
+    responses = (StatusResponse, GetResponse, PingResponse, ErrorResponse, LocateResponse, HelloResponse)
+    is_response = isinstance(message, responses)
     assert header.is_response == is_response, f"header {header} for {message!r}"
 
 
@@ -234,7 +237,8 @@ def test_header_at_the_limits_is_accepted():
     assert (header.meta_len, header.payload_len) == (LIMITS.max_meta, LIMITS.max_payload), f"{header}"
 
 
-FREE_FORM = (ErrorResponse, PingRequest, PingResponse)  # error text is free-form; pings have no meta to cut
+# Error text and tokens are free-form (any cut is valid); pings and hello answers have no meta to cut.
+FREE_FORM = (ErrorResponse, PingRequest, PingResponse, HelloRequest, HelloResponse)
 
 
 @given(messages.filter(lambda m: not isinstance(m, FREE_FORM)))
@@ -248,7 +252,7 @@ def test_truncated_meta_is_rejected_at_every_cut_point(message):
                 pytest.fail(f"{message!r} cut at {cut}/{len(meta)} (meta_len {claimed.meta_len}) decoded")
 
 
-@given(messages.filter(lambda m: not isinstance(m, ErrorResponse)), st.binary(min_size=1, max_size=8))
+@given(messages.filter(lambda m: not isinstance(m, (ErrorResponse, HelloRequest))), st.binary(min_size=1, max_size=8))
 def test_trailing_meta_bytes_are_rejected(message, extra):
     header, meta = split(encode(message))
     with pytest.raises(ProtocolError, match="trailing"):
