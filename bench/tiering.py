@@ -5,9 +5,10 @@ Both parts run in one invocation, on loopback:
 1. Reload rate. One daemon with a small DRAM tier and an SSD tier in a directory
    on local disk. The same blocks are read (batches of 32 blocks of 384 KiB):
    - ``dram``: blocks resident in DRAM;
-   - ``ssd``: blocks only on SSD (DRAM holds other blocks; promotion off, so every
-     pass reads the disk), with the segment files' page cache dropped before the
-     pass by ``posix_fadvise(POSIX_FADV_DONTNEED)``;
+   - ``ssd``: blocks only on SSD, read in a pass larger than DRAM (each block is
+     promoted into DRAM, as by default, and evicted again before the next pass),
+     with the segment files' page cache dropped before the pass by
+     ``posix_fadvise(POSIX_FADV_DONTNEED)``;
    - ``raw``: the same bytes read sequentially from one file of the same size in
      1 MiB ``preadv`` calls, page cache dropped the same way: the device's rate.
    Reported as GB/s and the ratio ssd / raw (target >= 0.5).
@@ -139,7 +140,7 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
     ssd_dir, n = work / "segments", (data_mib << 20) // BLOCK
     flags = ("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
              "--ssd-dir", str(ssd_dir), "--ssd-capacity", f"{4 * data_mib}MiB", "--ssd-segment-size", "64MiB",
-             "--ssd-demote-share", "1.0", "--no-ssd-promote-on-hit")
+             "--ssd-demote-share", "1.0")
     node = start_daemon(*flags)
     try:
         with KVPoolClient([node.address]) as pool:

@@ -49,7 +49,7 @@ from kvpool_client.wire import (
 )
 from kvpool_client.wire.frames import MAX_TOKEN_BYTES
 from kvpool_server.data.readahead import ReadAhead
-from kvpool_server.index import BlockEntry
+from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import checksum
 from kvpool_server.tiers.store import BlockStore, HeldBlock
@@ -260,9 +260,10 @@ class Session:
         if generations is None:
             await self._send_error(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))
             return
-        held = await self._store.acquire([(request.namespace, h) for h in request.hashes])
+        keys = [(request.namespace, h) for h in request.hashes]
+        held = await self._store.acquire(keys, arena_only=True)  # an unpromotable block is not read twice
         try:
-            rows = [self._location(block) for block in held]
+            rows = [self._location(key, block) for key, block in zip(keys, held)]
         finally:
             self._store.release(held)
         columns = [list(column) for column in zip(*rows)] or [[] for _ in range(5)]
@@ -270,14 +271,15 @@ class Session:
         self._counters.add("bytes_out_shm", sum(response.lengths))
         await self._channel.send([encode(response)])
 
-    def _location(self, block: HeldBlock | None) -> tuple[int, int, int, int, int]:
+    def _location(self, key: StoreKey, block: HeldBlock | None) -> tuple[int, int, int, int, int]:
         """(status, offset, length, checksum, generation) of a held block; zeros unless OK."""
+        if block is None and self._store.contains(key):  # on SSD, and DRAM had no slot for it
+            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
         status = self._check(block)
         if status is not ErrorCode.OK or block is None:
             return int(status), 0, 0, 0, 0
         entry = block.entry
-        if entry is None:  # read from SSD into a private buffer: not in the arena
-            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
+        assert entry is not None, "acquire(arena_only=True) holds arena blocks only"
         return int(status), entry.offset, entry.length, entry.checksum, self._tier.generation(entry)
 
     def _check(self, block: HeldBlock | None) -> ErrorCode:

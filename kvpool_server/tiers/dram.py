@@ -168,13 +168,18 @@ class DramTier:
         with self._lock:
             for policy in self._policies.values():
                 window = max(1, round(share * len(policy)))
+                # At most a quarter of a class at once, so puts always find something to evict.
+                room = max(1, len(policy) // 4)
                 for key in islice(policy.candidates(), window):
                     entry = self._index[key]
                     if not entry.pins and not skip(key):
                         entry.pins += 1
                         picked.append(entry)
+                        room -= 1
                         if len(picked) >= limit:
                             return picked
+                        if not room:
+                            break
         return picked
 
     def readable_keys(self) -> list[StoreKey]:

@@ -332,6 +332,15 @@ class SsdTier:
 
     # -- reads (blocking) -----------------------------------------------------
 
+    def prefetch(self, keys: list[StoreKey]) -> None:
+        """Start reading these blocks from the device; a later :meth:`read_into` finds them cached."""
+        with self._lock:
+            locations = [r.location for r in (self._index.get(k) for k in keys) if r is not None]
+        try:
+            self._log.will_need(locations)
+        except OSError as exc:  # only a hint: the reads themselves report real errors
+            log.debug("read-ahead hint failed", extra={"error": str(exc)})
+
     def read_into(self, key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
         """Read ``key``'s block into ``target`` (exactly its length) and verify it.
 

@@ -183,11 +183,15 @@ class BlockStore:
 
     # -- reads ----------------------------------------------------------------
 
-    async def acquire(self, keys: Sequence[StoreKey], *, touch: bool = True) -> list[HeldBlock | None]:
+    async def acquire(
+        self, keys: Sequence[StoreKey], *, touch: bool = True, arena_only: bool = False
+    ) -> list[HeldBlock | None]:
         """Hold each key's bytes for reading (None: a miss); release them with :meth:`release`.
 
         Args:
             touch: a client read: count hits and misses, refresh recency, promote.
+            arena_only: hold only blocks in the DRAM arena (promoted if need be); an
+                SSD block that cannot be promoted is left unread, as None.
                 Internal copies (hand-off) pass False.
 
         Raises:
@@ -203,7 +207,9 @@ class BlockStore:
         if not misses:
             return held
         assert self._pool is not None
-        loads = [self._pool.submit(self._load, keys[i], touch) for i in misses]
+        if len(misses) > 1:  # queued first: the device starts on every block at once
+            self._pool.submit(self.ssd.prefetch, [keys[i] for i in misses])
+        loads = [self._pool.submit(self._load, keys[i], touch, arena_only) for i in misses]
         try:
             loaded = await asyncio.gather(*(asyncio.wrap_future(f) for f in loads))
         except BaseException:
@@ -227,7 +233,7 @@ class BlockStore:
     def _dram_held(self, entry: BlockEntry) -> HeldBlock:
         return HeldBlock(self.dram.view(entry), entry.checksum, entry)
 
-    def _load(self, key: StoreKey, touch: bool) -> HeldBlock | None:
+    def _load(self, key: StoreKey, touch: bool, arena_only: bool) -> HeldBlock | None:
         """Read one block from SSD (on a pool thread): into DRAM when promoting, else a buffer."""
         assert self.ssd is not None
         length = self.ssd.length_of(key)
@@ -240,6 +246,8 @@ class BlockStore:
             raced = self.dram.acquire(key, touch=False)  # promoted or put meanwhile?
             if raced is not None:
                 return self._dram_held(raced)
+        if arena_only:
+            return None
         buffer = memoryview(bytearray(length))  # not promoted: DRAM is full of pinned blocks
         checksum = self.ssd.read_into(key, buffer, touch=touch)
         return None if checksum is None else HeldBlock(buffer, checksum, None)
