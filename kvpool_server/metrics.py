@@ -43,6 +43,7 @@ _OPS = ("put", "get", "exists", "delete", "ping", "locate")
 _PLAIN_COUNTERS = {
     "handoff_started": "hand-offs of this node's blocks started (drain with hand-off)",
     "handoff_finished": "hand-offs finished",
+    "handoff_planned": "block copies hand-offs set out to make",
     "handoff_copies": "blocks copied to their new owners by hand-offs",
     "handoff_failures": "blocks a hand-off failed to copy",
     "connections_dropped_mid_frame": "data connections closed by the peer or a timeout inside a frame",

@@ -27,7 +27,8 @@ from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
 
 _POLL_S = 0.2
-_HANDOFF_COUNTERS = ("handoff_copies", "handoff_failures")
+_HANDOFF_COUNTERS = ("handoff_copies", "handoff_failures", "handoff_planned", "handoff_finished")
+_BAR_WIDTH = 30
 _REFUSED = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT})
 
 
@@ -120,8 +121,10 @@ def _set_state(target: Target, state: NodeState, handoff: bool, timeout: float, 
         channel.close()
 
 
-def _handoff_total(stats: pb.Stats | None) -> int:
-    return 0 if stats is None else sum(stats.counters.get(name, 0) for name in _HANDOFF_COUNTERS)
+def _progress_bar(done: int, planned: int) -> str:
+    """``[#####.....] 120/400 copies`` (copies stored or failed out of those planned)."""
+    filled = _BAR_WIDTH * min(done, planned) // planned if planned else 0
+    return f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {done}/{planned} copies"
 
 
 class _Waiter:
@@ -147,13 +150,9 @@ class _Waiter:
         if outcome.handoff and not skip and not self._args.json:
             limit = f"{self._args.wait_timeout:g} s"
             print(f"waiting for {self._target.label} to hand off {blocks} blocks (up to {limit})", flush=True)
-        last_total: int | None = None
         while True:
             stats = self._stats()
-            total = _handoff_total(stats)
-            # The node adds its totals once, when the hand-off ends: moved, then steady, means done.
-            handoff_done = not outcome.handoff or bool(skip) or (total > sum(self._baseline.values())
-                                                                   and total == last_total)
+            handoff_done = not outcome.handoff or bool(skip) or self._moved(stats, "handoff_finished") > 0
             record_done, note = self._record_done()
             elapsed = time.monotonic() - start
             if handoff_done and record_done:
@@ -162,9 +161,14 @@ class _Waiter:
             if elapsed > self._args.wait_timeout:
                 self._progress_end()
                 raise CliError(ExitCode.TIMED_OUT, self._late_message(handoff_done))
-            self._progress(f"waiting for {self._target.label}: {elapsed:.1f} s")
-            last_total = total
+            copied = self._moved(stats, "handoff_copies") + self._moved(stats, "handoff_failures")
+            bar = f" {_progress_bar(copied, self._moved(stats, 'handoff_planned'))}" if outcome.handoff else ""
+            self._progress(f"waiting for {self._target.label}: {elapsed:.1f} s{bar}")
             time.sleep(_POLL_S)
+
+    def _moved(self, stats: pb.Stats, name: str) -> int:
+        """How far counter ``name`` moved since the drain began."""
+        return stats.counters.get(name, 0) - self._baseline[name]
 
     def _nothing_to_hand_off(self, handoff: bool, blocks: int) -> str:
         """Why a hand-off will not move any counter ('' if it will)."""

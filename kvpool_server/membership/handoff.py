@@ -75,21 +75,20 @@ async def hand_off(
     for key in keys:
         for owner in place(key[1], targets, config.replicas):
             by_owner[owner.address].append(key)
+    counters.add("handoff_planned", sum(len(owned) for owned in by_owner.values()))
     copies = failed = 0
     for address, owned in by_owner.items():
-        stored, lost = await _copy_to(blocks, address, owned, credentials)
+        stored, lost = await _copy_to(blocks, address, owned, credentials, counters)
         copies, failed = copies + stored, failed + lost
-    counters.add("handoff_copies", copies)
-    counters.add("handoff_failures", failed)
     counters.add("handoff_finished")
     log.info("hand-off done", extra={"blocks": len(keys), "copies": copies, "failed": failed})
     return HandoffReport(len(keys), copies, failed)
 
 
 async def _copy_to(
-    blocks: BlockStore, address: str, keys: list[StoreKey], credentials: Credentials
+    blocks: BlockStore, address: str, keys: list[StoreKey], credentials: Credentials, counters: Counters
 ) -> tuple[int, int]:
-    """Put ``keys`` to the node at ``address``; returns (stored, failed)."""
+    """Put ``keys`` to the node at ``address``; returns (stored, failed), counted live per batch."""
     stored = failed = 0
     config = ClientConfig(nodes=(address,), auth_token=credentials.token, tls=credentials.tls)
     async with AsyncKVPoolClient(config=config) as client:
@@ -97,7 +96,9 @@ async def _copy_to(
             batch = keys[start : start + _BATCH]
             held = await blocks.acquire(batch, touch=False)
             present = [(key, block) for key, block in zip(batch, held) if block is not None]
-            failed += len(batch) - len(present)  # evicted or deleted since the hand-off began
+            gone = len(batch) - len(present)  # evicted or deleted since the hand-off began
+            failed += gone
+            counters.add("handoff_failures", gone)
             if not present:
                 continue
             try:
@@ -109,4 +110,6 @@ async def _copy_to(
             finally:
                 blocks.release(held)
             stored, failed = stored + ok, failed + len(present) - ok
+            counters.add("handoff_copies", ok)
+            counters.add("handoff_failures", len(present) - ok)
     return stored, failed
