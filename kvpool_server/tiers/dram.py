@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 import threading
-from itertools import count, islice
+from itertools import count, islice, takewhile
 
 import xxhash
 
@@ -189,12 +189,7 @@ class DramTier:
 
     def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
         """Number of leading ``keys`` stored and readable."""
-        hits = 0
-        for key in keys:
-            if not self.contains(key):
-                break
-            hits += 1
-        return hits
+        return sum(1 for _ in takewhile(self.contains, keys))
 
     # -- removal --------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import takewhile
 
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters
@@ -115,12 +116,7 @@ class BlockStore:
 
     def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
         """Number of leading ``keys`` stored in any tier."""
-        hits = 0
-        for key in keys:
-            if not self.contains(key):
-                break
-            hits += 1
-        return hits
+        return sum(1 for _ in takewhile(self.contains, keys))
 
     def readable_keys(self) -> list[StoreKey]:
         """Every stored key, each once (DRAM first)."""
