@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpool_server.alloc.arena import ARENA_PREFIX
 from kvpool_server.membership.local_etcd import LocalEtcd
 
 
@@ -44,9 +45,12 @@ class DaemonProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def remove_files(self) -> None:
-        """Delete the announce file and log (after :meth:`stop`)."""
+    def remove_files(self, shm_dir: str = "/dev/shm") -> None:
+        """Delete the announce file and log, and the arena a killed daemon left (after :meth:`stop`)."""
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.process.poll() is not None:  # a clean exit removed it; a SIGKILL did not
+            for arena in Path(shm_dir).glob(f"{ARENA_PREFIX}{self.process.pid}-*"):
+                arena.unlink(missing_ok=True)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Signal the daemon and wait; SIGKILL if it does not exit in ``timeout``."""
