@@ -86,6 +86,7 @@ class ServerConfig:
     max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
     verify_checksum_on_get: bool = _opt(False, "verify each block's checksum before sending it")
     io_timeout_s: float = _opt(30.0, "seconds a peer may stall mid-frame before it is dropped")
+    idle_timeout_s: float = _opt(0.0, "close a data connection idle this long between requests (0: never)")
     shutdown_grace_s: float = _opt(10.0, "seconds in-flight requests get to finish at shutdown")
     auth_token_file: str = _opt(
         "", "file with the cluster's shared token (16..1024 printable bytes): data connections and gRPC calls "
@@ -433,6 +434,8 @@ def _check_fields(report: _Report) -> None:
     for name in ("io_timeout_s", "shutdown_grace_s"):
         if getattr(config, name) <= 0:
             report.fail(name, "must be > 0")
+    if config.idle_timeout_s < 0:
+        report.fail("idle_timeout_s", "must be >= 0 (0: never)")
     if not 1 <= config.ssd_io_threads <= 64:
         report.fail("ssd_io_threads", "must be in 1..64")
     if not 0 < config.ssd_demote_share <= 1:

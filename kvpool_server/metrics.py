@@ -47,6 +47,7 @@ _PLAIN_COUNTERS = {
     "handoff_copies": "blocks copied to their new owners by hand-offs",
     "handoff_failures": "blocks a hand-off failed to copy",
     "connections_dropped_mid_frame": "data connections closed by the peer or a timeout inside a frame",
+    "connections_closed_idle": "data connections closed after idle_timeout_s without a request",
     "dram_evictions_lost": "blocks evicted from DRAM before the demoter copied them to SSD",
     "ssd_compactions": "SSD segments compacted (live records moved, segment deleted)",
 }

@@ -16,6 +16,7 @@ Errors and the connection:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -79,6 +80,7 @@ class SessionConfig:
     limits: WireLimits
     verify_checksum_on_get: bool
     token: bytes | None = field(default=None, repr=False)  # required in a HELLO first, when set
+    idle_timeout_s: float = 0.0  # close a connection idle this long between frames; 0: never
 
 
 class Session:
@@ -107,14 +109,18 @@ class Session:
     async def run(self) -> None:
         """Serve requests until the peer leaves, stalls mid-frame or breaks the stream.
 
-        Waiting for the first byte of a frame has no time limit (an idle pooled
-        connection is fine); from then on every wait is bounded by the channel's
-        stall timeout.
+        Waiting for the first byte of a frame is bounded only by ``idle_timeout_s``
+        (an idle pooled connection is fine); from then on every wait is bounded by
+        the channel's stall timeout.
         """
+        idle = self._config.idle_timeout_s or None
         while True:
             try:
-                await self._reader.wait_frame()
+                await asyncio.wait_for(self._reader.wait_frame(), idle)
             except NodeUnavailable:
+                return
+            except TimeoutError:
+                self._counters.add("connections_closed_idle")
                 return
             self.busy = True
             try:

@@ -1,4 +1,4 @@
-"""A daemon that requires the cluster's token: data connections, gRPC calls and kvpoolctl."""
+"""Access to a daemon: the cluster's token on data connections, gRPC calls and kvpoolctl; idle connections."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,3 +143,14 @@ def test_read_token_rejects_spaces(tmp_path: Path) -> None:
     path.write_text("a token with spaces inside!")
     with pytest.raises(UsageError, match="printable"):
         read_token(path)
+
+
+def test_idle_connections_are_closed_and_the_client_reconnects(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    node = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--idle-timeout-s", "0.3")
+    with socket.create_connection(("127.0.0.1", node.data_port), timeout=5) as sock:
+        assert sock.recv(1) == b"", "an idle connection must be closed by the node"
+    with client(node, None, "tcp") as pool:
+        pool.put(KEYS, BLOCKS).raise_for_errors()
+        time.sleep(0.6)  # the pooled connection is closed meanwhile
+        assert [bytes(b) for b in pool.get(KEYS).buffers] == BLOCKS
+        assert pool.stats(node.address).counters["connections_closed_idle"] >= 2
