@@ -191,6 +191,14 @@ class KVPoolClient:
     def stats(self, address: str) -> pb.Stats:
         return self._node_at(address).control.stats()
 
+    def flush_namespace(self, namespace: str) -> int:
+        """Delete every block of ``namespace`` on every node of the placement; returns how many.
+
+        Raises:
+            KVPoolError: a node failed the call (the others may have flushed already).
+        """
+        return sum(self._node(m).control.flush_namespace(namespace) for m in self.placement().router.members())
+
     def transport(self, address: str) -> str:
         """The transport gets from the node at ``address`` use: ``shm`` (same node) or ``tcp``.
 

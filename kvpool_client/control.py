@@ -99,6 +99,10 @@ class ControlClient:
     def stats(self) -> pb.Stats:
         return self._call("GetStats", pb.GetStatsRequest())
 
+    def flush_namespace(self, namespace: str) -> int:
+        """Delete every block of ``namespace`` on this node; returns how many."""
+        return self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace)).deleted
+
 
     def _call(self, method: str, request: object) -> object:
         try:

@@ -145,6 +145,20 @@ def run_rm(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
+def run_flush(args: argparse.Namespace) -> ExitCode:
+    """Delete every block of a namespace on every node."""
+    with _pool(args) as pool:
+        nodes = [m.address for m in pool.router.members()]
+        pool.reach(nodes)
+        deleted = pool.client.flush_namespace(args.namespace)
+    fields = {"namespace": args.namespace, "nodes": len(nodes), "deleted": deleted}
+    if args.json:
+        fmt.print_json(fields)
+    else:
+        print(fmt.key_values(fields.items()))
+    return ExitCode.OK
+
+
 def _print_block(args: argparse.Namespace, key: BlockKey, node: str, size: int | None, status: ErrorCode,
                  output: str | None = None) -> None:
     fields: dict[str, object] = {"key": key.hash.hex(), "namespace": key.namespace, "node": node}

@@ -64,6 +64,11 @@ class KVPoolStub:
                 request_serializer=kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.FlushNamespace = channel.unary_unary(
+                '/kvpool.v1.KVPool/FlushNamespace',
+                request_serializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.FromString,
+                _registered_method=True)
 
 
 class KVPoolServicer:
@@ -110,6 +115,13 @@ class KVPoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FlushNamespace(self, request, context):
+        """Remove every block of one namespace (a tenant or a model) from every tier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVPoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +154,11 @@ def add_KVPoolServicer_to_server(servicer, server):
                     servicer.SetState,
                     request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.SerializeToString,
+            ),
+            'FlushNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlushNamespace,
+                    request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +323,33 @@ class KVPool:
             '/kvpool.v1.KVPool/SetState',
             kvpool_dot_v1_dot_kvpool__pb2.SetStateRequest.SerializeToString,
             kvpool_dot_v1_dot_kvpool__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlushNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.KVPool/FlushNamespace',
+            kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.SerializeToString,
+            kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ kvpool ``ErrorCode`` in the trailing metadata key ``kvpool-error-code``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,6 +106,16 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         snapshot = counters.snapshot()
         snapshot["etcd_registered"] = int(self._presence.session == "registered")
         return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=tiers, counters=snapshot)
+
+    async def FlushNamespace(
+        self, request: pb.FlushNamespaceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FlushNamespaceResponse:
+        if not 0 < len(request.namespace.encode()) <= MAX_NAMESPACE_BYTES:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"namespace must be 1..{MAX_NAMESPACE_BYTES} bytes of UTF-8")
+        deleted = await asyncio.to_thread(self._store.flush, request.namespace)
+        self._counters.add("namespace_flushes")
+        return pb.FlushNamespaceResponse(deleted=deleted)
 
     async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         if request.state not in ("draining", "active"):

@@ -159,6 +159,14 @@ class BlockStore:
             self.graves.put(key)
         return in_dram or on_ssd
 
+    def flush(self, namespace: str) -> int:
+        """Delete every block of ``namespace`` from every tier; returns how many went.
+
+        Walks the indexes (O(blocks)): an admin operation, run off the event loop.
+        """
+        keys = {key for key in self.readable_keys() if key[0] == namespace}
+        return sum(self.delete(key) for key in keys)
+
     # -- write-through ----------------------------------------------------------
 
     async def persist(self, entries: Sequence[BlockEntry]) -> None:

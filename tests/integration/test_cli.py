@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client import BlockKeyBuilder, KVPoolClient, Namespace
+from kvpool_client import BlockKey, BlockKeyBuilder, KVPoolClient, Namespace
 from kvpool_client.admin import format as fmt
 from tests.support.daemon import DaemonProcess
 
@@ -199,3 +199,16 @@ def test_table_formatter() -> None:
     assert [fmt.duration(s) for s in (42, 303, 7500, 273600)] == ["42s", "5m 03s", "2h 05m", "3d 04h"]
     with pytest.raises(ValueError):
         fmt.table(("A", "B"), [("only one",)])
+
+
+def test_flush_empties_one_namespace_and_keeps_the_others(daemon: DaemonProcess) -> None:
+    keep = [BlockKey("tenant-a", b"a%02d" % i) for i in range(5)]
+    flush = [BlockKey("tenant-b", b"b%02d" % i) for i in range(7)]
+    with KVPoolClient([daemon.address]) as client:
+        client.put(keep + flush, [b"x" * 4096] * 12).raise_for_errors()
+    env = {**os.environ, "KVPOOL_NODES": daemon.address}
+    result = json.loads(ok(kvpoolctl("flush", "--namespace", "tenant-b", "--json", env=env)))
+    assert result == {"namespace": "tenant-b", "nodes": 1, "deleted": 7}, result
+    with KVPoolClient([daemon.address]) as client:
+        assert client.exists(flush) == [False] * 7 and client.exists(keep) == [True] * 5
+        assert client.flush_namespace("tenant-b") == 0

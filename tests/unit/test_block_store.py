@@ -335,6 +335,20 @@ def test_persist_writes_committed_blocks_through_to_ssd_and_unpins_them(s: Harne
     s.assert_no_leak()
 
 
+def test_flush_removes_a_namespace_from_both_tiers_and_keeps_the_others(s: Harness) -> None:
+    s.put(0)
+    s.put_ssd(1)
+    other = ("other-ns", b"key-000")
+    entry = s.dram.reserve(other, BLOCK)
+    assert isinstance(entry, BlockEntry)
+    s.dram.commit(entry)
+    assert s.store.flush(k(0)[0]) == 2
+    assert not s.store.contains(k(0)) and not s.store.contains(k(1)) and s.store.contains(other)
+    assert sorted(s.graves()) == [k(0), k(1)], "each flushed key leaves a tombstone"
+    assert s.store.delete(other)
+    s.assert_no_leak()
+
+
 def test_delete_removes_from_both_tiers_and_queues_a_tombstone(s: Harness) -> None:
     s.put(0)
     s.put_ssd(0)
