@@ -22,6 +22,7 @@ class ErrorCode(enum.IntEnum):
     BUSY = 6  # the block is being written by another request
     DRAINING = 7  # the node is draining: it serves reads, takes no writes
     NOT_IN_ARENA = 8  # LOCATE: stored, but not in the shared arena (read it with GET)
+    QUOTA_EXCEEDED = 9  # the namespace holds its quota here and none of its blocks can go
     PROTOCOL = 10  # malformed frame: bad magic, lengths, counts, encoding
     UNSUPPORTED_VERSION = 11
     LIMIT_EXCEEDED = 12  # too many keys, frame or meta too large

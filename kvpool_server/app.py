@@ -133,6 +133,7 @@ class Daemon:
         allocator = SlabAllocator(cfg.dram_capacity, cfg.slab_size)
         policy = POLICIES[cfg.eviction_policy]
         dram = DramTier(self._arena, allocator, self.counters, policy_factory=policy, on_evict=on_evict,
+                        namespace_quota=cfg.namespace_quota,
                         generations=self._generations)
         self._store = BlockStore(dram, ssd, self.counters, promote_on_hit=cfg.ssd_promote_on_hit,
                                  write_through=cfg.ssd_write_through, io_threads=cfg.ssd_io_threads)

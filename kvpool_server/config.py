@@ -67,6 +67,9 @@ class ServerConfig:
     prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
     slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
     shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
+    namespace_quota: int = _opt(
+        0, "most DRAM bytes one namespace may hold here; past it its own oldest blocks go (0: no quota)", unit="bytes"
+    )
     eviction_policy: str = _opt(
         "lru", "eviction order: lru, or prefix (a chain's tail before its head, among blocks of similar age)",
         choices=("lru", "prefix"),

@@ -9,6 +9,7 @@ Byte transfers happen outside the lock, straight into or out of the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 import threading
 from itertools import count, islice, takewhile
@@ -26,6 +27,8 @@ from kvpool_server.tiers.usage import TierUsage
 
 # How many candidates per size class to weigh when a whole slab must be freed.
 _SLAB_VICTIM_SCAN = 64
+# How far down each class's order to look for a block of a namespace over its quota.
+_QUOTA_VICTIM_SCAN = 4096
 
 
 def checksum(data: memoryview | bytes) -> int:
@@ -43,6 +46,8 @@ class DramTier:
         policy_factory: builds the eviction order for each size class.
         on_evict: told the key of every evicted block, under the tier's lock (keep it cheap).
         generations: slot generations for same-node readers, bumped on every free.
+        namespace_quota: most slot bytes one namespace may hold (0: no quota); past
+            it, the namespace's own least recent blocks make room.
     """
 
     def __init__(
@@ -53,7 +58,10 @@ class DramTier:
         policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
         on_evict: Callable[[StoreKey], None] | None = None,
         generations: SlotGenerations | None = None,
+        namespace_quota: int = 0,
     ) -> None:
+        self._quota = namespace_quota
+        self._ns_bytes: Counter[str] = Counter()  # slot bytes per namespace, writing blocks included
         self._on_evict = on_evict
         self.generations = generations
         self._arena = arena
@@ -77,7 +85,8 @@ class DramTier:
         Returns:
             A ``WRITING`` entry whose :meth:`view` receives the bytes, or a status:
             ``ALREADY_EXISTS`` (stored: put-if-absent), ``BUSY`` (another writer),
-            ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE`` (everything evictable is pinned).
+            ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE`` (everything evictable is pinned),
+            ``QUOTA_EXCEEDED`` (the namespace is at its quota, all of its blocks pinned).
         """
         if not 0 < length <= self._alloc.slab_size:
             return ErrorCode.BLOCK_TOO_LARGE
@@ -85,11 +94,14 @@ class DramTier:
             existing = self._index.get(key)
             if existing is not None:
                 return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
+            if not self._within_quota(key[0], self._alloc.slot_size_for(length)):
+                return ErrorCode.QUOTA_EXCEEDED
             allocation = self._allocate(length)
             if allocation is None:
                 return ErrorCode.OUT_OF_SPACE
             entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1, depth=depth)
             self._index[key] = self._by_offset[entry.offset] = entry
+            self._ns_bytes[key[0]] += entry.slot_size
             return entry
 
     def commit(self, entry: BlockEntry, known_checksum: int | None = None, *, keep_pin: bool = False) -> None:
@@ -227,6 +239,28 @@ class DramTier:
             policy = self._policies[slot_size] = self._new_policy()
         return policy
 
+    def _within_quota(self, namespace: str, slot_size: int) -> bool:
+        """Evict the namespace's own least recent blocks until one more slot fits its quota."""
+        while self._quota and self._ns_bytes[namespace] + slot_size > self._quota:
+            victim = self._oldest_of(namespace)
+            if victim is None:
+                return False
+            self._evict(victim)
+            self._counters.add("dram_quota_evictions")
+        return True
+
+    def _oldest_of(self, namespace: str) -> BlockEntry | None:
+        """The least recent evictable block of ``namespace`` (a bounded look at each class's order)."""
+        best: BlockEntry | None = None
+        for policy in self._policies.values():
+            for key in islice(policy.candidates(), _QUOTA_VICTIM_SCAN):
+                entry = self._index[key]
+                if key[0] == namespace and not entry.pins:
+                    if best is None or entry.last_access < best.last_access:
+                        best = entry
+                    break
+        return best
+
     def _allocate(self, length: int) -> Allocation | None:
         allocation = self._alloc.allocate(length)
         while allocation is None and self._evict_for(self._alloc.slot_size_for(length)):
@@ -313,6 +347,9 @@ class DramTier:
 
     def _free(self, entry: BlockEntry) -> None:
         del self._by_offset[entry.offset]
+        self._ns_bytes[entry.key[0]] -= entry.slot_size
+        if not self._ns_bytes[entry.key[0]]:
+            del self._ns_bytes[entry.key[0]]
         if self.generations is not None:  # before the slot can be handed out again
             self.generations.bump(entry.offset)
         self._alloc.free(entry.offset)
