@@ -60,6 +60,7 @@ def node() -> Iterator[DaemonProcess]:
         yield daemon
     finally:
         daemon.stop()
+        daemon.remove_files()
 
 
 def assert_intact(daemon: DaemonProcess) -> None:

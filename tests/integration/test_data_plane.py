@@ -42,8 +42,11 @@ KiB, MiB = 1 << 10, 1 << 20
 def node() -> Iterator[DaemonProcess]:
     """A daemon shared by the tests that need no special flags (each uses its own namespace)."""
     daemon = start_daemon("--dram-capacity", "64MiB", "--slab-size", "1MiB")
-    yield daemon
-    daemon.stop()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        daemon.remove_files()
 
 
 @pytest.fixture

@@ -35,8 +35,11 @@ NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
 @pytest.fixture(scope="module")
 def node() -> Iterator[DaemonProcess]:
     daemon = start_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB")
-    yield daemon
-    daemon.stop()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        daemon.remove_files()
 
 
 @pytest.fixture(params=TRANSPORTS)
