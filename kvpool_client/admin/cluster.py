@@ -100,7 +100,7 @@ def _print_status(cluster: str, listing: NodeListing, config_text: str, records:
 
 
 def _status_row(record: NodeRecord, report: NodeReport) -> tuple[object, ...]:
-    endpoints = _endpoints_cell(record.data_endpoints)
+    endpoints = fmt.endpoints(record.data_endpoints)
     fixed = (record.node_id, _state_cell(record, report), record.address, endpoints, f"{record.weight:g}",
              fmt.size(record.capacity_bytes))
     if report.stats is None:
@@ -185,10 +185,3 @@ def run_config_set(args: argparse.Namespace) -> ExitCode:
     print(fmt.key_values(after.items()))
     return ExitCode.OK
 
-
-def _endpoints_cell(endpoints: dict[str, str]) -> str:
-    """Network endpoints as URLs; a same-node shared-memory arena only as "+shm" (its path is local)."""
-    cell = " ".join(f"{t}://{a}" for t, a in sorted(endpoints.items()) if t != "shm")
-    if "shm" in endpoints:
-        cell = f"{cell} +shm".strip()
-    return cell or "-"

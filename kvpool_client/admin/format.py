@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -39,6 +39,14 @@ def duration(seconds: float) -> str:
 def percent(part: int, whole: int) -> str:
     """``part / whole`` as ``"12.5%"``; ``"-"`` when ``whole`` is 0."""
     return "-" if whole == 0 else f"{100 * part / whole:.1f}%"
+
+
+def endpoints(by_transport: Mapping[str, str]) -> str:
+    """Network endpoints as URLs; a same-node shared-memory arena only as "+shm" (its path is local)."""
+    cell = " ".join(f"{t}://{a}" for t, a in sorted(by_transport.items()) if t != "shm")
+    if "shm" in by_transport:
+        cell = f"{cell} +shm".strip()
+    return cell or "-"
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: Collection[int] = ()) -> str:

@@ -117,7 +117,7 @@ def _status_row(report: NodeReport) -> tuple[object, ...]:
     if report.info is None or report.stats is None:
         return ("-", report.address, "unreachable", "-", "-", "-", "-", "-")
     dram = report.dram()
-    endpoints = " ".join(f"{e.transport}://{e.address}" for e in report.info.endpoints) or "-"
+    endpoints = fmt.endpoints({e.transport: e.address for e in report.info.endpoints})
     used = f"{fmt.size(dram.used_bytes)} / {fmt.size(dram.capacity_bytes)}"
     hit_rate = fmt.percent(dram.hits, dram.hits + dram.misses)
     return (report.info.node_id, report.address, report.info.state or "-", endpoints, used,

@@ -58,7 +58,7 @@ from kvpool_server.tiers.store import BlockStore, HeldBlock
 log = logging.getLogger("kvpool.data")
 
 _DRAIN_CHUNK = 1 << 20
-_NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token_file)"
+_NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
 
 
 class Channel(Protocol):

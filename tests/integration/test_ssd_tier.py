@@ -7,7 +7,6 @@ directory per test.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -23,7 +22,6 @@ from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.errors import ErrorCode
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_server.tiers.records import HEADER_SIZE
-from tests.support.daemon import DaemonProcess
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 256 * KiB
