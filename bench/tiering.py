@@ -11,7 +11,10 @@ Both parts run in one invocation, on loopback:
      ``posix_fadvise(POSIX_FADV_DONTNEED)``;
    - ``raw``: the same bytes read sequentially from one file of the same size in
      1 MiB ``preadv`` calls, page cache dropped the same way: the device's rate.
-   Reported as GB/s and the ratio ssd / raw (target >= 0.5).
+   Reported as GB/s and the ratio ssd / raw (target >= 0.5). Beside the rates, the
+   CPU seconds the daemon and the client spent in each SSD pass, and the share of
+   each pass the device was busy (``/sys/dev/block/*/stat``), say whether a pass
+   waited on the device or on the CPUs.
 2. Hit rate. Two daemons without SSD, one per eviction policy, replay the same
    multi-turn trace (conversations of growing prefixes plus shared documents)
    whose working set is 3x DRAM. Each turn looks up its prefix, reads the hits
@@ -45,12 +48,23 @@ NS = "bench@bf16@tiering@tp0of1"
 
 
 @dataclass(frozen=True, slots=True)
+class PassCpu:
+    """CPU seconds (user + system) spent during one pass, and the pass's wall seconds."""
+
+    daemon: float
+    client: float
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class ReloadResult:
     dram_gb_s: float
     ssd_gb_s: float
     raw_gb_s: float
     data_bytes: int
     ssd_over_raw_per_round: tuple[float, ...]  # each round: an SSD pass, then a raw pass
+    ssd_cpu_s: PassCpu  # medians over the SSD passes
+    device_busy: dict[str, float | None]  # median share of each kind of pass the device was busy; None: unknown
     page_cache: str = "dropped per file with posix_fadvise(POSIX_FADV_DONTNEED) before each pass"
 
     @property
@@ -115,6 +129,45 @@ def ssd_demotions(pool: KVPoolClient, address: str) -> int:
     return next(t.demotions for t in pool.stats(address).tiers if t.name == "ssd")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def device_busy_ms(directory: Path) -> int | None:
+    """Milliseconds the block device under ``directory`` has been busy, or None if unknown (tmpfs, overlay)."""
+    device = os.stat(directory).st_dev
+    try:
+        fields = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat").read_text().split()
+        return int(fields[9])  # io_ticks
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(slots=True)
+class PassMeter:
+    """Wall time, CPU time of the daemon and this process, and device busy time of one pass."""
+
+    daemon_pid: int
+    directory: Path
+    started: tuple[float, float, float, int | None] = (0.0, 0.0, 0.0, None)
+    cpu: PassCpu = PassCpu(0.0, 0.0, 0.0)
+    busy: float | None = None  # share of the pass the device was busy
+
+    def __enter__(self) -> PassMeter:
+        self.started = (time.perf_counter(), cpu_seconds(self.daemon_pid), cpu_seconds(os.getpid()),
+                        device_busy_ms(self.directory))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        wall, daemon, client, busy = self.started
+        self.cpu = PassCpu(cpu_seconds(self.daemon_pid) - daemon, cpu_seconds(os.getpid()) - client,
+                           time.perf_counter() - wall)
+        now = device_busy_ms(self.directory)
+        self.busy = None if busy is None or now is None else (now - busy) / 1e3 / self.cpu.wall
+
+
 def raw_sequential_read(path: Path) -> float:
     """Seconds to read ``path`` front to back in 1 MiB preadv calls."""
     buffer = bytearray(1 << 20)
@@ -158,12 +211,19 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
             ssd_cold = cold[: len(cold) - (96 << 20) // BLOCK]  # blocks surely out of DRAM
             raw = work / "raw.bin"
             write_file(raw, payload, len(ssd_cold))
-            ssd_times, raw_times = [], []
+            drop_page_cache(work)
+            raw_sequential_read(raw)  # not timed: the first read after the write runs slow, which would flatter SSD
+            ssd_times, raw_times, ssd_cpu, busy = [], [], [], {"ssd": [], "raw": []}
             for _ in range(rounds):
                 drop_page_cache(ssd_dir)
-                ssd_times.append(timed_gets(pool, ssd_cold))
+                with PassMeter(node.process.pid, work) as ssd_pass:
+                    ssd_times.append(timed_gets(pool, ssd_cold))
                 drop_page_cache(work)
-                raw_times.append(raw_sequential_read(raw))
+                with PassMeter(node.process.pid, work) as raw_pass:
+                    raw_times.append(raw_sequential_read(raw))
+                ssd_cpu.append(ssd_pass.cpu)
+                busy["ssd"].append(ssd_pass.busy)
+                busy["raw"].append(raw_pass.busy)
     finally:
         node.stop()
         node.remove_files()
@@ -175,6 +235,10 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
         raw_gb_s=nbytes / statistics.median(raw_times) / 1e9,
         data_bytes=nbytes,
         ssd_over_raw_per_round=tuple(round(x, 3) for x in ratios),
+        ssd_cpu_s=PassCpu(*(round(statistics.median(getattr(c, f) for c in ssd_cpu), 3)
+                            for f in ("daemon", "client", "wall"))),
+        device_busy={kind: None if None in shares else round(statistics.median(shares), 2)
+                     for kind, shares in busy.items()},
     )
 
 
@@ -256,6 +320,10 @@ def measure_hit_rates(quick: bool) -> list[HitRateResult]:
 # -- report ------------------------------------------------------------------------------
 
 
+def _share(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0%}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -265,7 +333,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvpool-tiering-", dir=args.dir or "/var/tmp"))
     try:
-        reload = measure_reload(work, data_mib=256 if args.quick else 768, rounds=3 if args.quick else 5)
+        reload = measure_reload(work, data_mib=256 if args.quick else 768, rounds=3 if args.quick else 7)
     finally:
         for path in sorted(work.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
@@ -285,6 +353,10 @@ def main() -> int:
         "",
         f"**SSD / raw = {reload.ssd_over_raw:.2f}** (median of rounds {reload.ssd_over_raw_per_round}; target >= 0.5); "
         f"DRAM / SSD = {reload.dram_gb_s / reload.ssd_gb_s:.2f}",
+        "",
+        f"An SSD pass (medians): {reload.ssd_cpu_s.wall:.3f} s wall; CPU: daemon {reload.ssd_cpu_s.daemon:.3f} s, "
+        f"client {reload.ssd_cpu_s.client:.3f} s. Device busy: {_share(reload.device_busy['ssd'])} of an SSD pass, "
+        f"{_share(reload.device_busy['raw'])} of a raw pass.",
         "",
         f"Hit rate on a multi-turn trace, working set {lru.working_set_blocks} blocks = "
         f"{lru.working_set_blocks / lru.dram_blocks:.1f}x DRAM ({lru.dram_blocks} blocks):",

@@ -152,6 +152,14 @@ class DramTier:
             self._counters.add("dram_hits" if entry is not None else "dram_misses")
         return entry
 
+    def refresh(self, entries: Iterable[BlockEntry]) -> None:
+        """Make these readable blocks the most recent, the last one most of all."""
+        with self._lock:
+            for entry in entries:
+                if entry.readable and self._index.get(entry.key) is entry:
+                    entry.last_access = next(self._ticks)
+                    self._policies[entry.slot_size].touch(entry.key)
+
     def release(self, entry: BlockEntry) -> None:
         """Unpin a block acquired for reading."""
         with self._lock:

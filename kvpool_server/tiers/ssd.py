@@ -33,19 +33,21 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import islice
 from dataclasses import dataclass
 
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
-from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing
+from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing, plan_spans
 from kvpool_server.tiers.usage import TierUsage
 
 log = logging.getLogger("kvpool.ssd")
 
 _READ_RETRIES = 3  # a record can move at most this often while one read runs
+_QUOTA_VICTIM_SCAN = 4096  # how far down the eviction order to look for a namespace over its quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class SsdConfig:
     fsync: bool
     gc_live_ratio: float = 0.5  # compact a sealed segment whose live share falls below this
     retry_after_error_s: float = 10.0  # pause writes this long after a disk error
+    namespace_quota: int = 0  # most record bytes one namespace may hold here; 0: no quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class SsdTier:
         self._keys_in: defaultdict[int, set[StoreKey]] = defaultdict(set)  # segment -> its live keys
         self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
         self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
+        self._namespace_bytes: defaultdict[str, int] = defaultdict(int)  # namespace -> live record bytes
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._failure: str | None = None
@@ -186,7 +190,7 @@ class SsdTier:
             if self.failure() is not None or key in self._index:
                 return False
             size = record_size(key, len(payload))
-            if not self._make_room(size):
+            if not self._within_quota(key[0], size) or not self._make_room(size):
                 return False
             location = self._append(key, payload, checksum, RecordFlags.NONE)
             if location is None:
@@ -274,6 +278,25 @@ class SsdTier:
             return None
         return best[1]
 
+    def _within_quota(self, namespace: str, size: int) -> bool:
+        """Evict the namespace's own least recent records until ``size`` more bytes fit its quota.
+
+        Only the oldest ``_QUOTA_VICTIM_SCAN`` keys of the eviction order are looked
+        at; a namespace with none of its records among them is refused the write
+        instead (the block stays in DRAM until it is evicted there).
+        """
+        quota = self._config.namespace_quota
+        while quota and self._namespace_bytes[namespace] + size > quota:
+            with self._lock:
+                scan = islice(self._policy.candidates(), _QUOTA_VICTIM_SCAN)
+                victim = next((key for key in scan if key[0] == namespace), None)
+                if victim is None or size > quota:
+                    self._counters.add("ssd_quota_refusals")
+                    return False
+                self._drop(victim)
+            self._counters.add("ssd_quota_evictions")
+        return True
+
     def _evict_one(self) -> bool:
         with self._lock:
             victim = next(iter(self._policy.candidates()), None)
@@ -332,14 +355,67 @@ class SsdTier:
 
     # -- reads (blocking) -----------------------------------------------------
 
-    def prefetch(self, keys: list[StoreKey]) -> None:
-        """Start reading these blocks from the device; a later :meth:`read_into` finds them cached."""
+    def read_many(self, keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        """Read a batch of blocks, each into its target (exactly its length), and verify each.
+
+        The records are read in disk order, records lying back to back as one
+        sequential stretch (:func:`plan_spans`). When they lie in several places,
+        the kernel is first asked to fetch the other stretches (``POSIX_FADV_WILLNEED``),
+        so the device works on all of them at once instead of one after another.
+
+        Args:
+            touch: client reads: refresh recency and count each hit or miss.
+
+        Returns:
+            Per key, as :meth:`read_into`: the block's checksum with verified bytes
+            in its target, or None (a miss, a corrupt record, a read error).
+        """
         with self._lock:
-            locations = [r.location for r in (self._index.get(k) for k in keys) if r is not None]
+            records = [self._index.get(key) for key in keys]
+            for key, record in reversed(list(zip(keys, records))):  # tail first: the head ends up most recent
+                if record is not None and touch:
+                    self._policy.touch(key)
+        # gone, or stored again with another length since the caller asked: a miss
+        wanted = [(i, r) for i, r in enumerate(records) if r is not None and r.length == targets[i].nbytes]
+        spans = plan_spans([record.location for _, record in wanted])
+        if len(spans) > 1:  # the first is read at once, and the kernel reads ahead of it
+            self._will_need([span.location for span in spans[1:]])
+        sums: list[int | None] = [None] * len(keys)
+        for span in spans:
+            members = [wanted[m] for m in span.members]
+            for (i, record), ok in zip(members, self._read_span(members, keys, targets)):
+                sums[i] = record.checksum if ok else None
+        hits = sum(s is not None for s in sums)
+        if touch and hits:
+            self._counters.add("ssd_hits", hits)
+        if touch and hits < len(keys):
+            self._counters.add("ssd_misses", len(keys) - hits)
+        return sums
+
+    def _will_need(self, locations: list[Location]) -> None:
+        if not locations:
+            return
         try:
             self._log.will_need(locations)
         except OSError as exc:  # only a hint: the reads themselves report real errors
             log.debug("read-ahead hint failed", extra={"error": str(exc)})
+
+    def _read_span(self, members: list[tuple[int, _Record]], keys: Sequence[StoreKey],
+                   targets: Sequence[memoryview]) -> list[bool]:
+        """Read one span's records; per member, whether its target holds verified bytes."""
+        try:
+            problems = self._log.read_span([r.location for _, r in members], [targets[i] for i, _ in members],
+                                           [keys[i] for i, _ in members])
+        except SegmentMissing:  # compacted meanwhile: each record, at its new location
+            return [self.read_into(keys[i], targets[i], touch=False) is not None for i, _ in members]
+        except OSError as exc:
+            self._counters.add("ssd_io_errors")
+            log.error("SSD read failed", extra={"blocks": len(members), "error": str(exc)})
+            return [False] * len(members)
+        for (i, record), problem in zip(members, problems):
+            if problem is not None:
+                self._corrupt(keys[i], record, problem)
+        return [problem is None for problem in problems]
 
     def read_into(self, key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
         """Read ``key``'s block into ``target`` (exactly its length) and verify it.
@@ -376,15 +452,19 @@ class SsdTier:
             self._log.read_into(record.location, target, key)
             return True
         except CorruptRecord as exc:
-            with self._lock:
-                if self._index.get(key) is record:
-                    self._drop(key)
-            self._counters.add("ssd_corrupt_blocks")
-            log.error("corrupt SSD record dropped", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
+            self._corrupt(key, record, exc)
         except OSError as exc:
             self._counters.add("ssd_io_errors")
             log.error("SSD read failed", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
         return False
+
+    def _corrupt(self, key: StoreKey, record: _Record, exc: CorruptRecord) -> None:
+        """Drop a record whose bytes failed a check: it is a miss from now on."""
+        with self._lock:
+            if self._index.get(key) is record:
+                self._drop(key)
+        self._counters.add("ssd_corrupt_blocks")
+        log.error("corrupt SSD record dropped", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
 
     # -- index bookkeeping (caller holds _lock, or runs before threads exist) ----
 
@@ -404,10 +484,14 @@ class SsdTier:
     def _account(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] += record.location.length
         self._keys_in[record.location.segment_id].add(key)
+        self._namespace_bytes[key[0]] += record.location.length
 
     def _unaccount(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] -= record.location.length
         self._keys_in[record.location.segment_id].discard(key)
+        self._namespace_bytes[key[0]] -= record.location.length
+        if not self._namespace_bytes[key[0]]:
+            del self._namespace_bytes[key[0]]
 
     def _note_tombstone(self, key: StoreKey, location: Location) -> None:
         self._tombstones_in[location.segment_id].add(key)

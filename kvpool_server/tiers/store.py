@@ -6,7 +6,11 @@ nothing. A read that misses DRAM but hits SSD is served from SSD and, by policy,
 promoted: read straight into a fresh DRAM slot, which then serves it.
 
 SSD reads run on a thread pool (file I/O never blocks an event loop). DRAM calls
-stay inline: they are dictionary operations under the DRAM tier's short lock.
+stay inline: they are dictionary operations under the DRAM tier's short lock. The
+SSD blocks of one request are read by one pool task, in disk order: a prefix chain's
+records lie back to back (the demoter writes them together), so they are read as one
+sequential stretch, which the kernel's read-ahead keeps the device busy on. Other
+requests' reads run beside it on the other pool threads.
 
 A delete and a promotion of the same key exclude each other for the few
 dictionary operations that decide the outcome, so a deleted block is never
@@ -211,23 +215,22 @@ class BlockStore:
         if not misses:
             return held
         assert self._pool is not None
-        if len(misses) > 1:  # queued first: the device starts on every block at once
-            self._pool.submit(self.ssd.prefetch, [keys[i] for i in misses])
-        loads = [self._pool.submit(self._load, keys[i], touch, arena_only) for i in misses]
+        load = self._pool.submit(self._load_many, [keys[i] for i in misses], touch, arena_only)
         try:
-            loaded = await asyncio.gather(*(asyncio.wrap_future(f) for f in loads))
+            loaded = await asyncio.wrap_future(load)
         except BaseException:
             self.release(held)
-            for load in loads:  # their blocks never reach the caller
-                load.add_done_callback(self._release_load)
+            load.add_done_callback(self._release_load)  # its blocks never reach the caller
             raise
         for i, block in zip(misses, loaded):
             held[i] = block
+        if touch:  # hits were touched before the promotions: order the whole chain again, tail first
+            self.dram.refresh([b.entry for b in reversed(held) if b is not None and b.entry is not None])
         return held
 
-    def _release_load(self, load: Future[HeldBlock | None]) -> None:
+    def _release_load(self, load: Future[list[HeldBlock | None]]) -> None:
         if not load.cancelled() and load.exception() is None:
-            self.release([load.result()])
+            self.release(load.result())
 
     def release(self, held: Iterable[HeldBlock | None]) -> None:
         for block in held:
@@ -237,8 +240,36 @@ class BlockStore:
     def _dram_held(self, entry: BlockEntry) -> HeldBlock:
         return HeldBlock(self.dram.view(entry), entry.checksum, entry)
 
-    def _load(self, key: StoreKey, touch: bool, arena_only: bool) -> HeldBlock | None:
-        """Read one block from SSD (on a pool thread): into DRAM when promoting, else a buffer."""
+    def _load_many(self, keys: list[StoreKey], touch: bool, arena_only: bool) -> list[HeldBlock | None]:
+        """Read blocks from SSD in one pass (on a pool thread): into DRAM slots when promoting, else buffers."""
+        assert self.ssd is not None
+        held: list[HeldBlock | None] = [None] * len(keys)
+        reads: list[tuple[int, BlockEntry | None, memoryview]] = []  # (position, DRAM slot or None, target)
+        try:
+            for i, key in enumerate(keys):
+                target = self._target(key, touch, arena_only)
+                if isinstance(target, HeldBlock):
+                    held[i] = target
+                elif target is not None:
+                    reads.append((i, *target))
+            sums = self.ssd.read_many([keys[i] for i, _, _ in reads], [view for _, _, view in reads], touch=touch)
+        except BaseException:
+            self.release(held)
+            for _, slot, _ in reads:
+                if slot is not None:
+                    self.dram.abort(slot)
+            raise
+        promoted = 0
+        for (i, slot, view), checksum in zip(reads, sums):
+            block = held[i] = self._finish(slot, view, checksum)
+            promoted += slot is not None and block is not None and block.entry is slot
+        if promoted:
+            self._counters.add("ssd_promotions", promoted)
+        return held
+
+    def _target(self, key: StoreKey, touch: bool, arena_only: bool) -> tuple[BlockEntry | None, memoryview] | HeldBlock | None:
+        """Where ``key``'s block is read to: a reserved DRAM slot (promotion), or a private
+        buffer (slot None); the DRAM block when it got there meanwhile; None: leave it unread."""
         assert self.ssd is not None
         length = self.ssd.length_of(key)
         if length is None:
@@ -246,30 +277,27 @@ class BlockStore:
         if self._promote and touch:
             entry = self.dram.reserve(key, length)
             if isinstance(entry, BlockEntry):
-                return self._promote_into(entry)
+                return entry, self.dram.view(entry)
             raced = self.dram.acquire(key, touch=False)  # promoted or put meanwhile?
             if raced is not None:
                 return self._dram_held(raced)
         if arena_only:
             return None
-        buffer = memoryview(bytearray(length))  # not promoted: DRAM is full of pinned blocks
-        checksum = self.ssd.read_into(key, buffer, touch=touch)
-        return None if checksum is None else HeldBlock(buffer, checksum, None)
+        return None, memoryview(bytearray(length))  # not promoted: DRAM is full of pinned blocks
 
-    def _promote_into(self, entry: BlockEntry) -> HeldBlock | None:
-        """Read ``entry``'s block from SSD into its reserved DRAM slot; it stays pinned for the reader."""
-        assert self.ssd is not None
-        view = self.dram.view(entry)
-        checksum = self.ssd.read_into(entry.key, view)
+    def _finish(self, slot: BlockEntry | None, view: memoryview, checksum: int | None) -> HeldBlock | None:
+        """Hand a block read from SSD to the reader; a promoted one is committed, still pinned for it."""
+        if slot is None:
+            return None if checksum is None else HeldBlock(view, checksum, None)
         if checksum is None:
-            self.dram.abort(entry)
+            self.dram.abort(slot)
             return None
+        assert self.ssd is not None
         with self._delete_lock:
-            if self.ssd.contains(entry.key):
-                self.dram.commit(entry, checksum, keep_pin=True)
-                self._counters.add("ssd_promotions")
-                return self._dram_held(entry)
+            if self.ssd.contains(slot.key):
+                self.dram.commit(slot, checksum, keep_pin=True)
+                return self._dram_held(slot)
         # deleted (or evicted from SSD) while read: serve this reader, keep no copy
         private = memoryview(bytearray(view))
-        self.dram.abort(entry)
+        self.dram.abort(slot)
         return HeldBlock(private, checksum, None)

@@ -8,6 +8,7 @@ and every key deleted, the DRAM allocator must be empty again.
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import random
 import threading
@@ -219,6 +220,49 @@ def test_ssd_hit_is_promoted_into_dram_and_pinned_until_release(s: Harness) -> N
     s.assert_no_leak()
 
 
+def test_a_batch_of_ssd_blocks_is_read_in_one_pass_and_promoted_tail_first(s: Harness) -> None:
+    s.put(1)
+    for i in (0, 2, 3, 4):
+        s.put_ssd(i)
+    batches: list[list[StoreKey]] = []
+    real = s.ssd.read_many
+
+    def recorded(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        batches.append(list(keys))
+        return real(keys, targets, touch=touch)
+
+    s.ssd.read_many = recorded  # type: ignore[method-assign]
+    held = s.acquire([0, 1, 2, 3, 4, 99])
+    assert [None if h is None else bytes(h.view) for h in held] == [data_for(i) for i in range(5)] + [None]
+    assert batches == [[k(0), k(2), k(3), k(4)]], "one read for the request's SSD blocks, in its order"
+    assert all(h is not None and h.entry is not None for h in held[:5]) and s.in_dram() == [0, 1, 2, 3, 4]
+    s.store.release(held)
+    assert s.counters.get("ssd_promotions") == 4
+    for i in range(5, 16):  # DRAM's sixteen slots are now full
+        s.put(i)
+    s.put(16)
+    s.put(17)
+    assert s.in_dram()[:3] == [0, 1, 2], f"the chain lost its head first: {s.in_dram()}"  # 4 and 3 went
+    s.assert_no_leak()
+
+
+def test_a_failed_batch_read_leaves_no_slot_reserved(s: Harness) -> None:
+    s.put(0)
+    s.put_ssd(1)
+    s.put_ssd(2)
+
+    def broken(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        raise RuntimeError("boom")
+
+    s.ssd.read_many = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError) as failure:
+        s.acquire([0, 1, 2])
+    del failure
+    gc.collect()  # the traceback's frames hold arena views, which would keep the arena from closing
+    assert s.in_dram() == [0] and s.pins(0) == 0, "the DRAM hit was released, the reserved slots aborted"
+    s.assert_no_leak()
+
+
 def test_no_promotion_when_dram_is_full_of_pinned_blocks(s: Harness) -> None:
     for i in range(16):
         s.put(i)
@@ -272,14 +316,14 @@ def test_cancelled_acquire_leaves_nothing_pinned(s: Harness) -> None:
     s.put(0)
     s.put_ssd(1)
     started, gate = threading.Event(), threading.Event()
-    real = s.ssd.read_into
+    real = s.ssd.read_many
 
-    def slow(key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
+    def slow(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
         started.set()
         gate.wait(5)
-        return real(key, target, touch=touch)
+        return real(keys, targets, touch=touch)
 
-    s.ssd.read_into = slow  # type: ignore[method-assign]
+    s.ssd.read_many = slow  # type: ignore[method-assign]
 
     async def cancel_mid_read() -> None:
         task = asyncio.ensure_future(s.store.acquire([k(0), k(1)]))
@@ -298,14 +342,15 @@ def test_cancelled_acquire_leaves_nothing_pinned(s: Harness) -> None:
 
 def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
     s.put_ssd(0)
-    real = s.ssd.read_into
+    real = s.ssd.read_many
 
-    def read_then_delete(key: StoreKey, target: memoryview, *, touch: bool = True) -> int | None:
-        found = real(key, target, touch=touch)
-        assert s.store.delete(key)  # lands between the read and the commit
+    def read_then_delete(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        found = real(keys, targets, touch=touch)
+        for key in keys:
+            assert s.store.delete(key)  # lands between the read and the commit
         return found
 
-    s.ssd.read_into = read_then_delete  # type: ignore[method-assign]
+    s.ssd.read_many = read_then_delete  # type: ignore[method-assign]
     held = s.acquire([0])
     block = held[0]
     assert block is None or (block.entry is None and bytes(block.view) == data_for(0)), block

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvpool_server.tiers.segments as segments_module
 from kvpool_server.tiers.records import (
     HEADER_SIZE,
     MAX_HASH_LEN,
@@ -29,6 +31,8 @@ from kvpool_server.tiers.segments import (
     Location,
     SegmentLog,
     SegmentMissing,
+    chunk_span,
+    plan_spans,
     segment_name,
 )
 
@@ -374,3 +378,75 @@ def test_walk_yields_every_good_record_before_garbage(payloads: list[bytes], gar
     hashes, result = _walk(buf + garbage, verify)
     assert hashes[: len(payloads)] == [b"%d" % i for i in range(len(payloads))]
     assert result.good_end >= len(buf)
+
+
+# -- batched reads: spans of back-to-back records ------------------------------------
+
+locations = st.lists(st.builds(Location, st.integers(1, 3), st.integers(0, 40), st.integers(1, 5)), max_size=30)
+
+
+@given(locations)
+def test_plan_spans_covers_each_location_once_back_to_back_in_disk_order(wanted: list[Location]) -> None:
+    spans = plan_spans(wanted)
+    assert sorted(i for span in spans for i in span.members) == list(range(len(wanted)))
+    for span in spans:
+        at = span.offset
+        for i in span.members:  # each starts where the one before ends, inside the span
+            assert (wanted[i].segment_id, wanted[i].offset) == (span.segment_id, at)
+            at += wanted[i].length
+        assert at == span.offset + span.length
+    starts = [(span.segment_id, span.offset) for span in spans]
+    assert starts == sorted(starts)
+
+
+def test_plan_spans_joins_neighbours_and_splits_at_gaps_and_segments() -> None:
+    wanted = [Location(1, 10, 5), Location(1, 0, 10), Location(2, 15, 5), Location(1, 16, 4), Location(1, 15, 1)]
+    assert [(s.segment_id, s.offset, s.length, s.members) for s in plan_spans(wanted)] == [
+        (1, 0, 20, (1, 0, 4, 3)), (2, 15, 5, (2,))]
+
+
+@given(st.lists(st.integers(1, 3000), max_size=40), st.integers(1, 4096), st.integers(1, 8))
+def test_chunk_span_covers_every_record_once_within_its_limits(lengths: list[int], max_bytes: int,
+                                                               max_records: int) -> None:
+    calls = chunk_span(lengths, max_bytes, max_records)
+    assert [i for call in calls for i in call] == list(range(len(lengths)))
+    for call in calls:
+        assert 1 <= len(call) <= max_records
+        assert len(call) == 1 or sum(lengths[i] for i in call) <= max_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=12), st.data())
+def test_read_span_returns_exactly_each_records_bytes(tmp_path_factory: pytest.TempPathFactory,
+                                                      sizes: list[int], data: st.DataObject) -> None:
+    with SegmentLog(tmp_path_factory.mktemp("span"), 1 << 20, fsync=False) as log:
+        written = [log.append("ns", b"h%d" % i, _payload(i, n)) for i, n in enumerate(sizes)]
+        first = data.draw(st.integers(0, len(sizes) - 1))
+        last = data.draw(st.integers(first, len(sizes) - 1))
+        picked = list(range(first, last + 1))  # back to back, as plan_spans makes them
+        targets = [bytearray(sizes[i]) for i in picked]
+        with mock.patch.object(segments_module, "READ_CHUNK", data.draw(st.integers(1, 20000))):  # calls split anywhere
+            problems = log.read_span([written[i] for i in picked], [memoryview(t) for t in targets],
+                                     [("ns", b"h%d" % i) for i in picked])
+        assert problems == [None] * len(picked)
+        assert [bytes(t) for t in targets] == [_payload(i, sizes[i]) for i in picked]
+        span = plan_spans([written[i] for i in picked])
+        assert len(span) == 1 and span[0].members == tuple(range(len(picked)))
+
+
+def test_read_span_reports_each_bad_record_and_verifies_the_rest(tmp_path: Path) -> None:
+    sizes = [3000, 100, 2000, 4000]
+    with SegmentLog(tmp_path, 1 << 20, fsync=False) as log:
+        written = [log.append("ns", b"h%d" % i, _payload(i, n)) for i, n in enumerate(sizes)]
+        _flip(tmp_path / segment_name(written[1].segment_id), written[1].offset + written[1].length - 1)
+        targets = [memoryview(bytearray(n)) for n in sizes]
+        keys = [("ns", b"h0"), ("ns", b"h1"), ("ns", b"other"), None]
+        problems = log.read_span(written, targets, keys)
+        assert [type(p).__name__ for p in problems] == ["NoneType", "CorruptRecord", "CorruptRecord", "NoneType"]
+        assert "payload" in str(problems[1]) and "different key" in str(problems[2])
+        assert bytes(targets[3]) == _payload(3, sizes[3])
+        with pytest.raises(ValueError):  # not back to back
+            log.read_span([written[0], written[2]], [targets[0], targets[2]], [None, None])
+        os.truncate(tmp_path / segment_name(written[3].segment_id), written[3].offset + 10)
+        problems = log.read_span(written[2:], targets[2:], [None, None])
+        assert problems[0] is None and "short read" in str(problems[1])

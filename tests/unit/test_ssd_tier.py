@@ -122,10 +122,11 @@ class Harness:
         segment: int = SEG,
         gc_live_ratio: float = 0.5,
         retry_after_error_s: float = 10.0,
+        namespace_quota: int = 0,
     ) -> None:
         self.directory = directory
-        self.config = SsdConfig(str(directory), capacity, segment, fsync=False,
-                                gc_live_ratio=gc_live_ratio, retry_after_error_s=retry_after_error_s)
+        self.config = SsdConfig(str(directory), capacity, segment, fsync=False, gc_live_ratio=gc_live_ratio,
+                                retry_after_error_s=retry_after_error_s, namespace_quota=namespace_quota)
         self.counters = Counters()
         self.policy = RecordingLRU()
         self.tier = SsdTier(self.config, self.counters, lambda: self.policy)
@@ -162,8 +163,8 @@ class Harness:
         return found
 
     def held(self) -> list[int]:
-        """Indices of the stored keys, sorted."""
-        return sorted(int(key[1][4:]) for key in self.tier.keys())
+        """Indices of the stored keys of namespace NS, sorted."""
+        return sorted(int(key[1][4:]) for key in self.tier.keys() if key[0] == NS)
 
     def evicted(self) -> list[int]:
         return [int(key[1][4:]) for key in self.policy.removed]  # type: ignore[index]
@@ -337,6 +338,23 @@ def test_eviction_order_is_lru_at_tiny_capacity(h: Harness) -> None:
     h.audit()
 
 
+def test_a_namespace_past_its_quota_evicts_its_own_oldest_records_only(make: Callable[..., Harness]) -> None:
+    h = make(namespace_quota=3 * REC)
+    other = [("other@u8", b"o-%04d" % i) for i in range(3)]  # records a little smaller than REC: 3 fit
+    for key in other[:2]:
+        assert h.tier.write(key, memoryview(data_for(99)), checksum(data_for(99)))
+    fill(h, 5)  # NS may hold 3 records: 0 and 1 make room for 3 and 4, the other namespace is untouched
+    assert h.held() == [2, 3, 4] and h.evicted() == [0, 1], (h.held(), h.evicted())
+    for key in other[2:]:  # the other namespace stays within its own quota: nothing of NS goes
+        assert h.tier.write(key, memoryview(data_for(99)), checksum(data_for(99)))
+    assert h.held() == [2, 3, 4] and all(h.tier.contains(key) for key in other)
+    snapshot = h.counters.snapshot()
+    assert snapshot["ssd_quota_evictions"] == 2 and "ssd_quota_refusals" not in snapshot, snapshot
+    assert not h.tier.write(k(50), memoryview(bytes(4 * REC)), 0)  # larger than the quota: refused
+    assert h.counters.get("ssd_quota_refusals") == 1 and h.held() == [2, 3, 4]
+    h.audit()
+
+
 def test_reads_refresh_recency(h: Harness) -> None:
     fill(h, 12)
     assert h.get(0) == data_for(0) and h.get(1) == data_for(1)
@@ -434,6 +452,94 @@ def test_read_of_a_record_that_keeps_moving_gives_up_as_a_miss(h: Harness) -> No
     log.read_into = always_gone  # type: ignore[method-assign]
     assert h.get(0) is None
     assert h.counters.get("ssd_misses") == 1 and h.tier.contains(k(0))
+
+
+# -- batched reads ------------------------------------------------------------------
+
+
+def read_many(h: Harness, indices: list[int], touch: bool = True) -> list[bytes | None]:
+    targets = [bytearray(PAYLOAD) for _ in indices]
+    sums = h.tier.read_many([k(i) for i in indices], [memoryview(t) for t in targets], touch=touch)
+    for i, found, target in zip(indices, sums, targets):
+        assert found is None or found == checksum(target), f"{k(i)}: returned checksum is not the bytes'"
+    return [None if found is None else bytes(t) for found, t in zip(sums, targets)]
+
+
+def test_read_many_returns_each_block_in_the_callers_order(h: Harness) -> None:
+    fill(h, 10)  # segments 1, 2, 3: records 0-3, 4-7, 8-9
+    h.tier.forget(k(5))
+    order = [9, 2, 5, 0, 7, 3, 11, 1]  # across segments, a deleted key, one never stored
+    assert read_many(h, order) == [None if i in (5, 11) else data_for(i) for i in order]
+    assert h.counters.get("ssd_hits") == 6 and h.counters.get("ssd_misses") == 2, h.counters.snapshot()
+    h.audit()
+
+
+def test_read_many_touches_tail_first_so_the_head_stays_longest(h: Harness) -> None:
+    fill(h, 12)  # the budget: the next write evicts
+    read_many(h, [4, 5, 6])  # a chain: 4 is its head
+    assert h.put(12) and h.put(13) and h.put(14)
+    assert h.evicted()[:3] == [0, 1, 2], h.evicted()
+    assert h.put(15) and h.put(16) and h.put(17) and h.put(18) and h.put(19) and h.put(20) and h.put(21) and h.put(22)
+    later = [i for i in h.evicted() if i in (4, 5, 6)]
+    assert later == [6, 5, 4][: len(later)], f"the chain went {later}, not tail first"
+
+
+def test_read_many_with_a_corrupt_record_mid_span_serves_the_others(h: Harness) -> None:
+    fill(h, 4)  # one segment, back to back: a single span
+    location = h.tier._index[k(2)].location
+    flip(h.segment_path(location.segment_id), location.offset + location.length - 10)  # a payload byte
+    assert read_many(h, [0, 1, 2, 3]) == [data_for(0), data_for(1), None, data_for(3)]
+    assert h.counters.get("ssd_corrupt_blocks") == 1 and not h.tier.contains(k(2))
+    assert read_many(h, [0, 1, 3]) == [data_for(0), data_for(1), data_for(3)]
+
+
+def test_read_many_of_the_same_key_twice_reads_it_twice(h: Harness) -> None:
+    fill(h, 3)
+    assert read_many(h, [1, 1, 2]) == [data_for(1), data_for(1), data_for(2)]
+
+
+def test_read_many_racing_a_compaction_reads_each_record_at_its_new_place(h: Harness) -> None:
+    fill(h, 12)
+    for i in (0, 1, 2):
+        h.tier.forget(k(i))
+    log = h.tier._log
+    real = log.read_span
+    calls: list[int] = []
+
+    def compact_first(locations: list[Location], targets: list[memoryview], keys: list[StoreKey | None]) -> list[object]:
+        calls.append(locations[0].segment_id)
+        if len(calls) == 1:
+            assert h.put(12)  # moves record 3 out of segment 1 and deletes the segment
+        return real(locations, targets, keys)  # type: ignore[return-value]
+
+    log.read_span = compact_first  # type: ignore[method-assign]
+    assert read_many(h, [3, 4]) == [data_for(3), data_for(4)]
+    log.read_span = real  # type: ignore[method-assign]
+    assert h.counters.get("ssd_hits") == 2 and "ssd_misses" not in h.counters.snapshot()
+    h.audit()
+
+
+def test_read_many_counts_a_disk_error_as_misses(h: Harness) -> None:
+    fill(h, 4)
+
+    def broken(locations: list[Location], targets: list[memoryview], keys: list[StoreKey | None]) -> list[object]:
+        raise OSError(errno.EIO, "I/O error")
+
+    h.tier._log.read_span = broken  # type: ignore[method-assign]
+    assert read_many(h, [0, 1]) == [None, None]
+    assert h.counters.get("ssd_io_errors") == 1 and h.counters.get("ssd_misses") == 2
+    assert h.tier.contains(k(0)), "a read error must not drop the record"
+
+
+def test_read_many_of_scattered_records_hints_the_spans_after_the_first(h: Harness) -> None:
+    fill(h, 8)
+    hinted: list[list[Location]] = []
+    h.tier._log.will_need = hinted.append  # type: ignore[method-assign]
+    assert read_many(h, [3, 2, 1, 0]) == [data_for(i) for i in (3, 2, 1, 0)]
+    assert hinted == [], "one back-to-back span needs no hint: the kernel reads ahead of it"
+    assert read_many(h, [5, 0, 2, 3]) == [data_for(i) for i in (5, 0, 2, 3)]
+    places = {h.tier._index[k(i)].location.offset: i for i in (0, 2, 5)}
+    assert [[(places[loc.offset], loc.length) for loc in hint] for hint in hinted] == [[(2, 2 * REC), (5, REC)]]
 
 
 def test_concurrent_reads_during_writes_never_see_wrong_bytes(make: Callable[..., Harness]) -> None:
@@ -821,6 +927,16 @@ class SsdMachine(RuleBasedStateMachine):
         assert got is None or got == data_for(i, model_length(i)), f"{k(i)} read other bytes"
         if i not in self.model:
             assert got is None, f"deleted {k(i)} was served"
+
+    @rule(indices=st.lists(st.integers(0, KEYS - 1), max_size=8), touch=st.booleans())
+    def read_many(self, indices: list[int], touch: bool) -> None:
+        targets = [bytearray(model_length(i)) for i in indices]
+        sums = self.h.tier.read_many([k(i) for i in indices], [memoryview(t) for t in targets], touch=touch)
+        for i, found, target in zip(indices, sums, targets):
+            assert found is None or (target == data_for(i, model_length(i)) and found == checksum(target)), \
+                f"{k(i)} read other bytes in a batch"
+            if i not in self.model:
+                assert found is None, f"deleted {k(i)} was served in a batch"
 
     @rule(i=st.integers(0, KEYS - 1))
     def delete(self, i: int) -> None:
