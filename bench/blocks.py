@@ -3,7 +3,8 @@
 Usage: ``.venv/bin/python bench/blocks.py [--quick] [--out bench/results]``
 
 One run starts a kvpool daemon, redis-server and a raw socket server, spawns 1 and
-4 client processes, and measures every (system, op, block size, batch, clients)
+4 client processes (``kvpool`` reads over TCP, ``kvpool-shm`` out of the daemon's
+shared arena, as a client on its node does), and measures every (system, op, block size, batch, clients)
 cell for a bounded time. Every block a get returns is verified against the
 checksum of the bytes it was written from (untimed). Writes ``blocks.json``,
 ``blocks.md`` and ``blocks_{get,put}.png`` to ``--out`` and prints the table and
@@ -38,7 +39,7 @@ from bench.workload import CellSpec, KiB, MiB
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCHES = (1, 32)
 CLIENTS = (1, 4)
-SYSTEMS = ("memcpy", "socket", "kvpool", "redis")
+SYSTEMS = ("memcpy", "socket", "kvpool", "kvpool-shm", "redis")
 FULL_DURATION_S = 1.5
 QUICK_DURATION_S = 0.2
 NOISY_CORES = 0.25  # other processes' CPU above which a cell is measured again
@@ -136,8 +137,9 @@ def start_everything(
     """Client pools first (they import in the background while servers start), then servers."""
     pools = stack.enter_context(Pools(CLIENTS))
     endpoints: dict[str, Endpoint | None] = {}
-    if "kvpool" in systems:
-        endpoints["kvpool"] = stack.enter_context(kvpool_daemon(args.dram_capacity, args.slab_size))
+    if {"kvpool", "kvpool-shm"} & set(systems):
+        daemon = stack.enter_context(kvpool_daemon(args.dram_capacity, args.slab_size))
+        endpoints["kvpool"] = endpoints["kvpool-shm"] = daemon  # one daemon, two ways to read it
     if "redis" in systems:
         endpoints["redis"] = stack.enter_context(
             redis_server(args.dram_capacity.lower().replace("ib", "b"), not args.no_install)

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvpool_client import BlockKey, BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace  # noqa: E402
+from kvpool_client.membership.records import ClusterConfig  # noqa: E402
 from kvpool_server.local import LocalCluster  # noqa: E402
 
 # Qwen2.5-0.5B's KV shape: 24 layers x (K, V) x 2 KV heads x head_dim 64, 16 tokens per block, bf16.
@@ -145,9 +146,10 @@ def main() -> int:
             summarize(client, nodes, run(client, chats))
         return 0
     print("starting a local kvpool on 127.0.0.1: etcd and 3 daemons, 2 replicas per block ...")
-    with LocalCluster(3, "--dram-capacity", "256MiB", "--slab-size", "1MiB", "--lease-ttl-s", "3") as cluster:
+    flags = ("--dram-capacity", "256MiB", "--slab-size", "1MiB", "--lease-ttl-s", "3")
+    with LocalCluster(3, *flags, config=ClusterConfig(replicas=2)) as cluster:  # clients and repair read R=2
         print("etcd:", cluster.etcd_endpoints[0], " nodes:", ", ".join(cluster.addresses), "\n")
-        config = ClientConfig(etcd_endpoints=cluster.etcd_endpoints, cluster=cluster.cluster, replicas=2)
+        config = ClientConfig(etcd_endpoints=cluster.etcd_endpoints, cluster=cluster.cluster)
         with KVPoolClient(config=config) as client:
             summarize(client, cluster.addresses, run(client, chats))
             survive_a_crash(cluster, client, max((p[-1] for p in chats), key=len))

@@ -44,13 +44,16 @@ class Driver(Protocol):
 
 
 class KvpoolDriver:
-    """kvpool's blocking client: one pooled data connection per worker process."""
+    """kvpool's blocking client: one pooled data connection per worker process.
+
+    ``transport`` is ``tcp`` (the baselines are sockets) or ``shm``: gets copied out
+    of the daemon's arena, as an engine on the daemon's node reads them.
+    """
 
     stores = True
 
-    def __init__(self, endpoint: str) -> None:
-        # tcp: the baselines here are sockets; bench/transports.py compares tcp with shm.
-        self._client = KVPoolClient(config=ClientConfig(nodes=(endpoint,), transport="tcp"))
+    def __init__(self, endpoint: str, transport: str = "tcp") -> None:
+        self._client = KVPoolClient(config=ClientConfig(nodes=(endpoint,), transport=transport))
         self._namespace = Namespace("bench", "u8", "raw").id
 
     def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
@@ -177,6 +180,8 @@ def open_driver(system: str, endpoint: str, worker: int) -> Driver:
     """
     if system == "kvpool":
         return KvpoolDriver(endpoint)
+    if system == "kvpool-shm":
+        return KvpoolDriver(endpoint, transport="shm")
     if system == "redis":
         return RedisDriver(endpoint)
     if system == "socket":

@@ -11,7 +11,7 @@ from typing import Any
 from bench.cells import Cell
 from bench.workload import KiB, MiB
 
-SYSTEMS = ("kvpool", "redis", "socket", "memcpy")
+SYSTEMS = ("kvpool", "kvpool-shm", "redis", "socket", "memcpy")
 _RATIO_BLOCK = 384 * KiB
 
 
@@ -56,6 +56,10 @@ def ratios(cells: Sequence[Cell]) -> list[Ratio]:
         ),
         ratio("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
         ratio("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
+        # The same daemon read the way a client on its node reads it (the DaemonSet case).
+        ratio("384 KiB get, 1 client: kvpool-shm single / Redis GET", ("kvpool-shm", 1, 1), ("redis", 1, 1), 1.3),
+        ratio("384 KiB kvpool-shm single get: 4 clients / 1 client", ("kvpool-shm", 1, 4), ("kvpool-shm", 1, 1), 1.5),
+        ratio("384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5),
     ]
 
 

@@ -1,15 +1,18 @@
-"""Get throughput of each data-plane transport against memcpy, in one run.
+"""Get throughput of each data-plane transport against memcpy and a raw socket, in one run.
 
 Usage: ``.venv/bin/python bench/transports.py [--duration 1.0] [--out bench/results]``
 
-Starts one kvpool daemon on this node and, for 64 KiB, 384 KiB and 2 MiB blocks in
-batches of 32, with 1 and 4 client processes, measures gets over ``tcp`` and over
-``shm`` (copied out of the daemon's arena), and a plain ``memcpy`` of the same
+Starts one kvpool daemon on this node (with its UCX listener when ucxx imports)
+and, for 64 KiB, 384 KiB and 2 MiB blocks in batches of 32, with 1 and 4 client
+processes, measures gets over ``tcp``, ``ucx`` (UCX over shared memory here) and
+``shm`` (copied out of the daemon's arena), a raw blocking TCP ``socket`` server
+(bench/servers.py, no protocol beyond offsets), and a plain ``memcpy`` of the same
 bytes from process memory. Each client reads a working set of ``--working-set``
 bytes (larger than the CPU caches, so sources are cache-cold for every system)
 into the same 32 page-aligned destination buffers. Every system's bytes are checked once,
-untimed. Prints a table and the ratios (target: shm >= 0.5x memcpy at 384 KiB);
-writes ``transports.json`` to ``--out``.
+untimed. Prints a table and the ratios (targets: shm >= 0.5x memcpy at 384 KiB;
+ucx >= 2x tcp at 1 MiB and above; 4 clients >= 1.6x one); writes
+``transports.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -29,14 +32,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from bench.drivers import SocketDriver
+from bench.servers import socket_server
+from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_client.transport.ucx import import_error as ucx_import_error
 from kvpool_server.local import start_daemon
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCH = 32
 CLIENTS = (1, 4)
-SYSTEMS = ("memcpy", "tcp", "shm")
+SYSTEMS = ("memcpy", "socket", "tcp", "ucx", "shm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,7 @@ class Job:
     block: int
     working_set: int
     duration_s: float
+    index: int = 0  # the client's number: the raw socket server holds one region per client
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,9 +76,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def worker(job: Job, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None:
     """One client: load its working set, wait for the others, then get batches for the duration."""
     batches = max(1, job.working_set // (job.block * BATCH))
-    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
     data = page_aligned(batches * BATCH * job.block)
-    data[:] = rng.integers(0, 256, len(data), dtype=np.uint8)
+    if job.system == "socket":  # the server sends its copy of this client's region
+        batches = min(batches, REGION_BYTES // (job.block * BATCH))
+        data = data[: batches * BATCH * job.block]
+        data[:] = region(job.index)[: len(data)]
+    else:
+        rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+        data[:] = rng.integers(0, 256, len(data), dtype=np.uint8)
     targets = [page_aligned(job.block) for _ in range(BATCH)]
     fetch, close = _fetcher(job, data, batches, targets)
     for index in range(batches):  # warm: connections, and every page mapped (a long-lived client's state)
@@ -108,6 +121,15 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
             for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH]):
                 np.copyto(target, source)
         return copy, lambda: None
+    if job.system == "socket":
+        driver = SocketDriver(job.address, job.index)
+        requests = [driver.prepare([BlockRef(b"", (i * BATCH + j) * job.block) for j in range(BATCH)], job.block)
+                    for i in range(batches)]  # fmt: skip
+
+        def receive(index: int) -> None:
+            driver.get(requests[index], targets)
+
+        return receive, driver.close
     client = KVPoolClient(config=ClientConfig(nodes=(job.address,), transport=job.system))
     if client.transport(job.address) != job.system:
         raise RuntimeError(f"asked for {job.system}, negotiated {client.transport(job.address)}")
@@ -131,8 +153,8 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
 def run_cell(system: str, address: str, block: int, clients: int, args: argparse.Namespace) -> Cell:
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(clients), ctx.Queue()
-    job = Job(system, address, block, args.working_set * MiB, args.duration)
-    procs = [ctx.Process(target=worker, args=(job, barrier, results)) for _ in range(clients)]
+    jobs = [Job(system, address, block, args.working_set * MiB, args.duration, i) for i in range(clients)]
+    procs = [ctx.Process(target=worker, args=(job, barrier, results)) for job in jobs]
     for proc in procs:
         proc.start()
     outcomes = [results.get(timeout=120 + args.duration) for _ in procs]
@@ -145,15 +167,17 @@ def run_cell(system: str, address: str, block: int, clients: int, args: argparse
     return Cell(system, block, clients, total / elapsed / 1e9, sum(n for _, _, n, _ in outcomes))
 
 
-def ratios(cells: list[Cell]) -> list[str]:
+def ratios(cells: list[Cell], systems: tuple[str, ...]) -> list[str]:
+    """Same-run ratios: each transport against memcpy and tcp, and 4 clients against one."""
     by = {(c.system, c.block, c.clients): c.gbps for c in cells}
     lines = []
     for clients in CLIENTS:
         for block in BLOCK_SIZES:
-            memcpy, tcp, shm = (by[(s, block, clients)] for s in SYSTEMS)
-            lines.append(f"{clients} client(s), {block // KiB:>5} KiB: shm/memcpy {shm / memcpy:.2f}  "
-                         f"tcp/memcpy {tcp / memcpy:.2f}  shm/tcp {shm / tcp:.2f}")
-    for system in SYSTEMS:
+            memcpy, tcp = by[("memcpy", block, clients)], by[("tcp", block, clients)]
+            parts = [f"{s}/memcpy {by[(s, block, clients)] / memcpy:.2f}" for s in systems if s != "memcpy"]
+            parts += [f"{s}/tcp {by[(s, block, clients)] / tcp:.2f}" for s in ("ucx", "shm", "socket") if s in systems]
+            lines.append(f"{clients} client(s), {block // KiB:>5} KiB: " + "  ".join(parts))
+    for system in systems:
         scale = [by[(system, b, 4)] / by[(system, b, 1)] for b in BLOCK_SIZES]
         lines.append(f"{system}: 4 clients / 1 client = " + ", ".join(f"{s:.2f}" for s in scale))
     return lines
@@ -166,20 +190,28 @@ def _line(c: Cell) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     capacity = max(CLIENTS) * args.working_set * MiB + 64 * MiB
-    daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1")
+    missing = ucx_import_error()
+    systems = SYSTEMS if missing is None else tuple(s for s in SYSTEMS if s != "ucx")
+    if missing is not None:
+        print(f"ucx left out: ucxx cannot be imported ({missing})", flush=True)
+    ucx = ("--ucx-port", "0") if missing is None else ()
+    daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1", *ucx)
     cells: list[Cell] = []
     try:
-        for clients in CLIENTS:
-            for block in BLOCK_SIZES:
-                for system in SYSTEMS:
-                    cells.append(run_cell(system, daemon.address, block, clients, args))
-                    print(_line(cells[-1]), flush=True)
+        with socket_server() as raw:
+            for clients in CLIENTS:
+                for block in BLOCK_SIZES:
+                    for system in systems:
+                        address = raw.address if system == "socket" else daemon.address
+                        cells.append(run_cell(system, address, block, clients, args))
+                        print(_line(cells[-1]), flush=True)
     finally:
         daemon.stop()
         daemon.remove_files()
-    print("\n".join(["", *ratios(cells)]))
+    print("\n".join(["", *ratios(cells, systems)]))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH}
+    meta = {"cpus": os.cpu_count(), "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH,
+            "systems": list(systems), "load_avg_at_end": os.getloadavg()[0]}  # fmt: skip
     (args.out / "transports.json").write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells]}, indent=1))
     return 0
 

@@ -32,7 +32,7 @@ class CellSpec:
     """One measurement: a system, an op and a shape, run by ``clients`` processes.
 
     Attributes:
-        system: ``kvpool``, ``redis``, ``socket`` or ``memcpy``.
+        system: ``kvpool``, ``kvpool-shm``, ``redis``, ``socket`` or ``memcpy``.
         op: ``put``, ``get`` or ``copy`` (memcpy).
         endpoint: ``host:port`` of the system's server; empty for memcpy.
         server_pid: the server's process, whose CPU time per op is measured; None for memcpy.

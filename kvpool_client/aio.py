@@ -28,18 +28,24 @@ from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.shm import SharedArena
-from kvpool_client.transport.tcp import open_async_connection
+from kvpool_client.transport.tcp import open_async_connection, parse_address
+from kvpool_client.transport.tls import AsyncTlsChannel
+from kvpool_client.transport.ucx import AsyncUcxConnection, UcxEngine, UcxUnavailable
 from kvpool_client.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class _AsyncNode(NodeRecord[AsyncSocketChannel]):
+DataChannel = AsyncSocketChannel | AsyncTlsChannel | AsyncUcxConnection  # a node's data plane: plain, TLS or UCX
+
+
+class _AsyncNode(NodeRecord[DataChannel]):
     """One node's cached info and idle connections (loop-confined)."""
 
-    def __init__(self, member: Member, config: ClientConfig) -> None:
+    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
         super().__init__(member, config)
+        self._ucx = ucx  # the client's, shared by its nodes
         self.control = AsyncControlClient(member.address, config.request_timeout_s, config.credentials)
 
     async def info(self) -> NodeInfo:
@@ -47,16 +53,13 @@ class _AsyncNode(NodeRecord[AsyncSocketChannel]):
             self._info = await self.control.server_info()
         return self._info
 
-    async def acquire(self) -> AsyncSocketChannel:
+    async def acquire(self) -> DataChannel:
         while self._idle:
             pooled = self._idle.pop()
             if pooled.reusable():
                 return pooled
             pooled.close()
-        endpoint = self.member.data_address or (await self.info()).data_endpoints.get("tcp")
-        if not endpoint:
-            raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        connection = await open_async_connection(endpoint, self._config.connect_timeout_s)
+        connection = await self._open_ucx() or await self._open_tcp()
         token = self._config.auth_token
         if token is not None:
             try:
@@ -66,7 +69,27 @@ class _AsyncNode(NodeRecord[AsyncSocketChannel]):
                 raise
         return connection
 
-    def release(self, connection: AsyncSocketChannel) -> None:
+    async def _open_tcp(self) -> DataChannel:
+        known = {"tcp": self.member.data_address} if self.member.data_address else (await self.info()).data_endpoints
+        endpoint, tls = self.data_endpoint(known)
+        connection: DataChannel
+        connection = await open_async_connection(endpoint, self._config.connect_timeout_s)
+        if tls is not None:
+            connection = await AsyncTlsChannel.connect(connection, tls, parse_address(endpoint)[0])
+        return connection
+
+    async def _open_ucx(self) -> AsyncUcxConnection | None:
+        """A ucx connection when negotiated; None: use tcp (auto after a ucx failure too)."""
+        address = self.ucx_address()
+        if address is None:
+            return None
+        try:
+            return await AsyncUcxConnection.open(self._ucx, address, self._config.connect_timeout_s)
+        except (NodeUnavailable, UcxUnavailable) as exc:
+            self.ucx_failed(exc)
+            return None
+
+    def release(self, connection: DataChannel) -> None:
         if self.has_room():
             self._idle.append(connection)
         else:
@@ -102,6 +125,7 @@ class AsyncKVPoolClient:
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._nodes: dict[str, _AsyncNode] = {}
         self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
+        self._ucx = UcxEngine()  # starts with the first ucx connection
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)
         self._started: asyncio.Future[None] | None = None
@@ -161,6 +185,7 @@ class AsyncKVPoolClient:
                 await self._started
             await self._membership.close()
         await asyncio.gather(*(node.close() for node in self._nodes.values()), *self._closing)
+        await asyncio.to_thread(self._ucx.close)  # joins the engine's thread
 
     async def __aenter__(self) -> AsyncKVPoolClient:
         await self.start()
@@ -224,7 +249,10 @@ class AsyncKVPoolClient:
                 async with asyncio.timeout(timeout):
                     connection = await node.acquire()
                     try:
-                        result = await run_async(connection, exchange)
+                        if isinstance(connection, AsyncUcxConnection):  # one hand-off to the ucx engine
+                            result = await connection.run(exchange)
+                        else:
+                            result = await run_async(connection, exchange)
                     except BaseException:
                         connection.close()
                         raise
@@ -273,7 +301,7 @@ class AsyncKVPoolClient:
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
             self.breaker.reset(member.node_id)
-        node = self._nodes[member.node_id] = _AsyncNode(member, self.config)
+        node = self._nodes[member.node_id] = _AsyncNode(member, self.config, self._ucx)
         return node
 
     def _node_at(self, address: str) -> _AsyncNode:

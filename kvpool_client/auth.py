@@ -9,6 +9,7 @@ control plane may also run over TLS, with client certificates (mTLS).
 from __future__ import annotations
 
 import collections
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,11 +98,11 @@ class AsyncTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
 
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
-    """PEM files for TLS to the nodes' gRPC port.
+    """PEM files for TLS to a gRPC server: a node's control port, or etcd.
 
-    ``ca_file`` verifies the nodes' certificates (whose names must include the
-    address dialled); ``cert_file`` and ``key_file`` are this client's, for nodes
-    that require client certificates (mTLS).
+    ``ca_file`` verifies the server's certificate (whose names must include the
+    address dialled; empty: the system's roots); ``cert_file`` and ``key_file``
+    are this client's, for servers that require client certificates (mTLS).
     """
 
     ca_file: str
@@ -113,10 +114,26 @@ class TlsFiles:
         if bool(self.cert_file) != bool(self.key_file):
             raise UsageError("a client certificate needs both cert_file and key_file")
         return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca_file),
+            root_certificates=_read(self.ca_file) if self.ca_file else None,
             private_key=_read(self.key_file) if self.key_file else None,
             certificate_chain=_read(self.cert_file) if self.cert_file else None,
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client context for a node's TLS data plane, from the same files.
+
+        Raises:
+            UsageError: a file cannot be read or does not hold what it should.
+        """
+        if bool(self.cert_file) != bool(self.key_file):
+            raise UsageError("a client certificate needs both cert_file and key_file")
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+            if self.cert_file:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"cannot load the TLS files {self}: {exc}") from None
+        return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +150,14 @@ def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
         return None
     return TlsFiles(env["KVPOOL_TLS_CA_FILE"], env.get("KVPOOL_TLS_CLIENT_CERT_FILE", ""),
                     env.get("KVPOOL_TLS_CLIENT_KEY_FILE", ""))
+
+
+def etcd_tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
+    """``KVPOOL_ETCD_CA_FILE`` (+ ``KVPOOL_ETCD_CERT_FILE``, ``KVPOOL_ETCD_KEY_FILE``), the daemon's settings too."""
+    ca, cert = env.get("KVPOOL_ETCD_CA_FILE", ""), env.get("KVPOOL_ETCD_CERT_FILE", "")
+    if not (ca or cert):
+        return None
+    return TlsFiles(ca, cert, env.get("KVPOOL_ETCD_KEY_FILE", ""))
 
 
 def _read(path: str) -> bytes:

@@ -38,19 +38,25 @@ from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.routing import Member, Router
 from kvpool_client.transport.shm import SharedArena
-from kvpool_client.transport.tcp import TcpConnection
+from kvpool_client.transport.tcp import TcpConnection, parse_address
+from kvpool_client.transport.tls import TlsConnection
+from kvpool_client.transport.ucx import UcxConnection, UcxEngine, UcxUnavailable
 from kvpool_client.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class _Node(NodeRecord[TcpConnection]):
+DataConnection = TcpConnection | TlsConnection | UcxConnection  # a node's data plane: plain, TLS or UCX
+
+
+class _Node(NodeRecord[DataConnection]):
     """One node's cached info and idle connections (thread-safe)."""
 
-    def __init__(self, member: Member, config: ClientConfig) -> None:
+    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
         super().__init__(member, config)
         self._lock = threading.Lock()
+        self._ucx = ucx  # the client's, shared by its nodes
         self.control = ControlClient(member.address, config.request_timeout_s, config.credentials)
 
     def info(self) -> NodeInfo:
@@ -59,7 +65,7 @@ class _Node(NodeRecord[TcpConnection]):
             info = self._info = self.control.server_info()
         return info
 
-    def acquire(self) -> TcpConnection:
+    def acquire(self) -> DataConnection:
         while True:
             with self._lock:
                 pooled = self._idle.pop() if self._idle else None
@@ -68,10 +74,7 @@ class _Node(NodeRecord[TcpConnection]):
             if pooled.reusable():
                 return pooled
             pooled.close()
-        endpoint = self.member.data_address or self.info().data_endpoints.get("tcp")
-        if not endpoint:
-            raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
-        connection = TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
+        connection = self._open_ucx() or self._open_tcp()
         token = self._config.auth_token
         if token is not None:
             try:
@@ -82,7 +85,27 @@ class _Node(NodeRecord[TcpConnection]):
                 raise
         return connection
 
-    def release(self, connection: TcpConnection) -> None:
+    def _open_tcp(self) -> DataConnection:
+        known = {"tcp": self.member.data_address} if self.member.data_address else self.info().data_endpoints
+        endpoint, tls = self.data_endpoint(known)
+        connection: DataConnection
+        connection = TcpConnection(endpoint, self._config.request_timeout_s, self._config.connect_timeout_s)
+        if tls is not None:
+            connection = TlsConnection(connection, tls, parse_address(endpoint)[0])
+        return connection
+
+    def _open_ucx(self) -> UcxConnection | None:
+        """A ucx connection when negotiated; None: use tcp (auto after a ucx failure too)."""
+        address = self.ucx_address()
+        if address is None:
+            return None
+        try:
+            return UcxConnection(self._ucx, address, self._config.request_timeout_s, self._config.connect_timeout_s)
+        except (NodeUnavailable, RequestTimeout, UcxUnavailable) as exc:
+            self.ucx_failed(exc)
+            return None
+
+    def release(self, connection: DataConnection) -> None:
         with self._lock:
             if self.has_room():
                 self._idle.append(connection)
@@ -127,6 +150,7 @@ class KVPoolClient:
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._ucx = UcxEngine()  # starts with the first ucx connection
         self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
         self._source: PlacementSource = (
             ThreadedMembershipSource(self.config)
@@ -200,7 +224,7 @@ class KVPoolClient:
         return sum(self._node(m).control.flush_namespace(namespace) for m in self.placement().router.members())
 
     def transport(self, address: str) -> str:
-        """The transport gets from the node at ``address`` use: ``shm`` (same node) or ``tcp``.
+        """The transport gets from the node at ``address`` use: ``shm`` (same node), ``ucx`` or ``tcp``.
 
         Raises:
             SharedArenaUnavailable: ``transport="shm"`` is set and the node's arena cannot be mapped.
@@ -217,6 +241,7 @@ class KVPoolClient:
             self._pool.shutdown(wait=True, cancel_futures=True)
         for node in list(self._nodes.values()):
             node.close()
+        self._ucx.close()
 
     def __enter__(self) -> KVPoolClient:
         return self
@@ -283,7 +308,7 @@ class KVPoolClient:
             connection = node.acquire()
             connection.start_request()
             try:
-                result = run_sync(connection, exchange)
+                result = connection.run(exchange) if isinstance(connection, UcxConnection) else run_sync(connection, exchange)
             except BaseException:
                 connection.close()
                 raise
@@ -339,7 +364,7 @@ class KVPoolClient:
             old = self._nodes.get(member.node_id)
             if old is not None and old.serves(member):
                 return old
-            node = self._nodes[member.node_id] = _Node(member, self.config)
+            node = self._nodes[member.node_id] = _Node(member, self.config, self._ucx)
         if old is not None:
             old.close()
             self.breaker.reset(member.node_id)

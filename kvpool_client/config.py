@@ -6,11 +6,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvpool_client.auth import Credentials, TlsFiles, read_token, tls_from_env
+from kvpool_client.auth import Credentials, TlsFiles, etcd_tls_from_env, read_token, tls_from_env
 from kvpool_client.errors import UsageError
 from kvpool_client.membership.records import MAX_REPLICAS, check_name
 
-TRANSPORTS = ("auto", "tcp", "shm")  # how gets move bytes; see ClientConfig.transport
+TRANSPORTS = ("auto", "tcp", "shm", "ucx")  # how block bytes move; see ClientConfig.transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +33,18 @@ class ClientConfig:
         write_quorum: owners that must store a key for a put to succeed; None: the
             cluster config's in etcd, else 1. Clamped to the owners placed.
         io_threads: threads the blocking client uses to talk to several nodes at once.
-        transport: how gets move block bytes: ``auto`` copies them out of a
-            node's shared-memory arena when the node runs on this machine (``shm``)
-            and uses ``tcp`` otherwise; ``tcp`` always uses the socket; ``shm``
-            requires the arena, and a node that offers none fails its gets with
-            ``UNAVAILABLE``. Puts and everything else go over tcp.
+        transport: how block bytes move: ``auto`` copies gets out of a node's
+            shared-memory arena when the node runs on this machine (``shm``), else
+            uses ``ucx`` when the node offers it and ucxx is installed, else
+            ``tcp``, falling back to tcp when ucx fails; ``tcp`` always uses the
+            socket; ``shm`` requires the arena (puts and the rest over tcp);
+            ``ucx`` requires UCX for every op. A node that cannot do a required
+            transport fails its keys with ``UNAVAILABLE``.
         auth_token: the cluster's shared token, for nodes that require one
             (proved on every data connection and gRPC call).
         tls: CA (and client certificate) files for nodes whose gRPC port is TLS.
+        etcd_tls: CA (and client certificate) files for etcd over TLS; ``https://``
+            endpoints without it are verified against the system's roots.
     Raises:
         UsageError: no nodes and no etcd, a non-positive timeout, R/quorum out of
             range, or an unknown transport.
@@ -59,6 +63,7 @@ class ClientConfig:
     transport: str = "auto"
     auth_token: bytes | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
+    etcd_tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "etcd_endpoints"):
@@ -114,10 +119,11 @@ class ClientConfig:
 
         Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
         ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM``,
-        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp or shm) and
+        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp, shm or ucx) and
         ``KVPOOL_AUTH_TOKEN_FILE`` (the token's file, the daemon's setting too) and
         ``KVPOOL_TLS_CA_FILE`` (with ``KVPOOL_TLS_CLIENT_CERT_FILE`` and
-        ``KVPOOL_TLS_CLIENT_KEY_FILE`` for mTLS).
+        ``KVPOOL_TLS_CLIENT_KEY_FILE`` for mTLS) and ``KVPOOL_ETCD_CA_FILE`` (with
+        ``KVPOOL_ETCD_CERT_FILE`` and ``KVPOOL_ETCD_KEY_FILE``).
 
         Raises:
             UsageError: a malformed number, or an invalid combination (see the class).
@@ -135,6 +141,7 @@ class ClientConfig:
         if env.get("KVPOOL_AUTH_TOKEN_FILE"):
             values["auth_token"] = read_token(env["KVPOOL_AUTH_TOKEN_FILE"])
         values["tls"] = tls_from_env(env)
+        values["etcd_tls"] = etcd_tls_from_env(env)
         for name, var, kind in (
             ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
             ("replicas", "KVPOOL_REPLICAS", int),

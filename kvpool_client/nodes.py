@@ -2,18 +2,23 @@
 
 :class:`NodeRecord` is the I/O-free base of the blocking and asyncio node objects;
 they add fetching the info and opening, pooling and closing connections. The
-record also negotiates the transport gets use: the node's shared arena when it can
-be mapped here (``shm``), else ``tcp``.
+record also negotiates the transports: gets read the node's shared arena when it
+can be mapped here (``shm``); connections use ``ucx`` when both ends can and the
+arena is not used, else ``tcp``. ``auto`` falls back to tcp when ucx fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ssl
+from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from kvpool_client.config import ClientConfig
+from kvpool_client.auth import TlsFiles
 from kvpool_client.control import NodeInfo
+from kvpool_client.errors import KVPoolError, NodeUnavailable
 from kvpool_client.routing import Member
+from kvpool_client.transport import ucx
 from kvpool_client.transport.shm import SharedArena, open_shared_arena
 from kvpool_client.wire import WireLimits
 
@@ -32,6 +37,8 @@ class NodeRecord(Generic[C]):
         self._idle: list[C] = []
         self._arena: SharedArena | None = None
         self._arena_tried = False
+        self._tls_context: ssl.SSLContext | None = None
+        self._ucx_failed = False  # auto: a ucx connection failed; tcp until the next negotiation
 
     def shared_arena(self) -> SharedArena | None:
         """The node's arena mapped here when the transport setting allows it; None: use tcp.
@@ -51,18 +58,69 @@ class NodeRecord(Generic[C]):
             self._info = None
             self.reset_transport()
             return None
+        if self._config.transport == "ucx":  # every op over ucx: the arena is not read
+            return None
         if not self._arena_tried:
             arena = self._arena = open_shared_arena(info.shared_arena, self._config.transport)
             self._arena_tried = True
         return arena
 
     def transport(self) -> str:
-        """The transport gets use now: ``shm`` or ``tcp``."""
-        return "shm" if self.shared_arena() is not None else "tcp"
+        """The transport gets use now: ``shm``, ``ucx`` or ``tcp``."""
+        if self.shared_arena() is not None:
+            return "shm"
+        return "ucx" if self.ucx_address() is not None else "tcp"
+
+    def ucx_address(self) -> str | None:
+        """The node's ucx data address when new connections should use UCX; None: tcp (None before the info is read).
+
+        ``ucx`` requires it. ``auto`` takes it when the node offers it, its arena is
+        not mapped here (``shm`` serves gets then), ucxx imports here, and no ucx
+        connection to the node failed since the last negotiation.
+
+        Raises:
+            UcxUnavailable: ``ucx`` is required and the node or this process cannot use it.
+        """
+        transport, info = self._config.transport, self._info
+        if transport not in ("auto", "ucx") or info is None:
+            return None
+        address = info.data_endpoints.get("ucx")
+        if transport == "ucx":
+            if not address:
+                raise ucx.UcxUnavailable(f"{self.address} offers no ucx data endpoint (ucx transport)")
+            reason = ucx.import_error()
+            if reason is not None:
+                raise ucx.UcxUnavailable(f"ucxx cannot be imported ({reason}); pip install 'kvpool[ucx]'")
+            return address
+        if not address or self._ucx_failed or self.shared_arena() is not None or ucx.import_error() is not None:
+            return None
+        return address
+
+    def ucx_failed(self, error: KVPoolError) -> None:
+        """A ucx connection could not be opened: re-raise when ucx is required, else use tcp for now."""
+        if self._config.transport == "ucx":
+            raise error
+        self._ucx_failed = True
 
     def reset_transport(self) -> None:
         """Negotiate again next time (after a failure, or when the info is re-read)."""
         self._arena, self._arena_tried = None, False
+        self._ucx_failed = False
+
+    def data_endpoint(self, endpoints: Mapping[str, str]) -> tuple[str, ssl.SSLContext | None]:
+        """The node's TCP data address and, when its data plane requires TLS, the context to dial it with.
+
+        Raises:
+            NodeUnavailable: the node offers no TCP data endpoint, plain or TLS.
+            UsageError: the TLS files (``ClientConfig.tls``) cannot be loaded.
+        """
+        if "tls" in endpoints:
+            if self._tls_context is None:
+                self._tls_context = (self._config.tls or TlsFiles("")).ssl_context()
+            return endpoints["tls"], self._tls_context
+        if "tcp" in endpoints:
+            return endpoints["tcp"], None
+        raise NodeUnavailable(f"{self.address} offers no tcp data endpoint")
 
     def cached_limits(self) -> WireLimits | None:
         """The node's limits if its info was read (and not forgotten since), else None."""

@@ -151,7 +151,8 @@ class ThreadedMembershipSource(_Follower):
 
         super().__init__(config)
         try:
-            self._view = ThreadedMembershipView(config.etcd_endpoints, config.cluster, store_options=store_options)
+            options = {"tls": config.etcd_tls, **(store_options or {})}
+            self._view = ThreadedMembershipView(config.etcd_endpoints, config.cluster, store_options=options)
         except ValueError as exc:  # malformed endpoints or cluster name
             raise UsageError(str(exc)) from None
         if not self._view.start(wait_synced_s=config.connect_timeout_s):
@@ -171,7 +172,7 @@ class AsyncMembershipSource(_Follower):
 
     def __init__(self, config: ClientConfig, store_options: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        self._store_options = store_options or {}
+        self._store_options = {"tls": config.etcd_tls, **(store_options or {})}
         self._store: EtcdStore | None = None
         self._view: MembershipView | None = None
 

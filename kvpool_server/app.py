@@ -21,27 +21,29 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool_client.auth import Credentials, read_token, tls_from_env
-from kvpool_client.errors import UsageError
+from kvpool_client.errors import KVPoolError, UsageError
 from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.wire import WireLimits
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
 from kvpool_server.control.auth import TokenInterceptor
+from kvpool_server.control.malformed import MalformedBodyInterceptor
 from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
 from kvpool_server.control.tls import CertificateFiles
-from kvpool_server.data.session import Session, SessionConfig
+from kvpool_server.data.session import Channel, Session, SessionConfig
 from kvpool_server.data.tcp import TcpListener
 from kvpool_server.data.workers import LoopThread
 from kvpool_server.eviction import POLICIES
@@ -49,12 +51,16 @@ from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
+from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
+
+if TYPE_CHECKING:
+    from kvpool_server.data.ucx import UcxListener
 
 log = logging.getLogger("kvpool.server")
 
@@ -85,15 +91,21 @@ class Daemon:
         self._store: BlockStore | None = None
         self._demoter: Demoter | None = None
         self._data: TcpListener | None = None
+        self._ucx: UcxListener | None = None  # with ucx_port >= 0
         self._grpc: grpc.aio.Server | None = None
+        self._certificates: CertificateFiles | None = None  # TLS of gRPC and, with data_tls, the data plane
         self._metrics: MetricsServer | None = None
         self._health = health.aio.HealthServicer()
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[object]] = set()
-        self.presence = NodePresence(config.etcd_endpoints, config.cluster, config.lease_ttl_s)
+        self._repair: MembershipRepair | None = None
+        self.presence = NodePresence(config.etcd_endpoints, config.cluster, config.lease_ttl_s, config.etcd_tls())
 
     async def start(self) -> None:
         """Tiers, data plane, control plane, then membership and health."""
+        cfg = self.config
+        if cfg.tls_cert_file:
+            self._certificates = CertificateFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
         store = await self._open_store()
         self._start_data_plane(store)
         assert self._data is not None
@@ -103,7 +115,11 @@ class Daemon:
         identity = NodeIdentity(
             node_id=resolved.node_id,
             version=package_version(),
-            endpoints=(("tcp", f"{resolved.advertise_host}:{self._data.port}"), ("shm", shared.arena_path)),
+            endpoints=(
+                ("tls" if cfg.data_tls else "tcp", f"{resolved.advertise_host}:{self._data.port}"),
+                ("shm", shared.arena_path),
+                *((("ucx", f"{resolved.advertise_host}:{self._ucx.port}"),) if self._ucx is not None else ()),
+            ),
             limits=self.limits,
             slab_size=self.config.slab_size,
             started_at=time.time(),
@@ -113,6 +129,7 @@ class Daemon:
         metrics_port = self._start_metrics(store, identity.node_id)
         await self.presence.start(self._record(identity, grpc_port))
         await self.presence.set_state(NodeState.ACTIVE)
+        await self._start_repair(store, identity.node_id)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
         self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
@@ -151,7 +168,7 @@ class Daemon:
     def _open_ssd(self) -> SsdTier:
         cfg = self.config
         ssd_config = SsdConfig(cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_segment_size, cfg.ssd_fsync,
-                               gc_live_ratio=cfg.ssd_gc_live_ratio)
+                               gc_live_ratio=cfg.ssd_gc_live_ratio, namespace_quota=cfg.ssd_namespace_quota)
         return SsdTier(ssd_config, self.counters, POLICIES[cfg.eviction_policy])
 
     def _start_data_plane(self, store: BlockStore) -> None:
@@ -159,7 +176,7 @@ class Daemon:
         cfg = self.config
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get, self._token, cfg.idle_timeout_s)
 
-        async def serve_connection(channel: AsyncSocketChannel) -> None:
+        async def serve_connection(channel: Channel) -> None:
             session = Session(channel, store, self.counters, self.latencies, session_config, lambda: self.presence.accepting_writes)
             with self._sessions_lock:
                 self._sessions.add(session)
@@ -172,8 +189,13 @@ class Daemon:
         self._workers = [LoopThread(f"kvpool-data-{i}") for i in range(cfg.effective_data_workers())]
         for worker in self._workers:
             worker.start()
-        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, self._workers, cfg.io_timeout_s)
+        tls = self._certificates.server_context if cfg.data_tls and self._certificates else None
+        self._data = TcpListener(cfg.host, cfg.data_port, serve_connection, self._workers, cfg.io_timeout_s, tls)
         self._data.start()
+        if cfg.ucx_port >= 0:
+            # A segment carries one block, or a frame's meta when it is too big to inline.
+            largest_segment = max(self.limits.max_block_size, self.limits.max_meta)
+            self._ucx = _start_ucx(cfg, serve_connection, largest_segment)
 
     def _bind_grpc(self) -> int:
         """Create the gRPC server and bind its port; returns the port bound.
@@ -182,13 +204,14 @@ class Daemon:
             OSError: the port is taken or the address unusable.
         """
         cfg = self.config
-        interceptors = [TokenInterceptor(self._token, self.counters)] if self._token is not None else []
+        interceptors: list[grpc.aio.ServerInterceptor] = [MalformedBodyInterceptor(self.counters)]
+        if self._token is not None:
+            interceptors.insert(0, TokenInterceptor(self._token, self.counters))  # refuse before parsing
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
         address = f"{cfg.host}:{cfg.grpc_port}"
         try:
-            if cfg.tls_cert_file:
-                files = CertificateFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
-                port = self._grpc.add_secure_port(address, files.credentials())
+            if self._certificates is not None:
+                port = self._grpc.add_secure_port(address, self._certificates.credentials())
             else:
                 port = self._grpc.add_insecure_port(address)
         except RuntimeError as exc:  # grpc reports a port in use this way
@@ -255,6 +278,17 @@ class Daemon:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _start_repair(self, blocks: BlockStore, node_id: str) -> None:
+        """Re-replicate after membership changes, in the background (with etcd and ``repair_enabled``)."""
+        cfg = self.config
+        if not cfg.repair_enabled or self.presence.store is None:
+            return
+        settings = RepairSettings(cfg.repair_settle_s, cfg.repair_bandwidth, cfg.repair_replicas)
+        credentials = Credentials(self._token, tls_from_env(os.environ))
+        self._repair = MembershipRepair(blocks, self.presence.store, self.presence.cluster, node_id, self.counters,
+                                        credentials, settings)  # fmt: skip
+        await self._repair.start()
+
     def _announce(self, node_id: str, grpc_port: int, data_port: int, metrics_port: int) -> None:
         if not self.config.announce_file:
             return
@@ -284,17 +318,24 @@ class Daemon:
     async def shutdown(self) -> None:
         grace = self.config.shutdown_grace_s
         log.info("shutting down", extra={"grace_s": grace})
+        if self._repair is not None:  # no new copies from a node on its way out; a run in progress is cancelled
+            await self._repair.close()
         # Draining first: clients stop placing writes here while reads still work.
         with contextlib.suppress(InvalidTransition):
             await self.presence.set_state(NodeState.DRAINING)
         await self._health.enter_graceful_shutdown()
         if self._data is not None:
             await self._data.stop_accepting()
+        if self._ucx is not None:
+            await self._ucx.stop_accepting()
         deadline = time.monotonic() + grace
         while self._any_request_in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
         if self._data is not None:
             await self._data.close_connections(timeout=max(0.1, deadline - time.monotonic()))
+        if self._ucx is not None:
+            await self._ucx.close_connections(timeout=max(0.1, deadline - time.monotonic()))
+            await asyncio.to_thread(self._ucx.stop, max(0.1, deadline - time.monotonic()))
         for worker in self._workers:
             worker.stop(timeout=max(0.1, deadline - time.monotonic()))
         for task in self._background:
@@ -315,6 +356,23 @@ class Daemon:
             except BufferError:
                 log.warning("arena still mapped by an unfinished request; it is freed at exit")
         log.info("stopped")
+
+
+def _start_ucx(cfg: ServerConfig, handler: Callable[[Any], Coroutine[Any, Any, None]], max_segment: int) -> UcxListener:
+    """The UCX listener (ucxx is imported only here: the daemon runs without it when ucx is off).
+
+    Raises:
+        KVPoolError: ucxx is missing, or UCX cannot listen on ``ucx_port``.
+    """
+    try:
+        from kvpool_client.transport.ucx_channel import UcxSettings
+        from kvpool_server.data.ucx import UcxListener
+    except ImportError as exc:
+        raise KVPoolError(f"ucx_port is set but ucxx cannot be imported ({exc}); pip install 'kvpool[ucx]'") from exc
+    settings = UcxSettings(cfg.ucx_tls, cfg.ucx_progress_mode, cfg.ucx_net_devices)
+    listener = UcxListener(cfg.ucx_port, handler, settings, cfg.io_timeout_s, max_segment)
+    listener.start()
+    return listener
 
 
 async def run(config: ServerConfig, token: bytes | None) -> None:
@@ -339,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format, config.node_id or "kvpool")
     try:
         uvloop.run(run(config, token))
-    except OSError as exc:
+    except (OSError, KVPoolError) as exc:  # a port in use; ucx asked for and unavailable
         log.error("cannot start", extra={"error": str(exc)})
         return 1
     return 0

@@ -28,6 +28,9 @@ from typing import Any
 
 import yaml
 
+from kvpool_client.auth import TlsFiles
+from kvpool_client.membership.records import MAX_REPLICAS
+
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 PAGE_SIZE = 4096
 ENV_PREFIX = "KVPOOL_"
@@ -57,12 +60,25 @@ class ServerConfig:
     host: str = _opt("127.0.0.1", "address both listeners bind")
     grpc_port: int = _opt(50051, "gRPC control-plane port (0: ephemeral)")
     data_port: int = _opt(50052, "data-plane port (0: ephemeral)")
+    ucx_port: int = _opt(
+        -1, "UCX data-plane port, on every interface (0: ephemeral, -1: off); needs ucxx (pip install kvpool[ucx])"
+    )
+    ucx_tls: str = _opt("tcp,sm", "UCX transports (UCX_TLS): tcp,sm on one node or over Ethernet; rc,sm,self with verbs UCX on InfiniBand/RoCE")
+    ucx_progress_mode: str = _opt(
+        "blocking", "how the UCX worker is progressed: blocking (epoll; idle costs nothing) or polling (one core busy)",
+        choices=("blocking", "polling"),
+    )
+    ucx_net_devices: str = _opt("", "UCX_NET_DEVICES, e.g. mlx5_0:1 or eth0; empty: UCX's choice")
     metrics_port: int = _opt(0, "Prometheus /metrics HTTP port on host (0: ephemeral, -1: off); Helm sets a fixed one")
     advertise_host: str = _opt("", "address published to clients; empty: host (hostname if host is a wildcard)")
-    etcd_endpoints: str = _opt("", "etcd client URLs, comma separated (http://host:port); empty: standalone")
+    etcd_endpoints: str = _opt("", "etcd client URLs, comma separated (http:// or https://); empty: standalone")
     cluster: str = _opt("default", "cluster name: the etcd prefix /kvpool/<cluster>/")
     lease_ttl_s: int = _opt(10, "etcd lease TTL: a dead node leaves the membership this long after dying")
     node_weight: float = _opt(1.0, "placement weight: a node of weight 2 owns twice the keys")
+    repair_enabled: bool = _opt(True, "after a membership change, copy blocks held here to owners that lack them (needs etcd)")
+    repair_settle_s: float = _opt(2.0, "the active nodes must stay unchanged this long before a repair starts")
+    repair_bandwidth: int = _opt(128 * MiB, "most bytes per second a repair sends (0: no limit)", unit="bytes")
+    repair_replicas: int = _opt(0, "copies a repair keeps of each block; 0: the cluster config's replicas")
     dram_capacity: int = _opt(GiB, "bytes of the DRAM tier arena", unit="bytes")
     prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
     slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
@@ -84,6 +100,9 @@ class ServerConfig:
     ssd_promote_on_hit: bool = _opt(True, "copy a block served from SSD back into DRAM")
     ssd_gc_live_ratio: float = _opt(0.5, "compact an SSD segment once its live share falls below this")
     ssd_flush_on_shutdown: bool = _opt(True, "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm")
+    ssd_namespace_quota: int = _opt(
+        0, "most SSD bytes one namespace may hold here; past it its own oldest records go (0: no quota)", unit="bytes"
+    )
     data_workers: int = _opt(0, "data-plane event loops, one thread each; 0: one per CPU, at most 8")
     max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")
     max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
@@ -98,6 +117,10 @@ class ServerConfig:
     tls_cert_file: str = _opt("", "PEM certificate chain of the gRPC port; with tls_key_file, gRPC runs over TLS")
     tls_key_file: str = _opt("", "PEM private key of tls_cert_file")
     tls_client_ca_file: str = _opt("", "PEM CA of client certificates: set, gRPC requires them (mTLS)")
+    data_tls: bool = _opt(False, "the TCP data plane requires TLS too (tls_cert_file's certificates): for networks that are not private")
+    etcd_ca_file: str = _opt("", "PEM CA verifying etcd's certificate; set (or https:// endpoints): etcd over TLS")
+    etcd_cert_file: str = _opt("", "PEM client certificate for etcd's --client-cert-auth, with etcd_key_file")
+    etcd_key_file: str = _opt("", "PEM private key of etcd_cert_file")
     announce_file: str = _opt("", "if set, the bound ports are written there as JSON once ready")
     log_level: str = _opt("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = _opt("json", "log line format", choices=("json", "text"))
@@ -110,6 +133,12 @@ class ServerConfig:
     def effective_data_workers(self) -> int:
         """``data_workers``, or one per CPU (at most 8) when 0."""
         return self.data_workers or min(8, os.cpu_count() or 1)
+
+    def etcd_tls(self) -> TlsFiles | None:
+        """TLS to etcd when a CA or client certificate is configured (https:// endpoints alone use system roots)."""
+        if not (self.etcd_ca_file or self.etcd_cert_file):
+            return None
+        return TlsFiles(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file)
 
     def effective_node_id(self, bound_grpc_port: int | None = None) -> str:
         """``node_id``, or ``<hostname>-<port>`` if empty; pass the bound port when ``grpc_port`` is 0."""
@@ -419,6 +448,13 @@ def _check_fields(report: _Report) -> None:
             report.fail(name, "must be a port number in 0..65535 (0: ephemeral)")
     if config.grpc_port == config.data_port != 0:
         report.fail("data_port", f"must differ from {report.describe('grpc_port')}")
+    if not -1 <= config.ucx_port <= 65535:
+        report.fail("ucx_port", "must be a port number in 0..65535 (0: ephemeral) or -1 (off)")
+    for name in ("grpc_port", "data_port"):
+        if config.ucx_port == getattr(config, name) > 0:
+            report.fail("ucx_port", f"must differ from {report.describe(name)}")
+    if config.ucx_port >= 0 and config.data_tls:
+        report.fail("ucx_port", "UCX has no TLS: with data_tls set, turn the UCX data plane off (-1)")
     if not -1 <= config.metrics_port <= 65535:
         report.fail("metrics_port", "must be a port number in 0..65535 (0: ephemeral) or -1 (off)")
     for name in ("grpc_port", "data_port"):
@@ -428,6 +464,10 @@ def _check_fields(report: _Report) -> None:
         report.fail("lease_ttl_s", "must be >= 1")
     if not config.node_weight > 0:
         report.fail("node_weight", "must be > 0")
+    if config.repair_settle_s < 0:
+        report.fail("repair_settle_s", "must be >= 0")
+    if not 0 <= config.repair_replicas <= MAX_REPLICAS:
+        report.fail("repair_replicas", f"must be in 0..{MAX_REPLICAS} (0: the cluster config's)")
     if not config.cluster or not config.cluster.replace("-", "").replace("_", "").isalnum():
         report.fail("cluster", "must be non-empty letters, digits, '-' or '_'")
     if not 0 <= config.data_workers <= 64:
@@ -469,13 +509,20 @@ def _check_paths(report: _Report) -> None:
         report.fail("shm_dir", "not an existing directory")
     if config.ssd_dir and not os.path.isdir(os.path.dirname(os.path.abspath(config.ssd_dir))):
         report.fail("ssd_dir", "its parent directory does not exist")
-    for name in ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+    files = ("auth_token_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "etcd_ca_file",
+             "etcd_cert_file", "etcd_key_file")  # fmt: skip
+    for name in files:
         if getattr(config, name) and not os.path.isfile(getattr(config, name)):
             report.fail(name, "not an existing file")
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         report.fail("tls_key_file" if config.tls_cert_file else "tls_cert_file", "TLS needs both tls_cert_file and tls_key_file")
     if config.tls_client_ca_file and not config.tls_cert_file:
         report.fail("tls_client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
+    if config.data_tls and not config.tls_cert_file:
+        report.fail("data_tls", "TLS on the data plane needs tls_cert_file and tls_key_file")
+    if bool(config.etcd_cert_file) != bool(config.etcd_key_file):
+        report.fail("etcd_key_file" if config.etcd_cert_file else "etcd_cert_file",
+                    "an etcd client certificate needs both etcd_cert_file and etcd_key_file")  # fmt: skip
     if config.announce_file:
         parent = os.path.dirname(os.path.abspath(config.announce_file))
         if not os.path.isdir(parent):

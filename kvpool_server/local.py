@@ -6,6 +6,7 @@ bound ports to an announce file once it is ready, which is what we wait for.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -17,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpool_client.membership.cluster import ensure_config
+from kvpool_client.membership.etcd import EtcdStore
+from kvpool_client.membership.records import ClusterConfig
 from kvpool_server.alloc.arena import ARENA_PREFIX
 from kvpool_server.membership.local_etcd import LocalEtcd
 
@@ -96,6 +100,16 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
     return DaemonProcess(process, *ports, info["node_id"], log_path, workdir, metrics_port=info.get("metrics_port", -1))
 
 
+def write_cluster_config(endpoint: str, cluster: str, config: ClusterConfig) -> None:
+    """Write ``config`` as the cluster's config unless one exists (blocking; for tools and tests)."""
+
+    async def write() -> None:
+        async with EtcdStore(endpoint) as store:
+            await ensure_config(store, cluster, config)
+
+    asyncio.run(write())
+
+
 class LocalCluster:
     """A local pool on loopback: an etcd member and several daemons registered in it.
 
@@ -107,15 +121,26 @@ class LocalCluster:
         with_etcd: start an etcd and register the daemons in it; without it the
             daemons run standalone and clients take the static address list.
         cluster: the cluster name in etcd.
+        config: the cluster config written to etcd before any daemon starts (replicas,
+            write quorum): clients and the daemons' repair then agree on it.
     """
 
-    def __init__(self, size: int, *daemon_args: str, with_etcd: bool = True, cluster: str = "local") -> None:
+    def __init__(
+        self,
+        size: int,
+        *daemon_args: str,
+        with_etcd: bool = True,
+        cluster: str = "local",
+        config: ClusterConfig | None = None,
+    ) -> None:
         self.cluster = cluster
         self.etcd: LocalEtcd | None = None
         self.daemons: list[DaemonProcess] = []
         try:
             if with_etcd:
                 self.etcd = LocalEtcd().start()
+                if config is not None:
+                    write_cluster_config(self.etcd.endpoint, cluster, config)
             for index in range(size):
                 self.add_daemon(*daemon_args, node_id=f"node-{index}")
         except BaseException:

@@ -18,9 +18,10 @@ import grpc
 
 from bench.chaos.settings import CLUSTER, DISK_NODE, NODES, NS, TMPFS_SIZE, SoakSettings
 from kvpool_client import KVPoolClient
+from kvpool_client.membership.records import ClusterConfig
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_server.local import DaemonProcess, start_daemon
+from kvpool_server.local import DaemonProcess, start_daemon, write_cluster_config
 from kvpool_server.membership.local_etcd import LocalEtcd
 
 
@@ -74,6 +75,8 @@ class SoakCluster:
     def start(self) -> None:
         self.etcd.workdir.mkdir()
         self.etcd.start()
+        # R=2 in etcd, not only in the clients: the daemons' repair keeps as many copies as the clients write.
+        write_cluster_config(self.etcd.endpoint, CLUSTER, ClusterConfig(replicas=2, write_quorum=2))
         for node in self.nodes:
             node.ssd_dir.mkdir()
         self._mount_tmpfs(self.nodes[DISK_NODE].ssd_dir)

@@ -40,13 +40,13 @@ class FuzzReport:
 
 
 def _grpc_handler_errors(grpc_tally: dict) -> int:
-    """Typed requests answered UNKNOWN or INTERNAL: a handler raised instead of rejecting the input.
+    """Calls answered UNKNOWN or INTERNAL: something raised instead of rejecting the input.
 
-    Raw bytes that do not parse are answered UNKNOWN by grpc itself before any handler
-    runs; those are counted apart (see the report's findings).
+    Typed-but-hostile messages and raw bytes that do not parse alike must get
+    INVALID_ARGUMENT (see :mod:`kvpool_server.control.malformed`).
     """
     kinds = grpc_tally.get("kinds", {})
-    return sum(n for k, n in kinds.items() if not k.startswith("raw.") and k.endswith((":unknown", ":internal")))
+    return sum(n for k, n in kinds.items() if k.endswith((":unknown", ":internal")))
 
 
 def _tracebacks(log: str) -> int:
@@ -89,7 +89,7 @@ def print_report(report: FuzzReport) -> None:
         print(f"  {name:10s} {sum(outcomes.values()):7d} cases: {listed}")
     print(f"  daemon crashes {report.daemon_crashes}, hangs {report.hangs}, undecodable answers "
           f"{len(report.bad_responses)}, unhandled exceptions in log {report.handler_exceptions}, "
-          f"typed gRPC calls answered UNKNOWN/INTERNAL {report.grpc_handler_errors}, "
+          f"gRPC calls answered UNKNOWN/INTERNAL {report.grpc_handler_errors}, "
           f"alive after {report.alive_after}")  # fmt: skip
     print(f"  daemon memory: before {_mib(report.memory_before)}; peak {_mib(report.memory_peak)}; "
           f"after {_mib(report.memory_after)}; heap growth over the second half of the run "

@@ -30,7 +30,8 @@ output on stdout). With --etcd the nodes are those registered in etcd, and --nod
 ignored; config and watch need --etcd. Errors are one line on stderr that says what to do.
 Nodes that require the cluster's token get it from --auth-token-file (or $KVPOOL_AUTH_TOKEN_FILE);
 a TLS gRPC port is trusted through $KVPOOL_TLS_CA_FILE (and $KVPOOL_TLS_CLIENT_CERT_FILE,
-$KVPOOL_TLS_CLIENT_KEY_FILE for mTLS).
+$KVPOOL_TLS_CLIENT_KEY_FILE for mTLS); etcd over TLS (https:// endpoints) through
+$KVPOOL_ETCD_CA_FILE (and $KVPOOL_ETCD_CERT_FILE, $KVPOOL_ETCD_KEY_FILE).
 
 Exit codes:
   0  success
@@ -69,7 +70,7 @@ from kvpool_client.admin.inputs import (
     positive_int_arg,
     setting_arg,
 )
-from kvpool_client.auth import Credentials, read_token, tls_from_env
+from kvpool_client.auth import Credentials, etcd_tls_from_env, read_token, tls_from_env
 from kvpool_client.errors import KVPoolError
 
 PROG = "kvpoolctl"
@@ -235,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _settle_timeout(args)
         token = read_token(args.auth_token_file) if args.auth_token_file else None
         args.credentials = Credentials(token, tls_from_env(os.environ))
+        args.etcd_tls = etcd_tls_from_env(os.environ)
         return int(args.run(args))
     except CliError as exc:
         return _fail(exc)

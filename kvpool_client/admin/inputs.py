@@ -38,7 +38,7 @@ def nodes_arg(text: str) -> tuple[str, ...]:
 
 
 def etcd_arg(text: str) -> str | None:
-    """``host:port[,host:port...]`` (``http://`` allowed) of etcd members; empty: none."""
+    """``host:port[,host:port...]`` (``http://`` or ``https://`` allowed) of etcd members; empty: none."""
     endpoints = [p.strip() for p in text.split(",") if p.strip()]
     if not endpoints:
         return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvpool_client.admin.exits import CliError, ExitCode, etcd_unreachable
+from kvpool_client.auth import TlsFiles
 from kvpool_client.membership.cluster import NodeListing, list_nodes, read_config, update_config
 from kvpool_client.membership.errors import EtcdError, EtcdUnavailable, RecordError
 from kvpool_client.membership.etcd import EtcdStore
@@ -46,14 +47,15 @@ class ClusterSession:
         endpoints: etcd ``host:port[,...]``.
         cluster: the cluster name.
         timeout_s: bound on each etcd call.
+        tls: TLS to etcd (None: plaintext, or system roots for https:// endpoints).
     Raises:
         CliError: on enter, UNREACHABLE if etcd does not answer.
     """
 
-    def __init__(self, endpoints: str, cluster: str, timeout_s: float) -> None:
+    def __init__(self, endpoints: str, cluster: str, timeout_s: float, tls: TlsFiles | None = None) -> None:
         self.endpoints = endpoints
         self.cluster = cluster
-        self.store = EtcdStore(endpoints, request_timeout_s=min(timeout_s, _MAX_ETCD_TIMEOUT_S))
+        self.store = EtcdStore(endpoints, request_timeout_s=min(timeout_s, _MAX_ETCD_TIMEOUT_S), tls=tls)
         self._runner = asyncio.Runner()
 
     def __enter__(self) -> ClusterSession:
@@ -137,4 +139,4 @@ def open_session(args: argparse.Namespace, command: str) -> ClusterSession:
     """
     if not args.etcd:
         raise CliError(ExitCode.USAGE, f"{command} reads the cluster from etcd: set --etcd or KVPOOL_ETCD_ENDPOINTS")
-    return ClusterSession(args.etcd, args.cluster, args.timeout)
+    return ClusterSession(args.etcd, args.cluster, args.timeout, getattr(args, "etcd_tls", None))

@@ -38,6 +38,7 @@ from etcd3aio._protobuf import WatchCreateRequest, WatchRequest, WatchResponse, 
 from etcd3aio.kv import KVService, prefix_range_end
 from etcd3aio.lease import LeaseService
 
+from kvpool_client.auth import TlsFiles
 from kvpool_client.errors import ErrorCode
 from kvpool_client.membership.errors import EtcdError, EtcdUnavailable, LeaseLost, RecordError, WatchCompacted
 
@@ -93,14 +94,16 @@ class Entry:
     lease: int
 
 
+def _split(endpoints: Sequence[str] | str) -> list[str]:
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    return [e.strip() for e in items if e.strip()]
+
+
 def _host_port(endpoint: str) -> str:
-    text = endpoint.strip()
-    if text.startswith("https://"):
-        raise ValueError(f"etcd endpoint {endpoint!r}: TLS is not supported yet")
-    text = text.removeprefix("http://").rstrip("/")
+    text = endpoint.removeprefix("https://").removeprefix("http://").rstrip("/")
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port or http://host:port")
+        raise ValueError(f"etcd endpoint {endpoint!r}: expected host:port, http://host:port or https://host:port")
     return f"127.0.0.1:{port}" if host == "localhost" else text
 
 
@@ -119,10 +122,9 @@ def channel_target(endpoints: Sequence[str] | str) -> str:
     host name becomes ``dns:///host:port`` (a Kubernetes Service, re-resolved by gRPC).
 
     Raises:
-        ValueError: empty, malformed, TLS, or several host names (use one name or IPs).
+        ValueError: empty, malformed, or several host names (use one name or IPs).
     """
-    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    hosts = [_host_port(e) for e in items if e.strip()]
+    hosts = [_host_port(e) for e in _split(endpoints)]
     if not hosts:
         raise ValueError("no etcd endpoints given")
     versions = {_ip_version(h) for h in hosts}
@@ -133,6 +135,18 @@ def channel_target(endpoints: Sequence[str] | str) -> str:
     if len(hosts) == 1:
         return f"dns:///{hosts[0]}"
     raise ValueError(f"etcd endpoints {hosts}: give one DNS name or IP addresses of one family")
+
+
+def uses_tls(endpoints: Sequence[str] | str) -> bool:
+    """Whether the endpoints are ``https://`` ones (all or none of them).
+
+    Raises:
+        ValueError: a mix of ``https://`` and plaintext endpoints.
+    """
+    secure = {e.startswith("https://") for e in _split(endpoints)}
+    if len(secure) > 1:
+        raise ValueError("etcd endpoints mix https:// and plaintext: use one scheme for all members")
+    return secure == {True}
 
 
 @contextlib.contextmanager
@@ -166,6 +180,9 @@ class EtcdStore:
             that misses one is dropped. etcd rejects pings more often than every 5 s.
         reconnect_backoff_max_s: cap on gRPC's reconnect back-off, so a restarted
             etcd is found again within about this long.
+        tls: CA (and client certificate, for etcd's ``--client-cert-auth``) to
+            verify the members with. TLS is used when this is given or the
+            endpoints are ``https://``; without a CA file the system's roots apply.
     Raises:
         ValueError: malformed endpoints or settings.
     """
@@ -179,12 +196,15 @@ class EtcdStore:
         keepalive_time_s: float = 10.0,
         keepalive_timeout_s: float = 5.0,
         reconnect_backoff_max_s: float = 2.0,
+        tls: TlsFiles | None = None,
     ) -> None:
         if request_timeout_s <= 0 or rpc_attempts < 1 or reconnect_backoff_max_s <= 0:
             raise ValueError("timeouts must be > 0 and rpc_attempts >= 1")
         if keepalive_time_s < 5:
             raise ValueError("keepalive_time_s must be >= 5 (etcd drops clients that ping more often)")
         self.target = channel_target(endpoints)
+        self.tls = tls
+        self.secure = tls is not None or uses_tls(endpoints)
         self.request_timeout_s = request_timeout_s
         self._attempts = rpc_attempts
         self._options: list[tuple[str, int | str]] = [
@@ -211,15 +231,22 @@ class EtcdStore:
             check: also make one read, so an unreachable etcd fails here.
         Raises:
             EtcdUnavailable: ``check`` and etcd did not answer.
+            UsageError: a TLS file cannot be read.
         """
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            self._channel = self._open_channel()
             self._kv = KVService(self._channel, max_attempts=self._attempts)
             self._lease = LeaseService(self._channel, max_attempts=self._attempts)
             self._watch = WatchStub(self._channel)
         if check:
             await self.ping()
         return self
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        if not self.secure:
+            return grpc.aio.insecure_channel(self.target, options=self._options)
+        credentials = self.tls.channel_credentials() if self.tls else grpc.ssl_channel_credentials()
+        return grpc.aio.secure_channel(self.target, credentials, options=self._options)
 
     async def close(self) -> None:
         """Close the channel; open watches end with :class:`EtcdUnavailable`."""

@@ -7,18 +7,21 @@ import concurrent.futures
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from kvpool_client.errors import NodeUnavailable
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.tcp import tune_socket
-from kvpool_server.data.workers import LoopThread
+from kvpool_client.transport.tls import AsyncTlsChannel
+from kvpool_server.data.workers import LoopThread, cancel_and_wait
 
 log = logging.getLogger("kvpool.data")
 
 _ACCEPT_RETRY_S = 0.1
 
-ConnectionHandler = Callable[[AsyncSocketChannel], Coroutine[Any, Any, None]]
+ConnectionHandler = Callable[[AsyncSocketChannel | AsyncTlsChannel], Coroutine[Any, Any, None]]
 
 
 class TcpListener:
@@ -28,6 +31,8 @@ class TcpListener:
         handler: runs one connection to its end, on the worker loop it was given to.
         workers: the loops connections are spread over, round robin.
         stall_timeout: most seconds a peer may stall mid-frame (see AsyncSocketChannel).
+        tls: the current server context, asked at each connection; set, every
+            connection must open with a TLS handshake.
     """
 
     def __init__(
@@ -37,12 +42,14 @@ class TcpListener:
         handler: ConnectionHandler,
         workers: list[LoopThread],
         stall_timeout: float | None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
         self._sock.setblocking(False)
         self._handler = handler
         self._workers = itertools.cycle(workers)
         self._stall_timeout = stall_timeout
+        self._tls = tls
         self._accept_task: asyncio.Task[None] | None = None
         self.connections: set[concurrent.futures.Future[None]] = set()
 
@@ -68,13 +75,24 @@ class TcpListener:
             future.add_done_callback(self.connections.discard)
 
     async def _serve(self, sock: socket.socket, peer: str) -> None:
-        channel = AsyncSocketChannel(sock, peer, self._stall_timeout)  # bound to this worker's loop
+        raw = AsyncSocketChannel(sock, peer, self._stall_timeout)  # bound to this worker's loop
         try:
-            await self._handler(channel)
+            channel = raw if self._tls is None else await self._secure(raw)
+            if channel is not None:
+                await self._handler(channel)
         except Exception:
             log.exception("connection handler failed", extra={"peer": peer})
         finally:
-            channel.close()
+            raw.close()
+
+    async def _secure(self, raw: AsyncSocketChannel) -> AsyncTlsChannel | None:
+        """The TLS channel over ``raw``; None when the peer failed the handshake (logged)."""
+        assert self._tls is not None
+        try:
+            return await AsyncTlsChannel.accept(raw, self._tls())
+        except (NodeUnavailable, TimeoutError) as exc:
+            log.info("TLS handshake failed", extra={"peer": raw.peer, "error": str(exc)})
+            return None
 
     async def stop_accepting(self) -> None:
         if self._accept_task is not None:
@@ -84,10 +102,4 @@ class TcpListener:
 
     async def close_connections(self, timeout: float) -> None:
         """Cancel every connection and wait, at most ``timeout`` seconds, for them to end."""
-        pending = list(self.connections)
-        for future in pending:
-            future.cancel()
-        if pending:
-            await asyncio.get_running_loop().run_in_executor(
-                None, lambda: concurrent.futures.wait(pending, timeout=timeout)
-            )
+        await cancel_and_wait(self.connections, timeout)

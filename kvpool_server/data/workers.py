@@ -12,10 +12,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import uvloop
+
+
+async def cancel_and_wait(connections: Iterable[concurrent.futures.Future[None]], timeout: float) -> None:
+    """Cancel connections served on worker loops and wait, off this loop, at most ``timeout`` for them to end."""
+    pending = list(connections)
+    for future in pending:
+        future.cancel()
+    if pending:
+        await asyncio.get_running_loop().run_in_executor(None, lambda: concurrent.futures.wait(pending, timeout=timeout))
 
 
 class LoopThread:

@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_BINARY = "/usr/bin/etcd"
@@ -55,6 +56,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError("no free port")
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdServerTls:
+    """TLS for the client listener: etcd's certificate, and a CA to require client certificates from."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""  # set: clients must present a certificate this CA signed
+
+    def flags(self) -> list[str]:
+        required = ["--client-cert-auth", "--trusted-ca-file", self.client_ca_file] if self.client_ca_file else []
+        return ["--cert-file", self.cert_file, "--key-file", self.key_file, *required]
+
+
 class LocalEtcd:
     """One etcd member on loopback; use as a context manager, or call start/close.
 
@@ -63,6 +77,8 @@ class LocalEtcd:
         workdir: directory for the data dir and log; a temporary one (removed at
             close) when None.
         client_port, peer_port: fixed ports; 0 picks free ones at the first start.
+        tls: serve clients over TLS (``https://``). Health is then probed on a
+            separate plaintext metrics listener on loopback.
     """
 
     def __init__(
@@ -71,6 +87,7 @@ class LocalEtcd:
         workdir: str | Path | None = None,
         client_port: int = 0,
         peer_port: int = 0,
+        tls: EtcdServerTls | None = None,
     ) -> None:
         self.binary = binary or os.environ.get("KVPOOL_ETCD_BINARY", DEFAULT_BINARY)
         self._own_workdir = workdir is None
@@ -79,6 +96,8 @@ class LocalEtcd:
         self.log_path = self.workdir / "etcd.log"
         self.client_port = client_port
         self.peer_port = peer_port
+        self.tls = tls
+        self.health_port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,7 +107,8 @@ class LocalEtcd:
 
     @property
     def endpoints(self) -> list[str]:
-        return [self.endpoint]
+        """The client URL as clients dial it: ``https://`` when serving TLS, else ``host:port``."""
+        return [f"https://{self.endpoint}" if self.tls else self.endpoint]
 
     @property
     def running(self) -> bool:
@@ -106,6 +126,8 @@ class LocalEtcd:
         for attempt in range(1 if fixed else 3):
             if not fixed:
                 self.client_port, self.peer_port = free_port(), free_port()
+            if self.tls and not (fixed and self.health_port):
+                self.health_port = free_port()
             try:
                 self._spawn_and_wait(timeout)
                 return self
@@ -115,7 +137,7 @@ class LocalEtcd:
         raise AssertionError("unreachable")
 
     def _spawn_and_wait(self, timeout: float) -> None:
-        client_url = f"http://127.0.0.1:{self.client_port}"
+        client_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         argv = [
             self.binary, "--name", "kvpool", "--data-dir", str(self.data_dir),
@@ -125,6 +147,8 @@ class LocalEtcd:
             "--heartbeat-interval=10", "--election-timeout=100",
             "--logger=zap", "--log-outputs=stderr",
         ]  # fmt: skip
+        if self.tls:
+            argv += [*self.tls.flags(), "--listen-metrics-urls", f"http://127.0.0.1:{self.health_port}"]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -136,7 +160,8 @@ class LocalEtcd:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=0.5) as response:
+            probed = f"127.0.0.1:{self.health_port}" if self.tls else self.endpoint
+            with urllib.request.urlopen(f"http://{probed}/health", timeout=0.5) as response:
                 return bool(json.loads(response.read()).get("health") == "true")
         except (OSError, ValueError, urllib.error.URLError):
             return False

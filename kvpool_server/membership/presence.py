@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from kvpool_client.auth import TlsFiles
 from kvpool_client.membership.cluster import ensure_config
 from kvpool_client.membership.etcd import EtcdError, EtcdStore
 from kvpool_client.membership.records import STATE_TRANSITIONS, ClusterConfig, NodeRecord, NodeState
@@ -27,12 +28,13 @@ class NodePresence:
         etcd_endpoints: comma-separated etcd URLs; empty: standalone.
         cluster: the cluster name (etcd prefix ``/kvpool/<cluster>/``).
         lease_ttl_s: TTL of the node's lease.
+        etcd_tls: TLS to etcd (None: plaintext, or system roots for https:// endpoints).
     """
 
-    def __init__(self, etcd_endpoints: str, cluster: str, lease_ttl_s: int) -> None:
+    def __init__(self, etcd_endpoints: str, cluster: str, lease_ttl_s: int, etcd_tls: TlsFiles | None = None) -> None:
         self.cluster = cluster
         self.state = NodeState.JOINING
-        self.store = EtcdStore(etcd_endpoints) if etcd_endpoints else None
+        self.store = EtcdStore(etcd_endpoints, tls=etcd_tls) if etcd_endpoints else None
         self._ttl_s = lease_ttl_s
         self._registration: NodeRegistration | None = None
 

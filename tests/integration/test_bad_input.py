@@ -396,6 +396,21 @@ def test_grpc_rejects_bad_keys(node: DaemonProcess, stub: kvpool_pb2_grpc.KVPool
     assert_intact(node)
 
 
+@pytest.mark.parametrize("body", [b"\xff\xff\xff", b"\x0a\x80", b"\x12\x05ab"], ids=["garbage", "truncated-varint", "short-field"])
+@pytest.mark.parametrize("method", ["Exists", "Lookup", "Delete", "GetStats", "SetState"])
+def test_grpc_rejects_unparsable_bodies(node: DaemonProcess, method: str, body: bytes) -> None:
+    with grpc.insecure_channel(node.address) as channel:
+        call = channel.unary_unary(f"/kvpool.v1.KVPool/{method}", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as raised:
+            call(body, timeout=5)
+    error = raised.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (error.code(), error.details())
+    trailing = dict(error.trailing_metadata() or ())
+    assert trailing.get("kvpool-error-code") == str(int(ErrorCode.PROTOCOL)), trailing
+    assert method in (error.details() or ""), error.details()
+    assert_intact(node)
+
+
 def test_grpc_unknown_keys(node: DaemonProcess, stub: kvpool_pb2_grpc.KVPoolStub) -> None:
     stored = [k.hash for k in REFERENCE]
     unknown = [os.urandom(32) for _ in range(3)]

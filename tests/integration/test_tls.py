@@ -1,9 +1,12 @@
-"""The gRPC control plane over TLS and mTLS, with certificates made by the openssl CLI."""
+"""The gRPC control plane, and etcd, over TLS and mTLS, with certificates made by the openssl CLI."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -12,36 +15,23 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.auth import Credentials, TlsFiles, open_channel
+from kvpool_client.errors import NodeUnavailable
+from kvpool_client.membership.errors import EtcdUnavailable
+from kvpool_client.membership.etcd import EtcdStore
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.transport.tcp import TcpConnection
+from kvpool_client.transport.tls import TlsConnection
+from kvpool_client.wire import HEADER_SIZE, PingRequest, encode
+from kvpool_server.membership.local_etcd import EtcdServerTls, LocalEtcd
+from tests.integration.test_cli import kvpoolctl
 from tests.support.daemon import DaemonProcess
+from tests.support.etcd import requires_etcd
+from tests.support.pki import issue, make_ca, requires_openssl
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates")
-
-
-def openssl(*args: str) -> None:
-    done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, f"openssl {' '.join(args)}: {done.stderr}"
-
-
-def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-            "-keyout", str(key), "-out", str(cert))
-    return cert, key
-
-
-def issue(directory: Path, name: str, ca: tuple[Path, Path]) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 signed by ``ca``."""
-    cert, key, request = directory / f"{name}.crt", directory / f"{name}.key", directory / f"{name}.csr"
-    extensions = directory / f"{name}.ext"
-    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(request))
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
-            "-days", "2", "-extfile", str(extensions), "-out", str(cert))
-    return cert, key
+pytestmark = requires_openssl
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +106,102 @@ def served_certificate(node: DaemonProcess) -> str:
     start, end = pem.find("-----BEGIN CERTIFICATE-----"), pem.find("-----END CERTIFICATE-----")
     assert start >= 0, f"no certificate from {node.address}: {done.stderr}"
     return pem[start : end + len("-----END CERTIFICATE-----")]
+
+
+# -- etcd over mTLS: the daemon registers, clients and kvpoolctl follow, strangers are refused --
+
+
+@requires_etcd
+def test_daemon_client_and_kvpoolctl_use_etcd_over_mtls(daemon_factory, pki) -> None:
+    ca = str(pki["ca"][0])
+    (server_cert, server_key), (cert, key) = ((str(p) for p in pki[name]) for name in ("server", "client"))
+    with LocalEtcd(tls=EtcdServerTls(server_cert, server_key, client_ca_file=ca)) as etcd:
+        url = etcd.endpoints[0]
+        assert url.startswith("https://"), url
+        node = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--etcd-endpoints", url,
+                              "--cluster", "tls", "--etcd-ca-file", ca, "--etcd-cert-file", cert, "--etcd-key-file", key)
+        config = ClientConfig(etcd_endpoints=(url,), cluster="tls", etcd_tls=TlsFiles(ca, cert, key))
+        with KVPoolClient(config=config) as pool:
+            deadline = time.monotonic() + 15
+            while [m.node_id for m in pool.placement().router.members()] != [node.node_id]:
+                assert time.monotonic() < deadline, "the node never showed up in etcd over TLS"
+                time.sleep(0.1)
+            key_ = BlockKey("tls@etcd", b"k0")
+            pool.put([key_], [b"e" * 4096]).raise_for_errors()
+            assert bytes(pool.get([key_]).buffers[0]) == b"e" * 4096
+        env = {"KVPOOL_ETCD_CA_FILE": ca, "KVPOOL_ETCD_CERT_FILE": cert, "KVPOOL_ETCD_KEY_FILE": key}
+        listed = kvpoolctl("--etcd", url, "--cluster", "tls", "--json", "status", env=env)
+        assert listed.returncode == 0, listed.stderr.decode()
+        assert node.node_id in json.dumps(json.loads(listed.stdout)), listed.stdout
+        for refused in (TlsFiles(ca), TlsFiles(str(pki["other-ca"][0]), cert, key), None):
+            with pytest.raises(EtcdUnavailable):  # no client certificate, an untrusted server, plaintext
+                asyncio.run(_ping(url if refused else etcd.endpoint, refused))
+
+
+async def _ping(endpoint: str, tls: TlsFiles | None) -> None:
+    store = EtcdStore(endpoint, tls=tls, request_timeout_s=1.0, rpc_attempts=1)
+    try:
+        await store.connect(check=True)
+    finally:
+        await store.close()
+
+
+# -- the TCP data plane over TLS (data_tls) ----------------------------------------------------
+
+
+def data_tls_daemon(factory: Callable[..., DaemonProcess], pki, *extra: str) -> DaemonProcess:
+    return tls_daemon(factory, *pki["server"], "--data-tls", *extra)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_data_plane_over_tls_moves_exact_bytes_for_both_clients(daemon_factory, pki, transport: str) -> None:
+    node = data_tls_daemon(daemon_factory, pki)
+    config = ClientConfig(nodes=(node.address,), tls=TlsFiles(str(pki["ca"][0])), transport=transport)
+    keys = [BlockKey("tls@data", bytes([i]) * 8) for i in range(6)]
+    blocks = [os.urandom(size) for size in (1, 4096, 65537, 262144, 1 << 20, 700_001)]
+    with KVPoolClient(config=config) as pool:
+        endpoints = pool.server_info(node.address).data_endpoints
+        assert "tls" in endpoints and "tcp" not in endpoints, endpoints  # plaintext is not offered at all
+        pool.put(keys, blocks).raise_for_errors()
+        got = pool.get(keys, [bytearray(len(b)) for b in blocks])
+        assert got.ok and [bytes(b) for b in got.buffers] == blocks
+        assert pool.lookup(keys) == len(keys)
+    assert asyncio.run(_async_roundtrip(config, keys, blocks)) == blocks
+
+
+async def _async_roundtrip(config: ClientConfig, keys: list[BlockKey], blocks: list[bytes]) -> list[bytes]:
+    async with AsyncKVPoolClient(config=config) as pool:
+        got = await pool.get(keys, [bytearray(len(b)) for b in blocks])
+        return [bytes(b) for b in got.buffers]
+
+
+def test_data_plane_tls_refuses_plaintext_and_untrusted_peers(daemon_factory, pki) -> None:
+    ca = str(pki["ca"][0])
+    node = data_tls_daemon(daemon_factory, pki, "--tls-client-ca-file", ca)
+    cert, key = (str(p) for p in pki["client"])
+    trusted = ClientConfig(nodes=(node.address,), tls=TlsFiles(ca, cert, key), transport="tcp")
+    block_key = BlockKey("tls@data", b"mtls")
+    with KVPoolClient(config=trusted) as pool:
+        pool.put([block_key], [b"m" * 8192]).raise_for_errors()
+    with socket.create_connection(("127.0.0.1", node.data_port), timeout=5) as plain:
+        plain.sendall(encode(PingRequest(1)))  # a plaintext PING fails the handshake: closed, unanswered
+        try:
+            answer = plain.recv(1024)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b"", answer
+    stranger_cert, stranger_key = (str(p) for p in pki["stranger"])
+    refused = {"no client certificate": TlsFiles(ca), "a stranger's certificate": TlsFiles(ca, stranger_cert, stranger_key),
+               "an untrusted server": TlsFiles(str(pki["other-ca"][0]), cert, key)}  # fmt: skip
+    for case, files in refused.items():
+        with pytest.raises(NodeUnavailable):  # in the handshake, or (TLS 1.3) at the first answer
+            connection = TlsConnection(TcpConnection(node.data_address, 3, 3), files.ssl_context(), "127.0.0.1")
+            try:
+                connection.start_request()
+                connection.send([encode(PingRequest(7))])
+                connection.recv_exactly(HEADER_SIZE)
+            finally:
+                connection.close()
+            pytest.fail(f"{case}: the data plane answered")
+    with KVPoolClient(config=trusted) as pool:
+        assert bytes(pool.get([block_key]).buffers[0]) == b"m" * 8192  # nothing lost, still served

@@ -1,7 +1,8 @@
 """One contract for every data-plane transport: the same puts, gets, errors and races on each.
 
 Each test runs once per transport the client can use against a daemon on this
-node (``tcp``, and ``shm``: gets copied out of the daemon's arena). A transport
+node (``tcp``; ``shm``: gets copied out of the daemon's arena; ``ucx``: UCX over
+shared memory and TCP, skipped only where ucxx cannot be imported). A transport
 that drifts from the others fails here. The races check one thing above all:
 a get never returns wrong bytes, whatever eviction or a dying daemon does.
 """
@@ -12,6 +13,9 @@ import asyncio
 import os
 import random
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,19 +26,26 @@ import pytest
 import torch
 
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import DaemonProcess, start_daemon
 
 pytestmark = pytest.mark.integration
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 KiB, MiB = 1 << 10, 1 << 20
-TRANSPORTS = ["tcp", "shm"]  # a ucx transport joins this list when it exists
+UCX_MISSING = ucx_import_error()
+TRANSPORTS = [
+    "tcp",
+    "shm",
+    pytest.param("ucx", marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")),
+]
+UCX = ("--ucx-port", "0") if UCX_MISSING is None else ()  # every daemon here offers ucx when it can
 NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
 
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[DaemonProcess]:
-    daemon = start_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB")
+    daemon = start_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *UCX)
     try:
         yield daemon
     finally:
@@ -168,7 +179,7 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:
     """A writer keeps the tiny arena evicting while readers fetch blocks that may vanish meanwhile."""
-    daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB")  # 64 slots of 64 KiB
+    daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB", *UCX)  # 64 slots of 64 KiB
     written: list[BlockKey] = []
     stop = threading.Event()
     seen = {"ok": 0, "missing": 0}
@@ -208,7 +219,7 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
 def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:
-    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB")
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *UCX)
     keys = new_keys(32)
     blocks = [pattern(k, 256 * KiB) for k in keys]
     outcomes: list[tuple[ErrorCode, ...]] = []
@@ -234,3 +245,97 @@ def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
         assert outcomes and outcomes[0] == (OK,) * 32
         assert set(outcomes[-1]) <= NODE_DOWN, outcomes[-1]
         assert set(c.get(keys[:1]).statuses) <= NODE_DOWN
+
+
+# -- ucx traps ---------------------------------------------------------------------------------
+
+needs_ucx = pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")
+
+_PENDING_AT_EXIT = """
+import os, sys, threading, time
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+client = KVPoolClient(config=ClientConfig(nodes=(sys.argv[1],), transport="ucx", request_timeout_s=30.0))
+keys = [BlockKey("exit@u8@raw", os.urandom(32)) for _ in range(8)]
+assert client.put(keys, [os.urandom(256 << 10) for _ in keys]).stored == 8
+print("ready", flush=True)
+sys.stdin.readline()  # the daemon is stopped now: the next get cannot finish
+threading.Thread(target=client.get, args=(keys,), daemon=True).start()
+time.sleep(0.5)
+print("exiting", flush=True)
+"""  # exits without closing the client, with its get still posted
+
+_FORKED = """
+import os, sys
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+client = KVPoolClient(config=ClientConfig(nodes=(sys.argv[1],), transport="ucx"))
+keys = [BlockKey("fork@u8@raw", os.urandom(32)) for _ in range(4)]
+assert client.put(keys, [os.urandom(64 << 10) for _ in keys]).stored == 4
+pid = os.fork()
+if pid == 0:  # a forked child cannot use the parent's UCX worker: it must refuse, and exit normally
+    print("child", sorted({s.name for s in client.get(keys).statuses}), flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("child status", status, flush=True)
+print("parent ok", client.get(keys).ok, flush=True)
+"""
+
+
+def run_script(source: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", source, *args], text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+@needs_ucx
+def test_ucx_client_exits_with_a_request_pending(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    """A process may exit while a ucx get waits on a stopped daemon: no hang, no crash, the daemon goes on."""
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *UCX)
+    child = run_script(_PENDING_AT_EXIT, daemon.address, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline().strip() == "ready"
+    os.kill(daemon.process.pid, signal.SIGSTOP)
+    try:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "exiting"
+        assert child.wait(15) == 0
+    finally:
+        os.kill(daemon.process.pid, signal.SIGCONT)
+    with connect(daemon, "ucx") as c:
+        keys = new_keys(2)
+        assert c.put(keys, [pattern(k, 64 * KiB) for k in keys]).stored == 2
+        assert c.get(keys).ok
+    assert "connection handler failed" not in daemon.log()
+
+
+@needs_ucx
+def test_ucx_in_a_forked_child_refuses_and_the_parent_survives(node: DaemonProcess) -> None:
+    process = run_script(_FORKED, node.address, stdout=subprocess.PIPE)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    assert "child ['UNAVAILABLE']" in out and "child status 0" in out and "parent ok True" in out
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@needs_ucx
+def test_ucx_daemon_restarts_on_the_same_ports_and_clients_reconnect(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    """Connections the daemon closed leave its ports in TIME_WAIT: a restart must still bind them."""
+    grpc, data, ucx = free_ports(3)
+    flags = ("--grpc-port", str(grpc), "--data-port", str(data), "--ucx-port", str(ucx), "--dram-capacity", "16MiB", "--slab-size", "1MiB")
+    first = daemon_factory(*flags)
+    keys = new_keys(4)
+    with connect(first, "ucx") as c:
+        assert c.put(keys, [pattern(k, 128 * KiB) for k in keys]).stored == 4
+        assert c.get(keys).ok  # a pooled connection stays open across the restart
+        first.stop(signal.SIGTERM)
+        second = daemon_factory(*flags)
+        assert c.server_info(second.address).data_endpoints["ucx"] == f"127.0.0.1:{ucx}"
+        deadline = time.monotonic() + 10
+        while (stored := c.put(keys, [pattern(k, 128 * KiB) for k in keys]).stored) != 4 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the breaker lets a probe through after the first failure
+        assert stored == 4 and c.get(keys).ok and c.transport(second.address) == "ucx"

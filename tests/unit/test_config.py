@@ -426,3 +426,16 @@ def test_help_lists_every_flag_env_name_and_default(
 def test_arg_parser_returns_only_given_flags() -> None:
     namespace = build_arg_parser().parse_args(["--grpc-port", "9"])
     assert vars(namespace) == {"grpc_port": "9"}
+
+
+def test_etcd_tls_files(tmp_path: Path, shm: str) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "client.pem", "client.key"))
+    for path in (ca, cert, key):
+        path.write_text("pem")
+    assert load_config([], {"KVPOOL_SHM_DIR": shm}).etcd_tls() is None
+    env = {"KVPOOL_SHM_DIR": shm, "KVPOOL_ETCD_CA_FILE": str(ca), "KVPOOL_ETCD_CERT_FILE": str(cert),
+           "KVPOOL_ETCD_KEY_FILE": str(key)}
+    tls = load_config([], env).etcd_tls()
+    assert tls is not None and (tls.ca_file, tls.cert_file, tls.key_file) == (str(ca), str(cert), str(key))
+    assert "etcd_key_file" in load_error(["--etcd-cert-file", str(cert)], {"KVPOOL_SHM_DIR": shm})
+    assert "not an existing file" in load_error(["--etcd-ca-file", str(tmp_path / "missing")], {"KVPOOL_SHM_DIR": shm})

@@ -160,6 +160,19 @@ def test_channel_target() -> None:
     assert channel_target("localhost:2379") == "ipv4:127.0.0.1:2379"
     assert channel_target("etcd.kvpool.svc:2379") == "dns:///etcd.kvpool.svc:2379"
     assert channel_target(["[::1]:2379"]) == "ipv6:[::1]:2379"
-    for bad in ([], "", "https://x:2379", "x", ["a:1", "b:2"], ["127.0.0.1:1", "[::1]:2"]):
+    assert channel_target("https://etcd.kvpool.svc:2379") == "dns:///etcd.kvpool.svc:2379"
+    for bad in ([], "", "https://x", "x", ["a:1", "b:2"], ["127.0.0.1:1", "[::1]:2"]):
         with pytest.raises(ValueError):
             channel_target(bad)
+
+
+def test_tls_follows_the_endpoint_scheme_or_the_files() -> None:
+    from kvpool_client.auth import TlsFiles
+    from kvpool_client.membership.etcd import EtcdStore, uses_tls
+
+    assert uses_tls("https://a:1,https://b:1") and not uses_tls(["a:1", "http://b:1"])
+    with pytest.raises(ValueError, match="mix"):
+        uses_tls(["https://10.0.0.1:2379", "10.0.0.2:2379"])
+    assert EtcdStore("https://127.0.0.1:2379").secure
+    assert EtcdStore("127.0.0.1:2379", tls=TlsFiles("ca.pem")).secure
+    assert not EtcdStore("http://127.0.0.1:2379").secure

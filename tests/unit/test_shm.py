@@ -274,4 +274,4 @@ def test_transport_setting_comes_from_config_or_environment() -> None:
     assert ClientConfig(nodes=("a:1",)).transport == "auto"
     assert ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_TRANSPORT": " SHM "}).transport == "shm"
     with pytest.raises(UsageError, match="transport"):
-        ClientConfig(nodes=("a:1",), transport="ucx")
+        ClientConfig(nodes=("a:1",), transport="rdma")

@@ -1,0 +1,207 @@
+"""Copying this node's blocks to the nodes that own them: the machinery hand-off and repair share.
+
+Planning is pure: :func:`plan_copies` groups keys by the owners rendezvous
+placement gives them. Copying goes through the regular asyncio client, one
+target node at a time: DRAM blocks are sent straight from the arena (pinned for
+the copy, recency untouched), SSD blocks after a read. :class:`Pacer` bounds the
+bytes per second and yields to the event loop between batches, so serving and
+the control plane are never starved by a copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from kvpool_client.aio import AsyncKVPoolClient
+from kvpool_client.auth import Credentials
+from kvpool_client.config import ClientConfig
+from kvpool_client.errors import ErrorCode, KVPoolError
+from kvpool_client.keys import BlockKey
+from kvpool_client.routing import Member, place
+from kvpool_server.index import StoreKey
+from kvpool_server.tiers.store import BlockStore, HeldBlock
+
+log = logging.getLogger("kvpool.membership.copies")
+
+PUT_BATCH = 32  # blocks per put: a few MiB in flight, pinned no longer than one request
+EXISTS_BATCH = 512  # keys per existence check: no payload, so larger batches are cheap
+# Put answers that leave the block on the target (BUSY: another writer is storing the same bytes).
+_STORED = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
+
+
+def plan_copies(
+    keys: Iterable[StoreKey], members: Sequence[Member], replicas: int, exclude: str = ""
+) -> dict[str, list[StoreKey]]:
+    """Which of ``keys`` each owner should hold: node id -> keys, in the order given.
+
+    Args:
+        keys: blocks held here.
+        members: the nodes that take writes (placement ranks them all, whatever their state).
+        replicas: owners per key.
+        exclude: a node id left out of the result (this node: it holds them already).
+    Returns:
+        Every owner other than ``exclude`` with the keys it owns; owners with none are absent.
+    """
+    by_owner: dict[str, list[StoreKey]] = defaultdict(list)
+    for key in keys:
+        for owner in place(key[1], members, replicas):
+            if owner.node_id != exclude:
+                by_owner[owner.node_id].append(key)
+    return dict(by_owner)
+
+
+def chunks(items: Sequence[StoreKey], size: int) -> Iterable[Sequence[StoreKey]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    return (items[start : start + size] for start in range(0, len(items), size))
+
+
+@dataclass(slots=True)
+class CopyTally:
+    """What happened to blocks sent (or meant to be sent) to one target.
+
+    Attributes:
+        copies: stored on the target by this copy.
+        present: the target had them already: found by the existence check (nothing
+            sent), or answered by the put as already stored or being stored by another writer.
+        failed: the target did not store them (unreachable, refused, full).
+        gone: no longer held here when their turn came (evicted or deleted).
+        bytes: payload bytes sent.
+    """
+
+    copies: int = 0
+    present: int = 0
+    failed: int = 0
+    gone: int = 0
+    bytes: int = 0
+
+    def add(self, other: CopyTally) -> None:
+        self.copies += other.copies
+        self.present += other.present
+        self.failed += other.failed
+        self.gone += other.gone
+        self.bytes += other.bytes
+
+
+class Pacer:
+    """Spaces batches so that copies average at most ``rate`` bytes per second.
+
+    Time spent without sending (existence checks, reads from SSD) earns at most
+    ``burst_s`` of credit, so a slow stretch is not followed by an unpaced burst.
+
+    Args:
+        rate: bytes per second; 0: no limit (batches still yield to the loop).
+        clock: monotonic seconds (a parameter so tests can drive it).
+        burst_s: the most credit idle time earns, in seconds of ``rate``.
+    """
+
+    def __init__(self, rate: int, clock: Callable[[], float] = time.monotonic, burst_s: float = 0.1) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._burst_s = burst_s
+        self._due = clock()  # when the bytes counted so far are paid for
+
+    def delay(self, sent: int) -> float:
+        """Count ``sent`` bytes; returns the seconds to wait before the next batch."""
+        if self._rate <= 0:
+            return 0.0
+        now = self._clock()
+        self._due = max(self._due, now - self._burst_s) + sent / self._rate
+        return max(0.0, self._due - now)
+
+    async def pace(self, sent: int) -> None:
+        """Count ``sent`` bytes and wait out the delay; always yields at least once."""
+        await asyncio.sleep(self.delay(sent))
+
+
+class BlockCopier:
+    """Copies blocks held in ``blocks`` to one node; use as an async context manager.
+
+    After a batch the target stored none of, it is taken as down, draining or full:
+    :attr:`broken` is set and the rest of that call's keys count as failed without
+    being sent (the next membership change or retry tries again).
+
+    Args:
+        blocks: this node's block store.
+        target: the node to copy to.
+        credentials: the cluster's token and TLS settings, presented to the target.
+        pacer: shared by every copier of one run, so the bound holds for the run.
+    """
+
+    def __init__(self, blocks: BlockStore, target: Member, credentials: Credentials, pacer: Pacer) -> None:
+        self.target = target
+        self.broken = False
+        self._blocks = blocks
+        self._pacer = pacer
+        config = ClientConfig(nodes=(target.address,), auth_token=credentials.token, tls=credentials.tls)
+        self._client = AsyncKVPoolClient(config=config)
+
+    async def __aenter__(self) -> BlockCopier:
+        await self._client.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._client.close()
+
+    async def copy(self, keys: Sequence[StoreKey], *, skip_present: bool) -> AsyncIterator[CopyTally]:
+        """Send ``keys`` to the target, yielding a tally per batch (count them live).
+
+        Args:
+            keys: blocks to copy.
+            skip_present: ask the target first (batched EXISTS) and send only what it lacks.
+        """
+        for part in chunks(keys, EXISTS_BATCH):
+            present = await self._held_by_target(part) if skip_present and not self.broken else set()
+            if present:
+                yield CopyTally(present=len(present))
+            for batch in chunks([k for k in part if k not in present], PUT_BATCH):
+                tally = CopyTally(failed=len(batch)) if self.broken else await self._put_batch(batch)
+                yield tally
+                await self._pacer.pace(tally.bytes)
+
+    async def _held_by_target(self, keys: Sequence[StoreKey]) -> set[StoreKey]:
+        """The keys the target says it stores; an unreachable target stores none (the put then fails)."""
+        try:
+            found = await self._client.exists([BlockKey(*key) for key in keys])
+        except KVPoolError as exc:
+            log.warning("existence check failed", extra={"target": self.target.node_id, "error": str(exc)})
+            return set()
+        return {key for key, held in zip(keys, found) if held}
+
+    async def _put_batch(self, batch: Sequence[StoreKey]) -> CopyTally:
+        held = await self._blocks.acquire(batch, touch=False)
+        try:
+            present = [(key, block) for key, block in zip(batch, held) if block is not None]
+            tally = CopyTally(gone=len(batch) - len(present))
+            if present:
+                statuses = await self._put(present)
+                tally.copies = statuses.count(ErrorCode.OK)
+                tally.failed = sum(1 for s in statuses if s not in _STORED)
+                tally.present = len(present) - tally.copies - tally.failed
+                tally.bytes = sum(len(block.view) for _, block in present)
+                self.broken = tally.failed == len(present)
+        finally:
+            self._blocks.release(held)
+        return tally
+
+    async def _put(self, present: list[tuple[StoreKey, HeldBlock]]) -> list[ErrorCode]:
+        """Put the held blocks (with their chain depth, for eviction order); each key's status."""
+        keys = [BlockKey(ns, h, depth=_depth(block)) for (ns, h), block in present]
+        try:
+            result = await self._client.put(keys, [block.view for _, block in present])
+        except KVPoolError as exc:
+            log.warning("copy batch failed", extra={"target": self.target.node_id, "error": str(exc)})
+            return [exc.code] * len(present)
+        return list(result.statuses)
+
+
+def _depth(block: HeldBlock) -> int | None:
+    """The block's chain depth if the writer gave one (0 means head or unknown)."""
+    return (block.entry.depth or None) if block.entry is not None else None

@@ -1,0 +1,148 @@
+"""The repair loop's timing: debounce, cancel on change, retry after a failed run, clean close.
+
+The runs are plain coroutines that record what they were given; settle delays are tens
+of milliseconds, and every wait has a bound much longer than the delays it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+from kvpool_client.membership.backoff import Backoff
+from kvpool_client.routing import Member
+from kvpool_server.membership.repair import RepairLoop, Topology
+
+SETTLE_S = 0.05
+
+
+def topo(*node_ids: str, replicas: int = 2) -> Topology:
+    members = tuple(Member(n, f"127.0.0.1:{7000 + i}") for i, n in enumerate(node_ids))
+    return Topology(members, tuple(1.0 for _ in node_ids), replicas)
+
+
+class Runs:
+    """A repair run that records each topology it was given, and how each run ended."""
+
+    def __init__(self, outcome: bool = True, duration_s: float = 0.0) -> None:
+        self.outcome = outcome
+        self.duration_s = duration_s
+        self.started: list[Topology] = []
+        self.finished: list[Topology] = []
+        self.cancelled: list[Topology] = []
+
+    async def __call__(self, topology: Topology) -> bool:
+        self.started.append(topology)
+        try:
+            await asyncio.sleep(self.duration_s)
+        except asyncio.CancelledError:
+            self.cancelled.append(topology)
+            raise
+        self.finished.append(topology)
+        return self.outcome
+
+
+def loop_with(runs: Callable[[Topology], Awaitable[bool]], retry_s: float = 10.0) -> RepairLoop:
+    return RepairLoop(runs, SETTLE_S, Backoff(retry_s, retry_s, random.Random(1)))
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 2.0) -> None:
+    async with asyncio.timeout(limit_s):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+def test_a_burst_of_changes_causes_one_run_with_the_last_topology() -> None:
+    async def scenario() -> None:
+        runs = Runs()
+        loop = loop_with(runs)
+        await loop.start()
+        for n in range(5):  # a flapping node: changes closer together than the settle delay
+            loop.observe(topo("a", "b") if n % 2 else topo("a", "b", "c"))
+            await asyncio.sleep(SETTLE_S / 5)
+        await until(lambda: len(runs.finished) == 1)
+        await asyncio.sleep(4 * SETTLE_S)
+        await loop.close()
+        assert runs.started == [topo("a", "b", "c")]
+
+    asyncio.run(scenario())
+
+
+def test_the_same_topology_again_is_not_a_change() -> None:
+    async def scenario() -> None:
+        runs = Runs()
+        loop = loop_with(runs)
+        await loop.start()
+        loop.observe(topo("a", "b"))
+        await until(lambda: len(runs.finished) == 1)
+        loop.observe(topo("a", "b"))  # a lease renewal re-put the same records
+        await asyncio.sleep(4 * SETTLE_S)
+        await loop.close()
+        assert len(runs.started) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_change_during_a_run_cancels_it_and_runs_again_after_settling() -> None:
+    async def scenario() -> None:
+        runs = Runs(duration_s=10.0)
+        loop = loop_with(runs)
+        await loop.start()
+        loop.observe(topo("a", "b"))
+        await until(lambda: len(runs.started) == 1)
+        loop.observe(topo("a", "b", "c"))
+        await until(lambda: len(runs.started) == 2)
+        assert runs.cancelled == [topo("a", "b")]
+        assert runs.started[1] == topo("a", "b", "c")
+        await loop.close()
+        assert runs.cancelled == [topo("a", "b"), topo("a", "b", "c")], "close cancels the run in progress"
+        assert runs.finished == []
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_run_is_retried_after_the_back_off_and_a_good_one_is_not() -> None:
+    async def scenario() -> None:
+        runs = Runs(outcome=False)
+        loop = loop_with(runs, retry_s=0.1)
+        await loop.start()
+        loop.observe(topo("a", "b"))
+        await until(lambda: len(runs.finished) == 2)  # the first failed: retried with the same topology
+        runs.outcome = True
+        await until(lambda: len(runs.finished) == 3)
+        await asyncio.sleep(0.5)  # well past the back-off: no retry after a clean run
+        await loop.close()
+        assert runs.finished == [topo("a", "b")] * 3
+
+    asyncio.run(scenario())
+
+
+def test_a_run_that_raises_is_logged_and_retried() -> None:
+    async def scenario() -> None:
+        calls: list[Topology] = []
+
+        async def broken(topology: Topology) -> bool:
+            calls.append(topology)
+            if len(calls) == 1:
+                raise RuntimeError("a bug")
+            return True
+
+        loop = loop_with(broken, retry_s=0.05)
+        await loop.start()
+        loop.observe(topo("a"))
+        await until(lambda: len(calls) == 2)
+        await loop.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_before_any_change_and_twice_is_clean() -> None:
+    async def scenario() -> None:
+        loop = loop_with(Runs())
+        await loop.start()
+        await loop.close()
+        await loop.close()
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+    asyncio.run(scenario())
