@@ -8,7 +8,9 @@ For every object in every file, and every Kubernetes minor version in the range:
 - custom resources (ServiceMonitor) must pass the strict schema in deploy/schemas/.
 Then, once per file:
 - the daemon's config file in the kvpool ConfigMap must load with kvpool-server's own
-  loader (kvpool_server.config), with the pod's environment and mount points;
+  loader (kvpool_server.config), with the pod's environment and mount points (stand-in
+  files for the Secret's: the token, certificates and keys);
+- the TLS health probe script in that ConfigMap, if any, must compile;
 - a Grafana dashboard may use only metric families the daemon defines.
 Exit 0 when all pass, 1 otherwise; each problem is one line on stdout.
 """
@@ -96,6 +98,11 @@ def config_problems(obj: dict[str, Any]) -> list[str]:
             if settings.get(key):
                 settings[key] = str(Path(tmp, key))
                 Path(settings[key]).mkdir()
+        # The Secret's files (token, certificates, keys): stand-ins, checked for existence only.
+        for key in [k for k in settings if k.endswith("_file") and k != "announce_file"]:
+            if settings[key]:
+                settings[key] = str(Path(tmp, key))
+                Path(settings[key]).write_text("0123456789abcdef0123456789abcdef\n")
         config_file = Path(tmp, "kvpool.yaml")
         config_file.write_text(yaml.safe_dump(settings))
         env = {"KVPOOL_CONFIG": str(config_file), "KVPOOL_NODE_ID": "node-1", "KVPOOL_ADVERTISE_HOST": "10.0.0.1",
@@ -104,6 +111,18 @@ def config_problems(obj: dict[str, Any]) -> list[str]:
             load_config([], env)
         except ConfigError as exc:
             return [f"kvpool.yaml does not load in kvpool-server: {exc}"]
+    return []
+
+
+def probe_problems(obj: dict[str, Any]) -> list[str]:
+    """The TLS health probe script the ConfigMap may carry must at least compile."""
+    text = obj.get("data", {}).get("probe.py")
+    if text is None:
+        return []
+    try:
+        compile(text, "probe.py", "exec")
+    except SyntaxError as exc:
+        return [f"probe.py does not compile: line {exc.lineno}: {exc.msg}"]
     return []
 
 
@@ -154,6 +173,7 @@ def check_file(path: Path, kube_versions: list[str]) -> list[str]:
             problems += [f"{where}: Kubernetes {version}: {p}" for p in schema_problems(obj, version)]
         if obj.get("kind") == "ConfigMap":
             problems += [f"{where}: {p}" for p in config_problems(obj)]
+            problems += [f"{where}: {p}" for p in probe_problems(obj)]
             problems += [f"{where}: {p}" for p in dashboard_problems(obj)]
     return problems
 

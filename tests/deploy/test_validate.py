@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm/kvpool"
@@ -129,3 +131,154 @@ def test_grace_period_fits_drain_and_shutdown(helm: str) -> None:
     # 300 (drain) + 15 (daemon grace) + 40 (SSD flush) + 10 (margin).
     assert "terminationGracePeriodSeconds: 365" in result.stdout
     assert "--wait --wait-timeout 300" in result.stdout
+
+
+# -- security: the chart wires the Secret's files into the daemon, its probes and its clients --
+
+SECURE = (
+    "secrets.existingSecret=kvpool-tls,security.token=true,security.tls.enabled=true,"
+    "security.tls.clientAuth=true,security.tls.dataPlane=true"
+)
+
+
+def render(helm: str, *args: str) -> list[dict]:
+    result = run(helm, "template", "kvpool", CHART, "--namespace", "kvpool", *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(objects: list[dict], kind: str) -> dict:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == "kvpool")
+
+
+def daemon_config(objects: list[dict]) -> dict:
+    return yaml.safe_load(find(objects, "ConfigMap")["data"]["kvpool.yaml"])
+
+
+def container(objects: list[dict]) -> dict:
+    return find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(spec: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in spec.get("env", [])}
+
+
+def test_security_values_reach_the_daemon_config_probes_and_clients(helm: str) -> None:
+    objects = render(helm, "-f", CHART / "ci/security-values.yaml")
+    secrets, etcd = "/etc/kvpool/secrets", "/etc/kvpool/etcd"
+    expected = {
+        "auth_token_file": f"{secrets}/token",
+        "tls_cert_file": f"{secrets}/tls.crt",
+        "tls_key_file": f"{secrets}/tls.key",
+        "tls_client_ca_file": f"{secrets}/ca.crt",
+        "data_tls": True,
+        "etcd_ca_file": f"{etcd}/ca.crt",
+        "etcd_cert_file": f"{etcd}/tls.crt",
+        "etcd_key_file": f"{etcd}/tls.key",
+    }
+    config = daemon_config(objects)
+    assert {key: config.get(key) for key in expected} == expected
+    daemon = container(objects)
+    env = env_of(daemon)
+    # kvpoolctl (preStop drain) and the daemon's own hand-offs read the client-side variables.
+    assert env["KVPOOL_TLS_CA_FILE"] == f"{secrets}/ca.crt"
+    assert env["KVPOOL_TLS_CLIENT_CERT_FILE"] == f"{secrets}/tls.crt"
+    assert env["KVPOOL_AUTH_TOKEN_FILE"] == f"{secrets}/token"
+    assert env["KVPOOL_ETCD_CERT_FILE"] == f"{etcd}/tls.crt"
+    assert "KVPOOL_ADVERTISE_HOST" not in env and "POD_IP" in env
+    assert "kvpool.kvpool.svc.cluster.local" in daemon["command"][-1]
+    mounts = {m["mountPath"] for m in daemon["volumeMounts"]}
+    assert {secrets, etcd, "/etc/kvpool/probe.py"} <= mounts
+    # gRPC probes cannot do TLS: exec probes run the ConfigMap's script, with the client certificate.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        command = daemon[probe]["exec"]["command"]
+        assert command[:2] == ["python3", "/etc/kvpool/probe.py"] and f"{secrets}/tls.crt" in command, probe
+    assert daemon["readinessProbe"]["exec"]["command"][-2:] == ["--service", "kvpool.v1.KVPool"]
+    assert "probe.py" in find(objects, "ConfigMap")["data"]
+    assert find(objects, "Service")["spec"]["publishNotReadyAddresses"] is True
+    test_pod = next(o for o in objects if o["kind"] == "Pod")
+    assert env_of(test_pod["spec"]["containers"][0])["KVPOOL_ETCD_CA_FILE"] == f"{etcd}/ca.crt"
+
+
+def test_token_alone_keeps_grpc_probes(helm: str) -> None:
+    objects = render(helm, "--set", "secrets.existingSecret=kvpool-tls,security.token=true")
+    config = daemon_config(objects)
+    assert config["auth_token_file"] == "/etc/kvpool/secrets/token"
+    assert not {"tls_cert_file", "data_tls", "etcd_ca_file"} & config.keys()
+    daemon = container(objects)
+    assert daemon["readinessProbe"]["grpc"]["service"] == "kvpool.v1.KVPool"  # the health service needs no token
+    assert "command" not in daemon and "KVPOOL_ADVERTISE_HOST" in env_of(daemon)
+
+
+def test_defaults_set_no_security(helm: str) -> None:
+    config = daemon_config(render(helm))
+    assert not {"auth_token_file", "tls_cert_file", "data_tls", "etcd_ca_file"} & config.keys()
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ("secrets.existingSecret=s,security.tls.dataPlane=true", "security.tls.dataPlane=true needs security.tls.enabled=true"),
+        ("secrets.existingSecret=s,security.tls.clientAuth=true", "security.tls.clientAuth=true needs security.tls.enabled=true"),
+        ("security.tls.enabled=true", "read the kvpool Secret"),
+        ("security.token=true", "read the kvpool Secret"),
+        ("secrets.create=true,security.token=true", "needs secrets.token"),
+        ("secrets.create=true,secrets.token=short,security.token=true", "16..1024 printable ASCII"),
+        ("secrets.create=true,secrets.tls.cert=c,secrets.tls.key=k,security.tls.enabled=true", "secrets.tls.ca"),
+        ("secrets.existingSecret=s,security.etcdTls.enabled=true", "needs an external etcd"),
+        ("etcd.enabled=false,externalEtcd.endpoints={http://e:2379},secrets.existingSecret=s,security.etcdTls.enabled=true",
+         "must all be https:// URLs"),
+        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.etcdTls.enabled=true", "needs etcd's CA"),
+        ("security.etcdTls.clientCert=true", "need security.etcdTls.enabled=true"),
+        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379,http://f:2379}", "mix https:// and plaintext"),
+        ("config.tls_cert_file=/x", "config"),  # security: owns the daemon's security settings
+    ],
+)
+def test_inconsistent_security_values_fail(helm: str, values: str, expected: str) -> None:
+    result = run(helm, "template", "kvpool", CHART, "--set", values)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert expected in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates")
+def test_rendered_security_config_and_probe_work_against_a_daemon(helm: str, tmp_path: Path) -> None:
+    """The daemon starts with the rendered config (mTLS on both ports, the token), and the probe script passes."""
+    from bench.pki import make_ca, openssl
+    from tests.support.daemon import start_daemon
+
+    objects = render(helm, "--set", SECURE)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    ca_cert, ca_key = make_ca(tmp_path, "ca")
+    # One certificate for every daemon: the headless Service's per-pod names.
+    (tmp_path / "san.ext").write_text("subjectAltName=DNS:*.kvpool.kvpool.svc.cluster.local\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kvpool", "-keyout", str(secrets / "tls.key"),
+            "-out", str(tmp_path / "tls.csr"))
+    openssl("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(ca_cert), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-days", "2", "-extfile", str(tmp_path / "san.ext"), "-out", str(secrets / "tls.crt"))
+    shutil.copy(ca_cert, secrets / "ca.crt")
+    (secrets / "token").write_text("0123456789abcdef0123456789abcdef\n")
+
+    def local(text: str) -> str:
+        return text.replace("/etc/kvpool/secrets", str(secrets)).replace("/etc/kvpool/probe.py", str(tmp_path / "probe.py"))
+
+    config_file = tmp_path / "kvpool.yaml"
+    config_file.write_text(local(find(objects, "ConfigMap")["data"]["kvpool.yaml"]))
+    (tmp_path / "probe.py").write_text(find(objects, "ConfigMap")["data"]["probe.py"])
+    node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
+                        env={"KVPOOL_CONFIG": str(config_file)})
+    try:
+        daemon = container(objects)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            command = [local(a) for a in daemon[probe]["exec"]["command"]]
+            command[0] = sys.executable
+            command[command.index("--port") + 1] = str(node.grpc_port)
+            ok = subprocess.run(command, env={**ENV, "POD_IP": "127.0.0.1"}, capture_output=True, text=True, timeout=30)
+            assert ok.returncode == 0, f"{probe}: {ok.stderr}"
+        # Without the client certificate the daemon refuses the handshake (mTLS), and the probe says so.
+        bare = [a for a in command if a not in (str(secrets / "tls.crt"), str(secrets / "tls.key"), "--cert", "--key")]
+        refused = subprocess.run(bare, env={**ENV, "POD_IP": "127.0.0.1"}, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and "probe:" in refused.stderr
+    finally:
+        node.stop()
+        node.remove_files()

@@ -61,8 +61,174 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- else if .Values.externalEtcd.endpoints -}}
 {{- join "," .Values.externalEtcd.endpoints -}}
 {{- else -}}
-{{- fail "etcd: set etcd.enabled=true (the bundled etcd) or externalEtcd.endpoints (a list of http://host:2379)" -}}
+{{- fail "etcd: set etcd.enabled=true (the bundled etcd) or externalEtcd.endpoints (a list of http://host:2379, or https:// with security.etcdTls)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Where the Secrets are mounted in the pods. */}}
+{{- define "kvpool.secretsDir" -}}/etc/kvpool/secrets{{- end -}}
+{{- define "kvpool.etcdTlsDir" -}}
+{{- if .Values.security.etcdTls.existingSecret -}}/etc/kvpool/etcd{{- else -}}{{ include "kvpool.secretsDir" . }}{{- end -}}
+{{- end -}}
+
+{{/* Whether the pods mount the kvpool Secret (secrets.*): "true" or "". */}}
+{{- define "kvpool.secretsMounted" -}}
+{{- if or .Values.secrets.create .Values.secrets.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* The suffix of the DNS names the daemons advertise with TLS: <pod IP, dashed>.<suffix> is the
+     headless Service's record of each pod, and tls.crt must carry *.<suffix>. */}}
+{{- define "kvpool.tlsNameSuffix" -}}
+{{- printf "%s.%s.svc.%s" (include "kvpool.fullname" .) .Release.Namespace .Values.security.tls.clusterDomain -}}
+{{- end -}}
+
+{{/* Checks security.* against secrets.* and the etcd values; fails with what to change. */}}
+{{- define "kvpool.validateSecurity" -}}
+{{- $sec := .Values.security -}}
+{{- $s := .Values.secrets -}}
+{{- $mounted := include "kvpool.secretsMounted" . -}}
+{{- $own := and $s.create (not $s.existingSecret) -}}
+{{- if and $sec.tls.clientAuth (not $sec.tls.enabled) -}}
+{{- fail "security.tls.clientAuth=true needs security.tls.enabled=true: client certificates are checked in the TLS handshake" -}}
+{{- end -}}
+{{- if and $sec.tls.dataPlane (not $sec.tls.enabled) -}}
+{{- fail "security.tls.dataPlane=true needs security.tls.enabled=true: the data port uses the gRPC port's certificate (tls.crt, tls.key)" -}}
+{{- end -}}
+{{- if and (or $sec.token $sec.tls.enabled) (not $mounted) -}}
+{{- fail "security.token and security.tls.enabled read the kvpool Secret: set secrets.existingSecret, or secrets.create=true with secrets.token and secrets.tls.*" -}}
+{{- end -}}
+{{- if $own -}}
+{{- if and $sec.token (not $s.token) -}}
+{{- fail "security.token=true needs secrets.token (or a secrets.existingSecret with a token key)" -}}
+{{- end -}}
+{{- if and $sec.token (or (lt (len (trim $s.token)) 16) (gt (len (trim $s.token)) 1024) (regexMatch "[^!-~]" (trim $s.token))) -}}
+{{- fail "secrets.token must be 16..1024 printable ASCII characters without spaces (e.g. the output of: openssl rand -hex 32)" -}}
+{{- end -}}
+{{- if and $sec.tls.enabled (not (and $s.tls.cert $s.tls.key $s.tls.ca)) -}}
+{{- fail "security.tls.enabled=true needs secrets.tls.cert, secrets.tls.key and secrets.tls.ca (the CA that issued the certificate: the pods verify each other with it)" -}}
+{{- end -}}
+{{- end -}}
+{{- $etcdTls := $sec.etcdTls -}}
+{{- if $etcdTls.enabled -}}
+{{- if .Values.etcd.enabled -}}
+{{- fail "security.etcdTls.enabled=true needs an external etcd: the bundled one (etcd.enabled=true) serves plaintext; set etcd.enabled=false and externalEtcd.endpoints (https://...)" -}}
+{{- end -}}
+{{- range .Values.externalEtcd.endpoints -}}
+{{- if not (hasPrefix "https://" .) -}}
+{{- fail (printf "security.etcdTls.enabled=true: externalEtcd.endpoints must all be https:// URLs, not %s" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (or $etcdTls.existingSecret $mounted) -}}
+{{- fail "security.etcdTls.enabled=true needs etcd's CA: set security.etcdTls.existingSecret (keys ca.crt, tls.crt, tls.key), or put ca.crt in the kvpool Secret (secrets.*)" -}}
+{{- end -}}
+{{- if and $own (not $etcdTls.existingSecret) (not $s.tls.ca) -}}
+{{- fail "security.etcdTls.enabled=true without security.etcdTls.existingSecret takes etcd's CA from secrets.tls.ca: set it" -}}
+{{- end -}}
+{{- if and $own (not $etcdTls.existingSecret) $etcdTls.clientCert (not (and $s.tls.cert $s.tls.key)) -}}
+{{- fail "security.etcdTls.clientCert=true without security.etcdTls.existingSecret presents secrets.tls.cert and secrets.tls.key: set them" -}}
+{{- end -}}
+{{- else if or $etcdTls.clientCert $etcdTls.existingSecret -}}
+{{- fail "security.etcdTls.clientCert and security.etcdTls.existingSecret need security.etcdTls.enabled=true" -}}
+{{- else if not .Values.etcd.enabled -}}
+{{- $https := 0 -}}
+{{- range .Values.externalEtcd.endpoints -}}
+{{- if hasPrefix "https://" . -}}{{- $https = add1 $https -}}{{- end -}}
+{{- end -}}
+{{- if and (gt $https 0) (lt $https (len .Values.externalEtcd.endpoints)) -}}
+{{- fail "externalEtcd.endpoints mix https:// and plaintext URLs: use one scheme for all members" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The daemon's security settings (paths in the mounted Secrets), as YAML; checks the values first. */}}
+{{- define "kvpool.securitySettings" -}}
+{{- include "kvpool.validateSecurity" . -}}
+{{- $sec := .Values.security -}}
+{{- $dir := include "kvpool.secretsDir" . -}}
+{{- $settings := dict -}}
+{{- if $sec.token -}}
+{{- $_ := set $settings "auth_token_file" (printf "%s/token" $dir) -}}
+{{- end -}}
+{{- if $sec.tls.enabled -}}
+{{- $_ := set $settings "tls_cert_file" (printf "%s/tls.crt" $dir) -}}
+{{- $_ := set $settings "tls_key_file" (printf "%s/tls.key" $dir) -}}
+{{- end -}}
+{{- if $sec.tls.clientAuth -}}
+{{- $_ := set $settings "tls_client_ca_file" (printf "%s/ca.crt" $dir) -}}
+{{- end -}}
+{{- if $sec.tls.dataPlane -}}
+{{- $_ := set $settings "data_tls" true -}}
+{{- end -}}
+{{- if $sec.etcdTls.enabled -}}
+{{- $etcdDir := include "kvpool.etcdTlsDir" . -}}
+{{- $_ := set $settings "etcd_ca_file" (printf "%s/ca.crt" $etcdDir) -}}
+{{- if $sec.etcdTls.clientCert -}}
+{{- $_ := set $settings "etcd_cert_file" (printf "%s/tls.crt" $etcdDir) -}}
+{{- $_ := set $settings "etcd_key_file" (printf "%s/tls.key" $etcdDir) -}}
+{{- end -}}
+{{- end -}}
+{{- if $settings -}}{{- toYaml $settings -}}{{- end -}}
+{{- end -}}
+
+{{/* Client-side environment of kvpool_client and kvpoolctl in the chart's pods (the preStop drain,
+     the daemon's own hand-offs and repairs, helm test): the same files as the daemon's settings. */}}
+{{- define "kvpool.clientSecurityEnv" -}}
+{{- $sec := .Values.security -}}
+{{- $dir := include "kvpool.secretsDir" . -}}
+{{- if $sec.token }}
+- name: KVPOOL_AUTH_TOKEN_FILE
+  value: {{ $dir }}/token
+{{- end }}
+{{- if $sec.tls.enabled }}
+- name: KVPOOL_TLS_CA_FILE
+  value: {{ $dir }}/ca.crt
+{{- end }}
+{{- if $sec.tls.clientAuth }}
+- name: KVPOOL_TLS_CLIENT_CERT_FILE
+  value: {{ $dir }}/tls.crt
+- name: KVPOOL_TLS_CLIENT_KEY_FILE
+  value: {{ $dir }}/tls.key
+{{- end }}
+{{- if $sec.etcdTls.enabled }}
+{{- $etcdDir := include "kvpool.etcdTlsDir" . }}
+- name: KVPOOL_ETCD_CA_FILE
+  value: {{ $etcdDir }}/ca.crt
+{{- if $sec.etcdTls.clientCert }}
+- name: KVPOOL_ETCD_CERT_FILE
+  value: {{ $etcdDir }}/tls.crt
+- name: KVPOOL_ETCD_KEY_FILE
+  value: {{ $etcdDir }}/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Volume mounts and volumes of the Secrets, for the daemon and the helm test. */}}
+{{- define "kvpool.secretMounts" -}}
+{{- if include "kvpool.secretsMounted" . }}
+- name: secrets
+  mountPath: {{ include "kvpool.secretsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if and .Values.security.etcdTls.enabled .Values.security.etcdTls.existingSecret }}
+- name: etcd-tls
+  mountPath: {{ include "kvpool.etcdTlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "kvpool.secretVolumes" -}}
+{{- if include "kvpool.secretsMounted" . }}
+- name: secrets
+  secret:
+    secretName: {{ include "kvpool.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- if and .Values.security.etcdTls.enabled .Values.security.etcdTls.existingSecret }}
+- name: etcd-tls
+  secret:
+    secretName: {{ .Values.security.etcdTls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{/* The daemon's YAML config (keys are kvpool-server's settings), as a dict. */}}
@@ -79,6 +245,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $fixed "ssd_segment_size" .Values.ssd.segmentSize -}}
 {{- $_ := set $fixed "ssd_fsync" .Values.ssd.fsync -}}
 {{- end -}}
+{{- $_ := merge $fixed (fromYaml (include "kvpool.securitySettings" .)) -}}
 {{- toYaml (merge $fixed .Values.config) -}}
 {{- end -}}
 
