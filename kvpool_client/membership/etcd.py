@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import cast
@@ -413,10 +413,13 @@ class EtcdStore:
         )
         if self._watch is None:
             raise RuntimeError("EtcdStore is not connected (call connect() first)")
-        call = self._watch.Watch(_watch_requests(WatchRequest(create_request=create)))
+        # Written, not fed from a request iterator: grpc would drive an async generator
+        # in a task of its own, whose finalizer raises when the call is cancelled.
+        call = self._watch.Watch()
         try:
             with _translated("watch"):
                 async with asyncio.timeout(self.request_timeout_s):
+                    await call.write(WatchRequest(create_request=create))
                     _check_watch(await call.read())
                 while True:
                     response = _check_watch(await call.read())
@@ -428,11 +431,6 @@ class EtcdStore:
                             yield PutEvent(_key(event.kv.key), bytes(event.kv.value), revision)
         finally:
             call.cancel()
-
-
-async def _watch_requests(create: WatchRequest) -> AsyncIterator[WatchRequest]:
-    yield create
-    await asyncio.Future()  # keep the request side open; cancelled with the call
 
 
 def _check_watch(response: WatchResponse | object) -> WatchResponse:
