@@ -13,8 +13,8 @@ import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from kvpool_client.config import ClientConfig
 from kvpool_client.auth import TlsFiles
+from kvpool_client.config import ClientConfig
 from kvpool_client.control import NodeInfo
 from kvpool_client.errors import KVPoolError, NodeUnavailable
 from kvpool_client.routing import Member
