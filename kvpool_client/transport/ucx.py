@@ -221,10 +221,8 @@ class UcxConnection:
         return self._channel.reusable()
 
     def close(self) -> None:
-        try:  # on the engine, after any cancellation already queued there
-            self._engine.run(_close(self._channel), _STOP_TIMEOUT_S)
-        except KVPoolError:
-            pass
+        """Abort the connection; waits (briefly) until nothing is posted into a caller's buffer."""
+        close_on_engine(self._engine, self._channel)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -267,10 +265,15 @@ class AsyncUcxConnection:
 
     def close(self) -> None:
         """Abort the connection; waits (briefly) until nothing is posted into a caller's buffer."""
-        try:  # on the engine, after any cancellation already queued there
-            self._engine.run(_close(self._channel), _STOP_TIMEOUT_S)
-        except KVPoolError:
-            pass
+        close_on_engine(self._engine, self._channel)
+
+
+def close_on_engine(engine: UcxEngine, channel: UcxChannel) -> None:
+    """Close ``channel`` on its engine, after any cancellation already queued there; errors are moot now."""
+    try:
+        engine.run(_close(channel), _STOP_TIMEOUT_S)
+    except KVPoolError:
+        pass
 
 
 async def _close(channel: UcxChannel) -> None:
