@@ -72,9 +72,10 @@ class AsyncSocketChannel:
         while pending:
             pending = advance(pending, await self._recv_once(pending, self._stall_timeout))
 
-    async def recv_some(self, target: memoryview) -> int:
-        """Receive at least one byte into ``target``, waiting as long as it takes."""
-        return await self._recv_once([target], None)
+    async def recv_some(self, target: memoryview, *, bounded: bool = False) -> int:
+        """Receive at least one byte into ``target``: waiting as long as it takes, or with
+        ``bounded`` no longer than the stall timeout (mid-frame)."""
+        return await self._recv_once([target], self._stall_timeout if bounded else None)
 
     async def recv_upto(self, nbytes: int) -> bytes:
         """Receive between 1 and ``nbytes`` bytes, bounded by the stall timeout."""

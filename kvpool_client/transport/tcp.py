@@ -91,6 +91,15 @@ class TcpConnection:
         self.recv_into([memoryview(data)])
         return data
 
+    def recv_some(self, target: memoryview) -> int:
+        """Receive between 1 and ``len(target)`` bytes into ``target``."""
+        self._arm(socket.SO_RCVTIMEO, "receive")
+        with _socket_errors(self.address, "receive"):
+            received = self._sock.recv_into(target)
+        if not received:
+            raise NodeUnavailable(f"{self.address} closed the connection")
+        return received
+
     def recv_upto(self, nbytes: int) -> bytes:
         self._arm(socket.SO_RCVTIMEO, "receive")
         with _socket_errors(self.address, "receive"):

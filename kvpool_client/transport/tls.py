@@ -108,11 +108,12 @@ class TlsConnection:
         self.address = raw.address
         self._raw = raw
         self._records = TlsRecords(context, server_side=False, server_hostname=server_hostname)
+        self._ciphertext = memoryview(bytearray(_RECORDS_CHUNK))  # reused by every receive
         raw.start_request()
         try:
             while not self._records.handshake():
                 self._flush()
-                self._records.feed(raw.recv_upto(_RECORDS_CHUNK))
+                self._fill()
             self._flush()
         except BaseException:
             raw.close()
@@ -151,9 +152,12 @@ class TlsConnection:
 
     def _open_into(self, target: memoryview) -> int:
         while (count := self._records.open_into(target)) is None:
-            self._records.feed(self._raw.recv_upto(_RECORDS_CHUNK))
+            self._fill()
         self._flush()  # TLS 1.3 may answer in-band (key updates)
         return count
+
+    def _fill(self) -> None:
+        self._records.feed(self._ciphertext[: self._raw.recv_some(self._ciphertext)])
 
     def _flush(self) -> None:
         if records := self._records.take_outgoing():
@@ -170,7 +174,7 @@ class AsyncTlsChannel:
         self._raw = raw
         self._records = records
         self.peer = raw.peer
-        self._idle_buffer = bytearray(_RECORDS_CHUNK)
+        self._ciphertext = memoryview(bytearray(_RECORDS_CHUNK))  # reused by every receive
 
     @classmethod
     async def connect(cls, raw: AsyncSocketChannel, context: ssl.SSLContext, server_hostname: str) -> AsyncTlsChannel:
@@ -227,18 +231,18 @@ class AsyncTlsChannel:
     async def _handshake(self) -> None:
         while not self._records.handshake():
             await self._flush()
-            self._records.feed(await self._raw.recv_upto(_RECORDS_CHUNK))
+            await self._fill(bounded=True)
         await self._flush()
 
     async def _open_into(self, target: memoryview, idle: bool) -> int:
         while (count := self._records.open_into(target)) is None:
-            if idle:  # no stall timeout while waiting for the next request
-                received = await self._raw.recv_some(memoryview(self._idle_buffer))
-                self._records.feed(memoryview(self._idle_buffer)[:received])
-            else:
-                self._records.feed(await self._raw.recv_upto(_RECORDS_CHUNK))
+            await self._fill(bounded=not idle)  # no stall timeout while waiting for the next request
         await self._flush()
         return count
+
+    async def _fill(self, bounded: bool) -> None:
+        received = await self._raw.recv_some(self._ciphertext, bounded=bounded)
+        self._records.feed(self._ciphertext[:received])
 
     async def _flush(self) -> None:
         if records := self._records.take_outgoing():

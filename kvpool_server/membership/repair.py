@@ -141,7 +141,7 @@ async def repair_blocks(
     Keys are planned and checked a chunk at a time, so a node with millions of
     blocks never blocks the event loop on planning; counters move live.
     """
-    keys = blocks.readable_keys()
+    keys = await asyncio.to_thread(blocks.readable_keys)  # O(blocks) under the tier locks: not on the loop
     progress.blocks = len(keys)
     members = {m.node_id: m for m in topology.members}
     async with contextlib.AsyncExitStack() as stack:
