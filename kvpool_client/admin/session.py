@@ -139,4 +139,4 @@ def open_session(args: argparse.Namespace, command: str) -> ClusterSession:
     """
     if not args.etcd:
         raise CliError(ExitCode.USAGE, f"{command} reads the cluster from etcd: set --etcd or KVPOOL_ETCD_ENDPOINTS")
-    return ClusterSession(args.etcd, args.cluster, args.timeout, getattr(args, "etcd_tls", None))
+    return ClusterSession(args.etcd, args.cluster, args.timeout, args.etcd_tls)
