@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Callable
 
@@ -28,6 +29,17 @@ def scrape(daemon: DaemonProcess) -> Samples:
     }
 
 
+def scrape_settled(daemon: DaemonProcess, before: dict, counter: tuple, wait_s: float = 5.0) -> dict:
+    """A scrape once ``counter`` has moved since ``before``: the daemon counts a get's bytes and times
+    it after its send returns, which can be just after the client has read every byte."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = scrape(daemon)
+        if now.get(counter, 0) != before.get(counter, 0) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.02)
+
+
 def dram(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return (name, (("tier", "dram"),))
 
@@ -41,7 +53,7 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport="tcp")) as client:  # tcp labels
         assert client.put(keys, blocks).stored == len(keys)
         assert [bytes(b) for b in client.get(keys).buffers] == blocks
-        after = scrape(daemon)
+        after = scrape_settled(daemon, before, ("kvpool_request_duration_seconds_count", (("op", "get"),)))
         stats = client.stats(daemon.address)
 
     moved = {name: after[name] - before[name] for name in after if name in before}
