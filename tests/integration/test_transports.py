@@ -13,7 +13,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import torch
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import DaemonProcess, start_daemon
+from tests.support.etcd import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -314,18 +314,11 @@ def test_ucx_in_a_forked_child_refuses_and_the_parent_survives(node: DaemonProce
     assert "child ['UNAVAILABLE']" in out and "child status 0" in out and "parent ok True" in out
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @needs_ucx
 def test_ucx_daemon_restarts_on_the_same_ports_and_clients_reconnect(daemon_factory: Callable[..., DaemonProcess]) -> None:
     """Connections the daemon closed leave its ports in TIME_WAIT: a restart must still bind them."""
-    grpc, data, ucx = free_ports(3)
+    # Below the ephemeral range: an outgoing connection cannot take a port while the daemon is down.
+    grpc, data, ucx = (free_port() for _ in range(3))
     flags = ("--grpc-port", str(grpc), "--data-port", str(data), "--ucx-port", str(ucx), "--dram-capacity", "16MiB", "--slab-size", "1MiB")
     first = daemon_factory(*flags)
     keys = new_keys(4)
