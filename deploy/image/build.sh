@@ -7,10 +7,12 @@
 # 2. the base image: a minimal Debian rootfs with python3 made by debootstrap
 #    from the apt sources this machine uses, then `docker import` (cached as
 #    kvpool-base:<suite>; KVPOOL_REBUILD_BASE=1 remakes it);
-# 3. a wheelhouse of kvpool and its dependencies (pip, from the package index);
+# 3. a wheelhouse of kvpool with the ucx extra and its dependencies (pip, from the
+#    package index);
 # 4. `docker build` of deploy/Dockerfile on that wheelhouse, with no network.
 # Needs root. Environment: KVPOOL_DEBIAN_MIRROR overrides the mirror read from apt;
-# KVPOOL_IMAGE_REF=REF builds kvpool from that git commit instead of the working tree.
+# KVPOOL_IMAGE_REF=REF builds kvpool from that git commit instead of the working tree;
+# KVPOOL_IMAGE_UCX=0 leaves the UCX data plane (kvpool[ucx]) out of the image.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source deploy/image/docker.sh
@@ -21,6 +23,7 @@ VENV="${KVPOOL_VENV:-.venv}"
 CONTEXT="build/image/context"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)"
 TAG="${1:-kvpool:$VERSION}"
+UCX="${KVPOOL_IMAGE_UCX:-1}"
 
 # The first Debian archive URI in this machine's apt sources (deb822 or one-line format).
 debian_mirror() {
@@ -80,8 +83,10 @@ build_wheelhouse() {
     rm -rf "$source" && mkdir -p "$source"
     git archive "$KVPOOL_IMAGE_REF" | tar -x -C "$source"
   fi
-  echo "wheelhouse: kvpool (${KVPOOL_IMAGE_REF:-working tree}) and its dependencies for Python $want ..."
-  "$VENV/bin/python" -m pip wheel --quiet --no-cache-dir --wheel-dir "$CONTEXT/wheels" "$source" pip
+  local spec="$source"
+  [[ "$UCX" == 0 ]] || spec="$source[ucx]"
+  echo "wheelhouse: $spec (${KVPOOL_IMAGE_REF:-working tree}) and its dependencies for Python $want ..."
+  "$VENV/bin/python" -m pip wheel --quiet --no-cache-dir --wheel-dir "$CONTEXT/wheels" "$spec" pip
   install -m 0755 deploy/image/healthcheck.py "$CONTEXT/wheels/kvpool-healthcheck"
 }
 
@@ -93,6 +98,10 @@ cleanup() {
 
 main() {
   kvpool_need_root deploy/image/build.sh
+  if [[ "$UCX" != 0 && "$UCX" != 1 ]]; then
+    echo "KVPOOL_IMAGE_UCX must be 0 or 1, not '$UCX'" >&2
+    exit 2
+  fi
   trap cleanup EXIT
   if [[ ! -x "$VENV/bin/python" ]]; then
     echo "no $VENV: run 'bash deploy/dev.sh test' once, or set KVPOOL_VENV" >&2
@@ -101,8 +110,9 @@ main() {
   kvpool_docker_up
   build_base
   build_wheelhouse
-  echo "image $TAG: docker build ..."
-  docker_cmd build --quiet --network none --build-arg "BASE=$BASE" -f deploy/Dockerfile -t "$TAG" "$CONTEXT" >/dev/null
+  echo "image $TAG: docker build (UCX=$UCX) ..."
+  docker_cmd build --quiet --network none --build-arg "BASE=$BASE" --build-arg "UCX=$UCX" -f deploy/Dockerfile \
+    -t "$TAG" "$CONTEXT" >/dev/null
   docker_cmd image ls "$TAG" --format 'image {{.Repository}}:{{.Tag}}: {{.ID}}, {{.Size}}'
 }
 

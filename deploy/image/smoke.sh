@@ -5,8 +5,10 @@
 #
 # Checks, in order: the container turns healthy (its HEALTHCHECK asks the gRPC health
 # service); `kvpoolctl status` from this machine sees the node; a block put from here
-# reads back byte for byte; /metrics counted the put; the daemon runs as uid 10001;
-# kvpoolctl inside the image answers; SIGTERM stops the daemon cleanly (exit 0).
+# reads back byte for byte; in an image with UCX (label io.kvpool.ucx=1), the daemon
+# advertises a ucx endpoint and a client reads blocks over it; /metrics counted the put;
+# the daemon runs as uid 10001; kvpoolctl inside the image answers; SIGTERM stops the
+# daemon cleanly (exit 0).
 # The container uses --network host with ports picked free on 127.0.0.1. Needs root.
 # KVPOOL_SMOKE_CLIENT=container runs the block round trip with the image's own
 # kvpoolctl (for an image built from another commit than this checkout's client).
@@ -38,7 +40,7 @@ fail() {
 free_ports() {
   "$PY" - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(3)]
+socks = [socket.socket() for _ in range(4)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -53,6 +55,29 @@ block_ctl() {
     docker_cmd exec -i "$NAME" kvpoolctl --nodes "127.0.0.1:$port" "$@"
   else
     "$CTL" --nodes "127.0.0.1:$port" "$@"
+  fi
+}
+
+# A client with transport=ucx puts and gets blocks: this checkout's, or the image's own Python.
+ucx_round_trip() {
+  local port="$1" script
+  script='import sys
+from kvpool_client.client import KVPoolClient
+from kvpool_client.config import ClientConfig
+from kvpool_client.keys import BlockKey
+address = sys.argv[1]
+pool = KVPoolClient(config=ClientConfig(nodes=(address,), transport="ucx", request_timeout_s=20.0))
+keys = [BlockKey("smoke-ucx", bytes([i]) * 16) for i in range(4)]
+blocks = [bytes([i]) * (256 << 10) for i in range(4)]
+assert all(s.name in ("OK", "ALREADY_EXISTS") for s in pool.put(keys, blocks).statuses)
+got = pool.get(keys)
+assert got.ok and [bytes(b) for b in got.buffers] == blocks, got.statuses
+assert pool.transport(address) == "ucx"
+pool.close()'
+  if [[ "${KVPOOL_SMOKE_CLIENT:-host}" == container ]]; then
+    docker_cmd exec -i "$NAME" python3 -c "$script" "127.0.0.1:$port"
+  else
+    "$PY" -c "$script" "127.0.0.1:$port"
   fi
 }
 
@@ -74,14 +99,17 @@ main() {
   kvpool_docker_up
   trap cleanup EXIT
   docker_cmd image inspect "$TAG" >/dev/null 2>&1 || fail "no image $TAG: run deploy/image/build.sh first"
-  local grpc data metrics
-  read -r grpc data metrics < <(free_ports)
+  local grpc data metrics ucx ucx_env=() with_ucx
+  read -r grpc data metrics ucx < <(free_ports)
+  with_ucx="$(docker_cmd image inspect -f '{{index .Config.Labels "io.kvpool.ucx"}}' "$TAG")"
+  # ucxx needs a writable /tmp (glibc's tmpfile()), as the chart mounts one with UCX on.
+  [[ "$with_ucx" == 1 ]] && ucx_env=(--tmpfs /tmp -e KVPOOL_UCX_PORT="$ucx")
   # Locked down as the Helm chart runs it: read-only root, no capabilities.
   docker_cmd run -d --name "$NAME" --network host --shm-size 256m --health-interval 1s \
     --read-only --cap-drop ALL --security-opt no-new-privileges \
     -e KVPOOL_HOST=127.0.0.1 -e KVPOOL_GRPC_PORT="$grpc" -e KVPOOL_DATA_PORT="$data" \
     -e KVPOOL_METRICS_PORT="$metrics" -e KVPOOL_DRAM_CAPACITY=64MiB -e KVPOOL_NODE_ID=smoke-node \
-    "$TAG" >/dev/null
+    "${ucx_env[@]}" "$TAG" >/dev/null
   wait_healthy
 
   "$CTL" --nodes "127.0.0.1:$grpc" --json status >"$WORK/status.json" || fail "kvpoolctl status exited $?"
@@ -96,6 +124,17 @@ assert node["dram_capacity_bytes"] == 64 << 20, node' "$WORK/status.json" || fai
   block_ctl "$grpc" get --name smoke --namespace smoke -o - >"$WORK/back.bin" || fail "get"
   cmp -s "$WORK/block.bin" "$WORK/back.bin" || fail "the block read back differs from the one put"
   echo "smoke: a 256 KiB block put from the ${KVPOOL_SMOKE_CLIENT:-host} reads back byte for byte"
+
+  if [[ "$with_ucx" == 1 ]]; then
+    "$PY" -c 'import json, sys
+endpoints = json.load(open(sys.argv[1]))["nodes"][0]["data_endpoints"]
+assert endpoints.get("ucx") == f"127.0.0.1:{sys.argv[2]}", endpoints' "$WORK/status.json" "$ucx" \
+      || fail "no ucx endpoint on port $ucx: $(cat "$WORK/status.json")"
+    ucx_round_trip "$grpc" || fail "blocks over ucx"
+    echo "smoke: the daemon advertises ucx; blocks put and read over it from the ${KVPOOL_SMOKE_CLIENT:-host}"
+  else
+    echo "smoke: image built without UCX (io.kvpool.ucx=$with_ucx): ucx not checked"
+  fi
 
   "$PY" -c 'import sys, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()

@@ -1,7 +1,8 @@
 """The container image builds here and serves kvpoolctl (slow; set KVPOOL_TEST_IMAGE=1 to run).
 
 It starts a private dockerd, builds the base with debootstrap (a few minutes the
-first time), then deploy/image/smoke.sh runs the image and talks to its daemon.
+first time), then deploy/image/smoke.sh runs the image and talks to its daemon over
+TCP and UCX.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytestmark = [
 
 @pytest.mark.timeout(900)
 def test_image_builds_and_serves() -> None:
-    env = {**os.environ, "KVPOOL_KEEP_DOCKERD": ""}
+    env = {**os.environ, "KVPOOL_KEEP_DOCKERD": "", "KVPOOL_IMAGE_UCX": "1"}
     build = subprocess.run(["bash", "deploy/image/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=840)
     assert build.returncode == 0, build.stdout + build.stderr
@@ -30,3 +31,5 @@ def test_image_builds_and_serves() -> None:
                            timeout=120)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert "smoke: ok" in smoke.stdout
+    # The default image carries the ucx extra: its daemon serves blocks over UCX too.
+    assert "smoke: the daemon advertises ucx" in smoke.stdout

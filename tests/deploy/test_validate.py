@@ -282,3 +282,119 @@ def test_rendered_security_config_and_probe_work_against_a_daemon(helm: str, tmp
     finally:
         node.stop()
         node.remove_files()
+
+
+# -- the UCX data plane: dataPlane.ucx renders into the daemon's config, its ports and the NetworkPolicy --
+
+
+def policy_ports(objects: list[dict]) -> list[dict]:
+    """The ports of the NetworkPolicy's first rule (engines and daemons: control and data planes)."""
+    return find(objects, "NetworkPolicy")["spec"]["ingress"][0]["ports"]
+
+
+def test_ucx_values_reach_the_daemon_config_ports_and_policy(helm: str) -> None:
+    objects = render(helm, "-f", CHART / "ci/ucx-values.yaml")
+    config = daemon_config(objects)
+    assert {k: v for k, v in config.items() if k.startswith("ucx_")} == {
+        "ucx_port": 50053, "ucx_tls": "tcp,sm", "ucx_progress_mode": "blocking", "ucx_net_devices": "eth0",
+    }
+    daemon = container(objects)
+    assert {"name": "ucx", "containerPort": 50053, "protocol": "TCP"} in daemon["ports"]
+    assert env_of(daemon)["UCX_TCP_PORT_RANGE"] == "50100-50163"
+    # ucxx needs a writable /tmp (glibc's tmpfile()) under the read-only root.
+    assert {"name": "tmp", "mountPath": "/tmp"} in daemon["volumeMounts"]
+    assert {"name": "ucx", "port": 50053, "targetPort": "ucx"} in find(objects, "Service")["spec"]["ports"]
+    # UCX's TCP lanes are dialled by either side, so the daemons admit the range besides the listener.
+    ports = policy_ports(objects)
+    assert {"port": 50053, "protocol": "TCP"} in ports
+    assert {"port": 50100, "endPort": 50163, "protocol": "TCP"} in ports
+
+
+def test_ucx_is_off_by_default(helm: str) -> None:
+    objects = render(helm)
+    assert not [k for k in daemon_config(objects) if k.startswith("ucx_")]
+    daemon = container(objects)
+    assert [p["name"] for p in daemon["ports"]] == ["grpc", "data", "metrics"]
+    assert "UCX_TCP_PORT_RANGE" not in env_of(daemon)
+    assert "/tmp" not in {m["mountPath"] for m in daemon["volumeMounts"]}
+    assert [p["name"] for p in find(objects, "Service")["spec"]["ports"]] == ["grpc", "data", "metrics"]
+    assert len(policy_ports(objects)) == 2
+
+
+def test_gpu_values_set_ucx_through_data_plane_values(helm: str) -> None:
+    """One way to set UCX: the RDMA example uses dataPlane.ucx, not UCX_* variables in extraEnv."""
+    objects = render(helm, "-f", CHART / "ci/gpu-ssd-hostnetwork-values.yaml")
+    config = daemon_config(objects)
+    assert (config["ucx_tls"], config["ucx_net_devices"]) == ("rc,tcp,sm", "mlx5_0:1")
+    env = env_of(container(objects))
+    assert not {"UCX_TLS", "UCX_NET_DEVICES"} & env.keys()
+    assert env["RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ("dataPlane.ucx.enabled=true,secrets.existingSecret=s,security.tls.enabled=true,security.tls.dataPlane=true",
+         "dataPlane.ucx.enabled=true cannot be combined with security.tls.dataPlane=true: UCX has no TLS"),
+        ("dataPlane.ucx.enabled=true,dataPlane.ucx.port=50052", "dataPlane.ucx.port 50052: must differ from ports.data"),
+        ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=9400-9500", "holds ports.metrics (9477)"),
+        ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=50053-50060", "holds dataPlane.ucx.port (50053)"),
+        ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=60000-50000", "must be FIRST-LAST"),
+        ("extraEnv[0].name=UCX_TLS,extraEnv[0].value=rc", "extraEnv UCX_TLS: the chart sets it from dataPlane.ucx.tls"),
+        ("extraEnv[0].name=KVPOOL_UCX_PORT,extraEnv[0].value=1", "from dataPlane.ucx.port"),
+        ("dataPlane.ucx.tls={}", "dataPlane.ucx.tls"),  # schema: at least one transport
+        ("dataPlane.ucx.progressMode=spin", "dataPlane.ucx.progressMode"),
+        ("config.ucx_port=50053", "config"),  # dataPlane.ucx owns the daemon's ucx_* settings
+    ],
+)
+def test_inconsistent_ucx_values_fail(helm: str, values: str, expected: str) -> None:
+    result = run(helm, "template", "kvpool", CHART, "--set", values)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert expected in result.stderr
+
+
+UCX_CLIENT = """
+import sys
+from kvpool_client.client import KVPoolClient
+from kvpool_client.config import ClientConfig
+from kvpool_client.keys import BlockKey
+
+address = sys.argv[1]
+pool = KVPoolClient(config=ClientConfig(nodes=(address,), transport="ucx", request_timeout_s=20.0))
+keys = [BlockKey("deploy-test", bytes([i]) * 16) for i in range(4)]
+blocks = [bytes([i]) * (256 << 10) for i in range(4)]
+assert all(s.name in ("OK", "ALREADY_EXISTS") for s in pool.put(keys, blocks).statuses)
+got = pool.get(keys)
+assert got.ok and [bytes(b) for b in got.buffers] == blocks, got.statuses
+print(pool.server_info(address).data_endpoints["ucx"], pool.transport(address))
+pool.close()
+"""
+
+
+def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path: Path) -> None:
+    """The daemon starts with the rendered config and environment, advertises `ucx`, and serves a client over it."""
+    from kvpool_client.transport.ucx import import_error
+    from tests.support.daemon import start_daemon
+    from tests.support.etcd import free_port
+
+    if (missing := import_error()) is not None:
+        pytest.skip(f"ucxx cannot be imported: {missing}")
+    port = free_port("0.0.0.0")  # UCX's listener binds every interface
+    objects = render(helm, "-f", CHART / "ci/ucx-values.yaml", "--set",
+                     f"dataPlane.ucx.port={port},dataPlane.ucx.tcpPortRange={port + 1}-{port + 32},"
+                     "dataPlane.ucx.netDevices={lo}")
+    config = daemon_config(objects)
+    assert config["ucx_port"] == port and config["ucx_net_devices"] == "lo"
+    config_file = tmp_path / "kvpool.yaml"
+    config_file.write_text(find(objects, "ConfigMap")["data"]["kvpool.yaml"])
+    ucx_env = {k: v for k, v in env_of(container(objects)).items() if k.startswith("UCX_")}
+    node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
+                        env={"KVPOOL_CONFIG": str(config_file), **ucx_env})
+    try:
+        client = subprocess.run([sys.executable, "-c", UCX_CLIENT, node.address], cwd=ROOT, env=ENV,
+                                capture_output=True, text=True, timeout=60)
+        assert client.returncode == 0, client.stderr[-3000:] + node.log()[-2000:]
+        assert client.stdout.split() == [f"127.0.0.1:{port}", "ucx"]
+    finally:
+        node.stop()
+        node.remove_files()

@@ -231,6 +231,57 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
+{{/* Checks dataPlane.* against the ports, security.* and extraEnv; fails with what to change. */}}
+{{- define "kvpool.validateDataPlane" -}}
+{{- $ucx := .Values.dataPlane.ucx -}}
+{{- $owned := dict "UCX_TLS" "dataPlane.ucx.tls" "UCX_NET_DEVICES" "dataPlane.ucx.netDevices"
+      "UCX_TCP_PORT_RANGE" "dataPlane.ucx.tcpPortRange" "KVPOOL_UCX_PORT" "dataPlane.ucx.port"
+      "KVPOOL_UCX_TLS" "dataPlane.ucx.tls" "KVPOOL_UCX_PROGRESS_MODE" "dataPlane.ucx.progressMode"
+      "KVPOOL_UCX_NET_DEVICES" "dataPlane.ucx.netDevices" -}}
+{{- range .Values.extraEnv -}}
+{{- $value := get $owned .name -}}
+{{- if $value -}}
+{{- fail (printf "extraEnv %s: the chart sets it from %s; set that value instead" .name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- if $ucx.enabled -}}
+{{- if .Values.security.tls.dataPlane -}}
+{{- fail "dataPlane.ucx.enabled=true cannot be combined with security.tls.dataPlane=true: UCX has no TLS (the daemon refuses data_tls with ucx_port); turn one of them off" -}}
+{{- end -}}
+{{- $ports := dict "ports.grpc" (int .Values.ports.grpc) "ports.data" (int .Values.ports.data) "ports.metrics" (int .Values.ports.metrics) -}}
+{{- range $name, $port := $ports -}}
+{{- if eq $port (int $ucx.port) -}}
+{{- fail (printf "dataPlane.ucx.port %d: must differ from %s" (int $ucx.port) $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $range := splitList "-" $ucx.tcpPortRange -}}
+{{- $first := atoi (first $range) -}}
+{{- $last := atoi (last $range) -}}
+{{- if or (lt $first 1) (gt $last 65535) (gt $first $last) -}}
+{{- fail (printf "dataPlane.ucx.tcpPortRange %s: must be FIRST-LAST with 1 <= FIRST <= LAST <= 65535" $ucx.tcpPortRange) -}}
+{{- end -}}
+{{- $_ := set $ports "dataPlane.ucx.port" (int $ucx.port) -}}
+{{- range $name, $port := $ports -}}
+{{- if and (ge $port $first) (le $port $last) -}}
+{{- fail (printf "dataPlane.ucx.tcpPortRange %s holds %s (%d): UCX's TCP transport would take it; move the range" $ucx.tcpPortRange $name $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The daemon's UCX settings, as YAML (empty with dataPlane.ucx off); checks the values first. */}}
+{{- define "kvpool.ucxSettings" -}}
+{{- include "kvpool.validateDataPlane" . -}}
+{{- $ucx := .Values.dataPlane.ucx -}}
+{{- if $ucx.enabled -}}
+{{- $settings := dict "ucx_port" (int $ucx.port) "ucx_tls" (join "," $ucx.tls) "ucx_progress_mode" $ucx.progressMode -}}
+{{- with $ucx.netDevices -}}
+{{- $_ := set $settings "ucx_net_devices" (join "," .) -}}
+{{- end -}}
+{{- toYaml $settings -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The daemon's YAML config (keys are kvpool-server's settings), as a dict. */}}
 {{- define "kvpool.daemonConfig" -}}
 {{- $fixed := dict
@@ -246,6 +297,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $fixed "ssd_fsync" .Values.ssd.fsync -}}
 {{- end -}}
 {{- $_ := merge $fixed (fromYaml (include "kvpool.securitySettings" .)) -}}
+{{- $_ := merge $fixed (fromYaml (include "kvpool.ucxSettings" .)) -}}
 {{- toYaml (merge $fixed .Values.config) -}}
 {{- end -}}
 
