@@ -60,25 +60,13 @@ block_ctl() {
 
 # A client with transport=ucx puts and gets blocks: this checkout's, or the image's own Python.
 ucx_round_trip() {
-  local port="$1" script
-  script='import sys
-from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.keys import BlockKey
-address = sys.argv[1]
-pool = KVPoolClient(config=ClientConfig(nodes=(address,), transport="ucx", request_timeout_s=20.0))
-keys = [BlockKey("smoke-ucx", bytes([i]) * 16) for i in range(4)]
-blocks = [bytes([i]) * (256 << 10) for i in range(4)]
-assert all(s.name in ("OK", "ALREADY_EXISTS") for s in pool.put(keys, blocks).statuses)
-got = pool.get(keys)
-assert got.ok and [bytes(b) for b in got.buffers] == blocks, got.statuses
-assert pool.transport(address) == "ucx"
-pool.close()'
+  local address="127.0.0.1:$1" used
   if [[ "${KVPOOL_SMOKE_CLIENT:-host}" == container ]]; then
-    docker_cmd exec -i "$NAME" python3 -c "$script" "127.0.0.1:$port"
+    used="$(docker_cmd exec -i "$NAME" python3 - "$address" <deploy/image/ucx_round_trip.py)" || return 1
   else
-    "$PY" -c "$script" "127.0.0.1:$port"
+    used="$("$PY" deploy/image/ucx_round_trip.py "$address")" || return 1
   fi
+  [[ "$used" == *" ucx" ]] || { echo "the client used: $used" >&2; return 1; }
 }
 
 wait_healthy() {

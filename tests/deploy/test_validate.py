@@ -353,24 +353,6 @@ def test_inconsistent_ucx_values_fail(helm: str, values: str, expected: str) -> 
     assert expected in result.stderr
 
 
-UCX_CLIENT = """
-import sys
-from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.keys import BlockKey
-
-address = sys.argv[1]
-pool = KVPoolClient(config=ClientConfig(nodes=(address,), transport="ucx", request_timeout_s=20.0))
-keys = [BlockKey("deploy-test", bytes([i]) * 16) for i in range(4)]
-blocks = [bytes([i]) * (256 << 10) for i in range(4)]
-assert all(s.name in ("OK", "ALREADY_EXISTS") for s in pool.put(keys, blocks).statuses)
-got = pool.get(keys)
-assert got.ok and [bytes(b) for b in got.buffers] == blocks, got.statuses
-print(pool.server_info(address).data_endpoints["ucx"], pool.transport(address))
-pool.close()
-"""
-
-
 def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path: Path) -> None:
     """The daemon starts with the rendered config and environment, advertises `ucx`, and serves a client over it."""
     from kvpool_client.transport.ucx import import_error
@@ -391,7 +373,7 @@ def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path
     node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
                         env={"KVPOOL_CONFIG": str(config_file), **ucx_env})
     try:
-        client = subprocess.run([sys.executable, "-c", UCX_CLIENT, node.address], cwd=ROOT, env=ENV,
+        client = subprocess.run([sys.executable, ROOT / "deploy/image/ucx_round_trip.py", node.address], cwd=ROOT, env=ENV,
                                 capture_output=True, text=True, timeout=60)
         assert client.returncode == 0, client.stderr[-3000:] + node.log()[-2000:]
         assert client.stdout.split() == [f"127.0.0.1:{port}", "ucx"]
