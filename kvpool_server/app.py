@@ -174,7 +174,8 @@ class Daemon:
     def _start_data_plane(self, store: BlockStore) -> None:
         """Worker loops and the TCP listener that hands them connections."""
         cfg = self.config
-        session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get, self._token, cfg.idle_timeout_s)
+        session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get, self._token, cfg.idle_timeout_s,
+                                       cfg.io_timeout_s)
 
         async def serve_connection(channel: Channel) -> None:
             session = Session(channel, store, self.counters, self.latencies, session_config, lambda: self.presence.accepting_writes)

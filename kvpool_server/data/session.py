@@ -58,6 +58,7 @@ from kvpool_server.tiers.store import BlockStore, HeldBlock
 log = logging.getLogger("kvpool.data")
 
 _DRAIN_CHUNK = 1 << 20
+_MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
 _NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
 
 
@@ -81,6 +82,16 @@ class SessionConfig:
     verify_checksum_on_get: bool
     token: bytes | None = field(default=None, repr=False)  # required in a HELLO first, when set
     idle_timeout_s: float = 0.0  # close a connection idle this long between frames; 0: never
+    io_timeout_s: float = 30.0  # the stall allowed mid-frame; a put's whole payload gets this plus its transfer time
+
+    def payload_deadline(self, nbytes: int) -> float:
+        """Seconds a put's payload may take in all: its reserved slots are held that long at most.
+
+        The channel bounds each wait by ``io_timeout_s``; this bounds the frame, so a
+        peer trickling a byte per timeout cannot hold reservations (and the blocks
+        they evicted) for ever.
+        """
+        return self.io_timeout_s + nbytes / _MIN_PAYLOAD_RATE
 
 
 class Session:
@@ -200,7 +211,8 @@ class Session:
         else:
             outcomes = [ErrorCode.DRAINING] * len(request.hashes)
         try:
-            await self._receive_blocks(outcomes, request.lengths)
+            async with asyncio.timeout(self._config.payload_deadline(sum(request.lengths))):
+                await self._receive_blocks(outcomes, request.lengths)
         except BaseException:
             for outcome in outcomes:
                 if isinstance(outcome, BlockEntry):
@@ -285,7 +297,8 @@ class Session:
         if status is not ErrorCode.OK or block is None:
             return int(status), 0, 0, 0, 0
         entry = block.entry
-        assert entry is not None, "acquire(arena_only=True) holds arena blocks only"
+        if entry is None:  # a private copy (acquire(arena_only=True) does not hand out one)
+            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
         return int(status), entry.offset, entry.length, entry.checksum, self._tier.generation(entry)
 
     def _check(self, block: HeldBlock | None) -> ErrorCode:

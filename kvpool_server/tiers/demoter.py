@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.ssd import SsdTier
 from kvpool_server.tiers.store import BlockStore
@@ -107,20 +107,10 @@ class Demoter:
             return 0
         entries = dram.pin_coldest(share, ssd.contains, limit)
         try:
-            return sum(self._demote(entry) for entry in entries)
+            return sum(self._store.write_down(entry) for entry in entries)
         finally:
             for entry in entries:
                 dram.release(entry)
-
-    def _demote(self, entry: BlockEntry) -> bool:
-        ssd = self._store.ssd
-        assert ssd is not None
-        if entry.unlinked:
-            return False
-        written = ssd.write(entry.key, self._store.dram.view(entry), entry.checksum, entry.depth)
-        if written and entry.unlinked and ssd.forget(entry.key):
-            ssd.bury(entry.key)  # deleted while being written: it must not come back
-        return written
 
     def _bury_graves(self) -> int:
         ssd = self._store.ssd

@@ -85,10 +85,13 @@ class DramTier:
         Returns:
             A ``WRITING`` entry whose :meth:`view` receives the bytes, or a status:
             ``ALREADY_EXISTS`` (stored: put-if-absent), ``BUSY`` (another writer),
-            ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE`` (everything evictable is pinned),
+            ``INVALID_ARGUMENT`` (an empty block), ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE``
+            (everything evictable is pinned),
             ``QUOTA_EXCEEDED`` (the namespace is at its quota, all of its blocks pinned).
         """
-        if not 0 < length <= self._alloc.slab_size:
+        if length <= 0:
+            return ErrorCode.INVALID_ARGUMENT
+        if length > self._alloc.slab_size:
             return ErrorCode.BLOCK_TOO_LARGE
         with self._lock:
             existing = self._index.get(key)

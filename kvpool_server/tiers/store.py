@@ -183,11 +183,26 @@ class BlockStore:
         assert self.ssd is not None and self._pool is not None
         writes = []
         for entry in entries:
-            write = self._pool.submit(self.ssd.write, entry.key, self.dram.view(entry), entry.checksum, entry.depth)
+            write = self._pool.submit(self.write_down, entry)
             # Unpinned when its write ends, even if the put is cancelled meanwhile.
             write.add_done_callback(lambda _, entry=entry: self.dram.release(entry))
             writes.append(asyncio.wrap_future(write))
         await asyncio.gather(*writes)
+
+    def write_down(self, entry: BlockEntry) -> bool:
+        """Copy a pinned DRAM block to SSD (blocking: a pool or demoter thread); True if written.
+
+        A pinned block is unlinked only by a delete, so one unlinked before or
+        during the write is not written, or is forgotten again with a tombstone:
+        a deleted block must not come back from SSD.
+        """
+        assert self.ssd is not None
+        if entry.unlinked:
+            return False
+        written = self.ssd.write(entry.key, self.dram.view(entry), entry.checksum, entry.depth)
+        if written and entry.unlinked and self.ssd.forget(entry.key):
+            self.ssd.bury(entry.key)
+        return written
 
     # -- reads ----------------------------------------------------------------
 
@@ -261,7 +276,7 @@ class BlockStore:
             raise
         promoted = 0
         for (i, slot, view), checksum in zip(reads, sums):
-            block = held[i] = self._finish(slot, view, checksum)
+            block = held[i] = self._finish(slot, view, checksum, arena_only)
             promoted += slot is not None and block is not None and block.entry is slot
         if promoted:
             self._counters.add("ssd_promotions", promoted)
@@ -285,8 +300,14 @@ class BlockStore:
             return None
         return None, memoryview(bytearray(length))  # not promoted: DRAM is full of pinned blocks
 
-    def _finish(self, slot: BlockEntry | None, view: memoryview, checksum: int | None) -> HeldBlock | None:
-        """Hand a block read from SSD to the reader; a promoted one is committed, still pinned for it."""
+    def _finish(
+        self, slot: BlockEntry | None, view: memoryview, checksum: int | None, arena_only: bool
+    ) -> HeldBlock | None:
+        """Hand a block read from SSD to the reader; a promoted one is committed, still pinned for it.
+
+        A block deleted (or evicted from SSD) during the read is served from a
+        private copy, which is not in the arena: with ``arena_only``, None.
+        """
         if slot is None:
             return None if checksum is None else HeldBlock(view, checksum, None)
         if checksum is None:
@@ -298,6 +319,6 @@ class BlockStore:
                 self.dram.commit(slot, checksum, keep_pin=True)
                 return self._dram_held(slot)
         # deleted (or evicted from SSD) while read: serve this reader, keep no copy
-        private = memoryview(bytearray(view))
+        private = None if arena_only else memoryview(bytearray(view))
         self.dram.abort(slot)
-        return HeldBlock(private, checksum, None)
+        return None if private is None else HeldBlock(private, checksum, None)

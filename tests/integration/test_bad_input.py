@@ -347,9 +347,11 @@ def test_idle_connection_between_frames_is_kept(impatient: DaemonProcess) -> Non
 
 
 def test_slow_but_steady_peer_is_not_dropped(impatient: DaemonProcess) -> None:
-    key = fresh_keys(1)[0]
-    data = _block(3, 64 << 10)
-    frame = put_frame(21, NS, [(key.hash, data)])
+    """The stall timeout bounds each wait, not the frame: steady progress for longer than it is fine
+    (within the payload's deadline: the io timeout plus 1 s per MiB)."""
+    keys = fresh_keys(2)
+    blocks = [_block(3, 1 << 20), _block(4, 1 << 20)]
+    frame = put_frame(21, NS, [(key.hash, block) for key, block in zip(keys, blocks)])
     step = len(frame) // 16
     started = time.monotonic()
     with RawConnection(impatient.data_address) as conn:
@@ -361,8 +363,40 @@ def test_slow_but_steady_peer_is_not_dropped(impatient: DaemonProcess) -> None:
         except OSError as exc:
             dropped = time.monotonic() - started
             pytest.fail(f"dropped after {dropped:.2f}s though it never paused over 0.1s: {exc!r}\n{impatient.log()}")
-    assert isinstance(answer, StatusResponse) and answer.statuses == [0], answer
-    assert exists(impatient, [key]) == [True]
+    assert isinstance(answer, StatusResponse) and answer.statuses == [0, 0], answer
+    assert exists(impatient, keys) == [True, True]
+
+
+def test_trickling_peer_is_dropped_at_its_payload_deadline(impatient: DaemonProcess) -> None:
+    """A byte now and then, each within the stall timeout, must not hold reserved slots for ever."""
+    keys = fresh_keys(8)
+    frame = put_frame(22, NS, [(key.hash, _block(i, 1 << 20)) for i, key in enumerate(keys)])
+    head = len(frame) - 8 * (1 << 20)
+    baseline = usage(impatient)
+    deadline = IO_TIMEOUT_S + 8.0  # the io timeout, plus 1 s per MiB of payload
+    with RawConnection(impatient.data_address) as staller:
+        staller.send(frame[: head + 1])
+        started, sent, closed = time.monotonic(), head + 1, False
+        while not closed and time.monotonic() - started < deadline + 3:
+            closed = staller.closed_by_peer(within=IO_TIMEOUT_S * 0.6)
+            if not closed:
+                staller.send(frame[sent : sent + 1])
+                sent += 1
+        waited = time.monotonic() - started
+    assert closed, f"a peer trickling one byte per {IO_TIMEOUT_S * 0.6}s was kept {waited:.1f}s\n{impatient.log()}"
+    assert waited >= deadline * 0.9, f"dropped after {waited:.1f}s, before its payload deadline of {deadline}s"
+    assert usage(impatient) == baseline, "the dropped peer's reservations were not freed"
+    assert exists(impatient, keys) == [False] * 8
+    assert_intact(impatient)
+
+
+def test_empty_block_is_an_invalid_argument(node: DaemonProcess) -> None:
+    key = fresh_keys(1)[0]
+    with RawConnection(node.data_address) as conn:
+        conn.send(put_frame(23, NS, [(key.hash, b"")]))
+        answer = conn.read_frame().message
+    assert isinstance(answer, StatusResponse) and answer.statuses == [int(ErrorCode.INVALID_ARGUMENT)], answer
+    assert exists(node, [key]) == [False]
 
 
 # -- gRPC control plane: invalid arguments and unknown keys ----------------------------------

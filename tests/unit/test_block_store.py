@@ -359,6 +359,24 @@ def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
     s.assert_no_leak(held)
 
 
+def test_arena_only_read_of_a_block_deleted_during_promotion_is_left_unread(s: Harness) -> None:
+    """A LOCATE (arena_only) must get arena blocks or None, never the private copy a GET gets."""
+    s.put_ssd(0)
+    real = s.ssd.read_many
+
+    def read_then_delete(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        found = real(keys, targets, touch=touch)
+        for key in keys:
+            assert s.store.delete(key)
+        return found
+
+    s.ssd.read_many = read_then_delete  # type: ignore[method-assign]
+    held = asyncio.run(s.store.acquire([k(0)], arena_only=True))
+    assert held == [None], f"held {held}"
+    assert s.in_dram() == [] and not s.store.contains(k(0))
+    s.assert_no_leak(held)
+
+
 # -- delete ---------------------------------------------------------------------------
 
 
@@ -377,6 +395,32 @@ def test_persist_writes_committed_blocks_through_to_ssd_and_unpins_them(s: Harne
     copies = [bytearray(BLOCK) for _ in range(3)]
     sums = [s.ssd.read_into(k(i), memoryview(copies[i]), touch=False) for i in range(3)]
     assert all(sums) and [bytes(c) for c in copies] == [data_for(i) for i in range(3)], f"SSD holds {sums}"
+    s.assert_no_leak()
+
+
+@pytest.mark.parametrize("when", ["before the write", "during the write"])
+def test_write_through_block_deleted_before_it_reaches_ssd_does_not_come_back(s: Harness, when: str) -> None:
+    entry = s.dram.reserve(k(0), BLOCK)
+    assert isinstance(entry, BlockEntry), f"reserve gave {entry!r}"
+    s.keys.add(k(0))
+    s.dram.view(entry)[:] = data_for(0)
+    s.dram.commit(entry, keep_pin=True)  # a write-through put, about to persist
+    real = s.ssd.write
+
+    def racing_write(key: StoreKey, payload: memoryview, checksum_: int, depth: int = 0) -> bool:
+        written = real(key, payload, checksum_, depth)
+        if when == "during the write":
+            assert s.store.delete(key)  # another connection's DELETE
+        return written
+
+    s.ssd.write = racing_write  # type: ignore[method-assign]
+    if when == "before the write":
+        assert s.store.delete(k(0))
+    asyncio.run(s.store.persist([entry]))
+    for key in s.graves():  # what the demoter does with them
+        s.ssd.bury(key)
+    assert not s.store.contains(k(0)), "a deleted block is served again"
+    assert s.reopen_ssd().keys() == [], "the deleted block came back after a restart"
     s.assert_no_leak()
 
 
