@@ -1,4 +1,4 @@
-"""Get throughput of each data-plane transport against memcpy and a raw socket, in one run.
+"""Get throughput of each data-plane transport against memcpy, a raw socket and Redis, in one run.
 
 Usage: ``.venv/bin/python bench/transports.py [--duration 1.0] [--out bench/results]``
 
@@ -6,8 +6,9 @@ Starts one kvpool daemon on this node (with its UCX listener when ucxx imports)
 and, for 64 KiB, 384 KiB and 2 MiB blocks in batches of 32, with 1 and 4 client
 processes, measures gets over ``tcp``, ``ucx`` (UCX over shared memory here) and
 ``shm`` (copied out of the daemon's arena), a raw blocking TCP ``socket`` server
-(bench/servers.py, no protocol beyond offsets), and a plain ``memcpy`` of the same
-bytes from process memory. Each client reads a working set of ``--working-set``
+(bench/servers.py, no protocol beyond offsets), Redis (Debian's ``redis-server``,
+persistence off; MGET with redis-py and hiredis, each value copied into its
+target), and a plain ``memcpy`` of the same bytes from process memory. Each client reads a working set of ``--working-set``
 bytes (larger than the CPU caches, so sources are cache-cold for every system)
 into the same 32 page-aligned destination buffers. Every system's bytes are checked once,
 untimed. Prints a table and the ratios (targets: shm >= 0.5x memcpy at 384 KiB;
@@ -32,8 +33,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from bench.drivers import SocketDriver
-from bench.servers import socket_server
+from bench.drivers import RedisDriver, SocketDriver
+from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
@@ -43,7 +44,7 @@ KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCH = 32
 CLIENTS = (1, 4)
-SYSTEMS = ("memcpy", "socket", "tcp", "ucx", "shm")
+SYSTEMS = ("memcpy", "socket", "tcp", "ucx", "shm", "redis")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,8 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
             for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH]):
                 np.copyto(target, source)
         return copy, lambda: None
+    if job.system == "redis":
+        return _redis_fetcher(job, blocks, targets)
     if job.system == "socket":
         driver = SocketDriver(job.address, job.index)
         requests = [driver.prepare([BlockRef(b"", (i * BATCH + j) * job.block) for j in range(BATCH)], job.block)
@@ -150,6 +153,25 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
     return get, close
 
 
+def _redis_fetcher(job: Job, blocks: list[np.ndarray], targets: list[np.ndarray]):  # type: ignore[no-untyped-def]
+    """MGET of a batch, each value copied into its target (the caller wants bytes in its own buffers)."""
+    driver = RedisDriver(job.address)
+    keys = [os.urandom(16) for _ in blocks]
+    for start in range(0, len(keys), BATCH):
+        driver.put(keys[start : start + BATCH], [memoryview(b) for b in blocks[start : start + BATCH]])
+
+    def get(index: int) -> None:
+        values = driver.get(keys[index * BATCH : (index + 1) * BATCH], targets)
+        for target, value in zip(targets, values):
+            target[:] = np.frombuffer(value, dtype=np.uint8)
+
+    def close() -> None:
+        driver.forget([BlockRef(k, 0) for k in keys])
+        driver.close()
+
+    return get, close
+
+
 def run_cell(system: str, address: str, block: int, clients: int, args: argparse.Namespace) -> Cell:
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(clients), ctx.Queue()
@@ -175,7 +197,7 @@ def ratios(cells: list[Cell], systems: tuple[str, ...]) -> list[str]:
         for block in BLOCK_SIZES:
             memcpy, tcp = by[("memcpy", block, clients)], by[("tcp", block, clients)]
             parts = [f"{s}/memcpy {by[(s, block, clients)] / memcpy:.2f}" for s in systems if s != "memcpy"]
-            parts += [f"{s}/tcp {by[(s, block, clients)] / tcp:.2f}" for s in ("ucx", "shm", "socket") if s in systems]
+            parts += [f"{s}/tcp {by[(s, block, clients)] / tcp:.2f}" for s in ("ucx", "shm", "socket", "redis") if s in systems]
             lines.append(f"{clients} client(s), {block // KiB:>5} KiB: " + "  ".join(parts))
     for system in systems:
         scale = [by[(system, b, 4)] / by[(system, b, 1)] for b in BLOCK_SIZES]
@@ -198,12 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1", *ucx)
     cells: list[Cell] = []
     try:
-        with socket_server() as raw:
+        with socket_server() as raw, redis_server(maxmemory=f"{capacity >> 20}mb", install=True) as redis:
+            if redis is None:
+                print("redis left out: redis-server is not installed and apt-get could not install it", flush=True)
+                systems = tuple(s for s in systems if s != "redis")
+            addresses = {"socket": raw.address, "redis": redis.address if redis is not None else ""}
             for clients in CLIENTS:
                 for block in BLOCK_SIZES:
                     for system in systems:
-                        address = raw.address if system == "socket" else daemon.address
-                        cells.append(run_cell(system, address, block, clients, args))
+                        cells.append(run_cell(system, addresses.get(system, daemon.address), block, clients, args))
                         print(_line(cells[-1]), flush=True)
     finally:
         daemon.stop()
