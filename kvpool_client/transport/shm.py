@@ -10,7 +10,9 @@ whenever it frees the slot, before it can be reused (:mod:`kvpool_client.wire.ge
 The reader copies, then reads the generation again: unchanged means no reuse
 overlapped the copy (x86-64 keeps loads in order, and the daemon's bump is stored
 before any new bytes); changed means the bytes may be torn, and the block is
-read again over TCP. A reader never returns bytes of a reused slot.
+read again over TCP. A reader never returns bytes of a reused slot. That argument
+needs x86-64's ordering (Python has no memory barriers to give it elsewhere), so
+on other CPUs (aarch64 reorders loads) the client does not map the arena.
 
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
@@ -20,11 +22,15 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 from dataclasses import dataclass
 
 from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
 from kvpool_client.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
+
+
+_ORDERED_LOADS = ("x86_64", "amd64")  # CPUs that never reorder a load before an earlier one
 
 
 class SharedArenaUnavailable(KVPoolError):
@@ -99,6 +105,10 @@ def open_shared_arena(info: SharedArenaInfo | None, transport: str) -> SharedAre
         SharedArenaUnavailable: ``shm`` was required and the arena cannot be mapped.
     """
     if transport == "tcp":
+        return None
+    if platform.machine().lower() not in _ORDERED_LOADS:
+        if transport == "shm":
+            raise SharedArenaUnavailable(f"the shm transport needs x86-64's load ordering; this is {platform.machine()}")
         return None
     if info is None:
         if transport == "shm":

@@ -69,7 +69,12 @@ class TcpListener:
                 log.error("accept failed", extra={"error": str(exc)})
                 await asyncio.sleep(_ACCEPT_RETRY_S)
                 continue
-            tune_socket(sock)
+            try:
+                tune_socket(sock)
+            except OSError as exc:  # reset by the peer already: nothing to serve
+                log.info("connection lost at accept", extra={"peer": f"{addr[0]}:{addr[1]}", "error": str(exc)})
+                sock.close()
+                continue
             future = next(self._workers).submit(self._serve(sock, f"{addr[0]}:{addr[1]}"))
             self.connections.add(future)
             future.add_done_callback(self.connections.discard)

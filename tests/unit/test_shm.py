@@ -8,6 +8,7 @@ in between (eviction, delete, reuse by another block) changes the generation.
 from __future__ import annotations
 
 import dataclasses
+import platform
 import random
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -152,6 +153,14 @@ def test_negotiation_follows_the_transport_setting(node: Node, tmp_path: Path) -
     assert open_shared_arena(None, "auto") is None
     with pytest.raises(SharedArenaUnavailable):
         open_shared_arena(None, "shm")
+
+
+def test_a_cpu_that_reorders_loads_never_maps_the_arena(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generation check after a copy relies on x86-64 keeping loads in order."""
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert open_shared_arena(node.info, "auto") is None
+    with pytest.raises(SharedArenaUnavailable, match="aarch64"):
+        open_shared_arena(node.info, "shm")
 
 
 @pytest.mark.parametrize("broken", ["missing file", "other arena id", "too small", "no generations there"])
