@@ -31,8 +31,9 @@ log = logging.getLogger("kvpool.membership.copies")
 
 PUT_BATCH = 32  # blocks per put: a few MiB in flight, pinned no longer than one request
 EXISTS_BATCH = 512  # keys per existence check: no payload, so larger batches are cheap
-# Put answers that leave the block on the target (BUSY: another writer is storing the same bytes).
-_STORED = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})
+# Failures of the target itself rather than of a block: the rest of the call would fail the same way.
+# BUSY is not among the answers that count as stored: another writer's put may still abort.
+_UNREACHABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.SHUTTING_DOWN})
 
 
 def plan_copies(
@@ -68,10 +69,11 @@ class CopyTally:
     Attributes:
         copies: stored on the target by this copy.
         present: the target had them already: found by the existence check (nothing
-            sent), or answered by the put as already stored or being stored by another writer.
-        failed: the target did not store them (unreachable, refused, full).
+            sent), or answered by the put as already stored (ALREADY_EXISTS).
+        failed: the target did not store them (unreachable, refused, full, larger than
+            its block limit) or did not confirm them (BUSY: another writer's put in progress).
         gone: no longer held here when their turn came (evicted or deleted).
-        bytes: payload bytes sent.
+        bytes: payload bytes sent to a target that answered.
     """
 
     copies: int = 0
@@ -122,9 +124,11 @@ class Pacer:
 class BlockCopier:
     """Copies blocks held in ``blocks`` to one node; use as an async context manager.
 
-    After a batch the target stored none of, it is taken as down, draining or full:
+    Blocks larger than the target's block limit count as failed one by one and are
+    left out of the put; the rest of their batch is sent. When a request fails at the
+    transport level (the target is unreachable, times out or is shutting down),
     :attr:`broken` is set and the rest of that call's keys count as failed without
-    being sent (the next membership change or retry tries again).
+    being sent; the next :meth:`copy` call tries the target again.
 
     Args:
         blocks: this node's block store.
@@ -136,6 +140,7 @@ class BlockCopier:
     def __init__(self, blocks: BlockStore, target: Member, credentials: Credentials, pacer: Pacer) -> None:
         self.target = target
         self.broken = False
+        self._block_limit: int | None = None  # the target's, once its server info was read
         self._blocks = blocks
         self._pacer = pacer
         config = ClientConfig(nodes=(target.address,), auth_token=credentials.token, tls=credentials.tls)
@@ -157,14 +162,34 @@ class BlockCopier:
             keys: blocks to copy.
             skip_present: ask the target first (batched EXISTS) and send only what it lacks.
         """
+        self.broken = False  # an earlier call's outage may be over: give the target another chance
+        limit = await self._limit()
         for part in chunks(keys, EXISTS_BATCH):
             present = await self._held_by_target(part) if skip_present and not self.broken else set()
             if present:
                 yield CopyTally(present=len(present))
             for batch in chunks([k for k in part if k not in present], PUT_BATCH):
-                tally = CopyTally(failed=len(batch)) if self.broken else await self._put_batch(batch)
+                if self.broken:
+                    yield CopyTally(failed=len(batch))
+                    continue
+                tally = await self._put_batch(batch, limit)
                 yield tally
                 await self._pacer.pace(tally.bytes)
+
+    async def _limit(self) -> int | None:
+        """The target's largest block (read once); None: unknown, the put finds out.
+
+        Unreachable sets :attr:`broken`: the puts would fail the same way.
+        """
+        if self._block_limit is None and not self.broken:
+            try:
+                info = await self._client.server_info(self.target.address)
+            except KVPoolError as exc:
+                log.warning("server info failed", extra={"target": self.target.node_id, "error": str(exc)})
+                self.broken = exc.code in _UNREACHABLE
+                return None
+            self._block_limit = info.limits.max_block_size
+        return self._block_limit
 
     async def _held_by_target(self, keys: Sequence[StoreKey]) -> set[StoreKey]:
         """The keys the target says it stores; an unreachable target stores none (the put then fails)."""
@@ -175,31 +200,35 @@ class BlockCopier:
             return set()
         return {key for key, held in zip(keys, found) if held}
 
-    async def _put_batch(self, batch: Sequence[StoreKey]) -> CopyTally:
+    async def _put_batch(self, batch: Sequence[StoreKey], limit: int | None) -> CopyTally:
+        """Put the blocks of ``batch`` still held here that fit ``limit``; the batch's tally."""
         held = await self._blocks.acquire(batch, touch=False)
         try:
             present = [(key, block) for key, block in zip(batch, held) if block is not None]
-            tally = CopyTally(gone=len(batch) - len(present))
-            if present:
-                statuses = await self._put(present)
-                tally.copies = statuses.count(ErrorCode.OK)
-                tally.failed = sum(1 for s in statuses if s not in _STORED)
-                tally.present = len(present) - tally.copies - tally.failed
-                tally.bytes = sum(len(block.view) for _, block in present)
-                self.broken = tally.failed == len(present)
+            # One oversized block would make the client refuse the whole put: leave it out.
+            fits = [(key, block) for key, block in present if limit is None or len(block.view) <= limit]
+            tally = CopyTally(gone=len(batch) - len(present), failed=len(present) - len(fits))
+            if fits:
+                tally.add(await self._put(fits))
         finally:
             self._blocks.release(held)
         return tally
 
-    async def _put(self, present: list[tuple[StoreKey, HeldBlock]]) -> list[ErrorCode]:
-        """Put the held blocks (with their chain depth, for eviction order); each key's status."""
-        keys = [BlockKey(ns, h, depth=_depth(block)) for (ns, h), block in present]
+    async def _put(self, blocks: list[tuple[StoreKey, HeldBlock]]) -> CopyTally:
+        """Put the held blocks (with their chain depth, for eviction order); sets or clears :attr:`broken`."""
+        keys = [BlockKey(ns, h, depth=_depth(block)) for (ns, h), block in blocks]
         try:
-            result = await self._client.put(keys, [block.view for _, block in present])
-        except KVPoolError as exc:
+            result = await self._client.put(keys, [block.view for _, block in blocks])
+        except KVPoolError as exc:  # refused before sending (a block over the limit): nothing went out
             log.warning("copy batch failed", extra={"target": self.target.node_id, "error": str(exc)})
-            return [exc.code] * len(present)
-        return list(result.statuses)
+            self.broken = exc.code in _UNREACHABLE
+            return CopyTally(failed=len(blocks))
+        statuses = list(result.statuses)
+        self.broken = any(s in _UNREACHABLE for s in statuses)
+        tally = CopyTally(copies=statuses.count(ErrorCode.OK), present=statuses.count(ErrorCode.ALREADY_EXISTS))
+        tally.failed = len(blocks) - tally.copies - tally.present
+        tally.bytes = sum(len(block.view) for (_, block), s in zip(blocks, statuses) if s not in _UNREACHABLE)
+        return tally
 
 
 def _depth(block: HeldBlock) -> int | None:

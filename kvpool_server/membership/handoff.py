@@ -73,7 +73,8 @@ async def hand_off(
     for node_id, owned in by_owner.items():
         async with BlockCopier(blocks, members[node_id], credentials, pacer) as copier:
             async for tally in copier.copy(owned, skip_present=False):
-                done = tally.copies + tally.present  # an owner that had the block counts as handed off
+                # OK or ALREADY_EXISTS only: a BUSY owner is still being written by someone who may abort.
+                done = tally.copies + tally.present
                 lost = tally.failed + tally.gone  # a block evicted since the hand-off began is not handed off
                 copies, failed = copies + done, failed + lost
                 counters.add("handoff_copies", done)

@@ -19,8 +19,14 @@ never correctness.
 A node that is no longer an owner keeps its copy: it ages out by LRU like any
 block, and it keeps answering the reads of clients whose membership is behind.
 
-A newer change cancels the run in progress (it starts again after the settle
-delay); shutdown cancels it too. A run that failed to copy some block is retried
+A membership that never stays unchanged for ``settle_s`` still gets a run once
+``_SETTLE_CAP`` settle delays have passed since its first change not yet repaired.
+A newer change cancels a run in progress that started after a quiet settle delay
+(it starts again after the next one, or at the cap); a run the cap started is not
+cancelled by changes, so a flapping membership still gets complete runs, and the
+changes it missed get another run after it ends (settled, or capped again).
+Shutdown cancels any run. A run that failed to copy some block (unreachable
+owner, refused block, BUSY: another writer's put not yet committed) is retried
 with back-off (from ``settle_s`` to ``retry_max_s``) until one succeeds.
 
 Reads during the transition: clients read from a key's current owners (plus
@@ -52,7 +58,8 @@ from kvpool_server.tiers.store import BlockStore
 
 log = logging.getLogger("kvpool.membership.repair")
 
-# A membership that never stays quiet for settle_s still gets a repair this many settle delays after it began moving.
+# A membership that never stays quiet for settle_s still gets a repair this many settle delays after its first
+# change not yet repaired; that run is not cancelled by later changes.
 _SETTLE_CAP = 10
 _STOP_S = 2.0  # how long close() waits for a run to unwind (clients to close)
 
@@ -165,6 +172,10 @@ async def repair_blocks(
 class RepairLoop:
     """Runs ``run(topology)`` after each change of topology, once it has settled.
 
+    A change cancels a run in progress, unless the run started because the
+    membership had not settled within ``_SETTLE_CAP`` settle delays: that one runs
+    to its end (only :meth:`close` cancels it), so flapping cannot starve repair.
+
     Args:
         run: one repair; returns True when every copy succeeded (False: retry later).
         settle_s: quiet time required before a run (a flapping node causes one run, not many).
@@ -181,7 +192,7 @@ class RepairLoop:
         self._task: asyncio.Task[None] | None = None
 
     def observe(self, topology: Topology) -> None:
-        """Take the latest topology; a change (re)starts the settle delay and cancels a run in progress."""
+        """Take the latest topology; a change (re)starts the settle delay and cancels a run started after settling."""
         if topology != self._latest:
             self._latest = topology
             self._changed.set()
@@ -200,30 +211,36 @@ class RepairLoop:
             await asyncio.wait([task], timeout=timeout_s)
 
     async def _loop(self) -> None:
+        clock = asyncio.get_running_loop().time
+        deadline: float | None = None  # the cap: kept across cancelled runs, so cancelling cannot starve repair
         while True:
             await self._changed.wait()
-            await self._settle()
+            if deadline is None:
+                deadline = clock() + _SETTLE_CAP * self._settle_s
+            capped = await self._settle(deadline)
             if self._retry_handle is not None:
                 self._retry_handle.cancel()
             assert self._latest is not None
-            ok = await self._run_until_changed(self._latest)
+            ok = await (self._guarded(self._latest) if capped else self._run_until_changed(self._latest))
+            if ok is None:
+                continue  # cancelled by a change: still unrepaired, the same cap applies
+            deadline = None
             if ok:
                 self._retry.reset()
-            elif ok is False:
-                delay = self._retry.next()
-                self._retry_handle = asyncio.get_running_loop().call_later(delay, self._changed.set)
+            else:
+                self._retry_handle = asyncio.get_running_loop().call_later(self._retry.next(), self._changed.set)
 
-    async def _settle(self) -> None:
-        """Return once no change came for ``settle_s`` (or the cap passed since the first one)."""
-        deadline = asyncio.get_running_loop().time() + _SETTLE_CAP * self._settle_s
+    async def _settle(self, deadline: float) -> bool:
+        """Return once no change came for ``settle_s`` or ``deadline`` passed; True: the deadline did."""
+        clock = asyncio.get_running_loop().time
         while True:
             self._changed.clear()
-            quiet = min(self._settle_s, max(0.0, deadline - asyncio.get_running_loop().time()))
+            left = deadline - clock()
             try:
-                async with asyncio.timeout(quiet):
+                async with asyncio.timeout(min(self._settle_s, max(0.0, left))):
                     await self._changed.wait()
             except TimeoutError:
-                return
+                return left < self._settle_s
 
     async def _run_until_changed(self, topology: Topology) -> bool | None:
         """One run, cancelled by the next change. Returns its outcome; None if cancelled."""

@@ -3,13 +3,16 @@
 A join moves ownership and the new owner gets copies of exactly the blocks it owns
 (and nobody gets a block it already has); a node restarted empty under its old id is
 refilled by the nodes that still hold its blocks; a daemon stopped in the middle of a
-repair exits cleanly.
+repair exits cleanly. A block the new owner refuses (over its block limit) fails alone,
+and one another writer is still storing there is not taken as stored: the run fails
+and is retried until the owner holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -23,8 +26,10 @@ from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.membership.cluster import update_config
 from kvpool_client.membership.etcd import EtcdStore
 from kvpool_client.membership.records import ClusterConfig, NodeState
+from kvpool_client.wire import PutRequest, encode
 from kvpool_server.local import DaemonProcess, LocalCluster, start_daemon
 from tests.support.etcd import requires_etcd
+from tests.support.rawwire import RawConnection
 
 pytestmark = [pytest.mark.integration, requires_etcd]
 
@@ -213,3 +218,60 @@ def test_a_daemon_stopped_in_the_middle_of_a_repair_exits_cleanly(pool: Callable
         assert elapsed < 5.0, f"shutdown took {elapsed:.1f}s"
         assert "repair cancelled" in source.log()
         assert len(held_by(target, keys)) < len(keys)
+
+
+def repair_summaries(daemon: DaemonProcess, nodes: int) -> list[dict[str, int]]:
+    """The numbers of each ``repair done`` line the daemon logged for a topology of ``nodes`` active nodes."""
+    lines = [line for line in daemon.log().splitlines() if f"repair done nodes={nodes} " in line]
+    return [{k: int(float(v)) for k, v in re.findall(r"(\w+)=([\d.]+)", line)} for line in lines]
+
+
+@pytest.mark.timeout(90)
+def test_a_block_over_the_new_owners_limit_fails_alone_and_the_rest_is_copied(
+    pool: Callable[..., LocalCluster], shm: Path
+) -> None:
+    cluster = pool(1, "--repair-bandwidth", "0")
+    source = cluster.daemons[0]
+    keys, blocks = new_blocks()
+    big = BlockKey(keys[0].namespace, os.urandom(32))
+    with KVPoolClient(config=ClientConfig(nodes=(source.address,))) as alone:
+        assert alone.put([big], [os.urandom(512 << 10)]).ok  # one slab here: 1 MiB
+        assert alone.put(keys, blocks).ok
+    owner = cluster.add_daemon(*flags(shm, "--slab-size", "256KiB", "--repair-bandwidth", "0"), node_id="node-1")
+
+    wait_held(owner, keys)  # R=2 over two nodes: node-1 owns every block
+    deadline = time.monotonic() + WAIT_S
+    while len(repair_summaries(source, 2)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runs = repair_summaries(source, 2)
+    assert len(runs) >= 2, "a run that failed a block is retried"
+    assert held_by(owner, [big]) == []
+    assert all(run["failed"] == 1 for run in runs), runs
+    assert [run["copies"] for run in runs] == [len(keys)] + [0] * (len(runs) - 1), "the first run copies the rest"
+    assert all(run["bytes"] == run["copies"] * BLOCK for run in runs), "a block not sent is not counted"
+
+
+@pytest.mark.timeout(90)
+def test_a_block_another_writer_is_still_storing_is_retried_until_the_owner_holds_it(
+    pool: Callable[..., LocalCluster], shm: Path
+) -> None:
+    cluster = pool(1, "--repair-settle-s", "1.5")
+    source = cluster.daemons[0]
+    keys, blocks = new_blocks(1)
+    with KVPoolClient(config=ClientConfig(nodes=(source.address,))) as alone:
+        assert alone.put(keys, blocks).ok
+    owner = cluster.add_daemon(*flags(shm, "--repair-settle-s", "1.5"), node_id="node-1")
+    with KVPoolClient(config=ClientConfig(nodes=(owner.address,))) as client:
+        with RawConnection(owner.data_address) as writer:
+            # Another client's put of the same block, stalled half way: the owner reserved the key.
+            half = len(blocks[0]) // 2
+            writer.send(encode(PutRequest(1, keys[0].namespace, [keys[0].hash], [len(blocks[0])])) + blocks[0][:half])
+            assert client.put(keys, blocks).statuses == (ErrorCode.BUSY,), "the test needs the key reserved"
+            deadline = time.monotonic() + WAIT_S
+            while counter(client, source, "repair_failed") == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert counter(client, source, "repair_failed") == 1, "BUSY is not a stored copy"
+            assert counter(client, source, "repair_copies") == 0
+        # The other writer died: its reservation is dropped, and only the retry stores the block.
+        wait_held(owner, keys)
+        assert counter(client, source, "repair_copies") == 1

@@ -1,4 +1,5 @@
-"""The repair loop's timing: debounce, cancel on change, retry after a failed run, clean close.
+"""The repair loop's timing: debounce, cancel on change, the settle cap under flapping (its runs are
+not cancelled by changes), retry after a failed run, clean close.
 
 The runs are plain coroutines that record what they were given; settle delays are tens
 of milliseconds, and every wait has a bound much longer than the delays it waits for.
@@ -143,6 +144,62 @@ def test_close_before_any_change_and_twice_is_clean() -> None:
         await loop.start()
         await loop.close()
         await loop.close()
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+    asyncio.run(scenario())
+
+
+def loop_busy(runs: Runs) -> bool:
+    """Whether a run has started and not ended."""
+    return len(runs.started) > len(runs.finished) + len(runs.cancelled)
+
+
+async def flap(loop: RepairLoop, every_s: float, for_s: float) -> Topology:
+    """Change the topology every ``every_s`` for ``for_s`` (a node that keeps leaving and coming back); the last one."""
+    last = topo("a", "b")
+    for n in range(round(for_s / every_s)):
+        last = topo("a", "b") if n % 2 else topo("a", "b", "c")
+        loop.observe(last)
+        await asyncio.sleep(every_s)
+    return last
+
+
+def test_a_membership_that_never_settles_still_gets_complete_runs() -> None:
+    async def scenario() -> None:
+        runs = Runs(duration_s=2 * SETTLE_S)
+        loop = loop_with(runs)
+        await loop.start()
+        last = await flap(loop, SETTLE_S * 0.4, 40 * SETTLE_S)  # never quiet; the cap (10 delays) passes 3 times
+        assert len(runs.finished) >= 2, f"started {len(runs.started)}, finished {len(runs.finished)}"
+        await until(lambda: runs.finished[-1] == last and not loop_busy(runs))  # then one for the latest topology
+        await loop.close()
+
+    asyncio.run(scenario())
+
+
+def test_runs_cancelled_by_change_after_change_reach_the_cap_and_finish() -> None:
+    async def scenario() -> None:
+        runs = Runs(duration_s=3 * SETTLE_S)
+        loop = loop_with(runs)
+        await loop.start()
+        # Quiet for a settle delay between changes, but never for a whole run: each such run is cancelled.
+        await flap(loop, SETTLE_S * 1.5, 30 * SETTLE_S)
+        await loop.close()
+        assert runs.cancelled, "the scenario needs runs that a change cancelled"
+        assert runs.finished, "the cap counts from the first change not repaired, across cancelled runs"
+
+    asyncio.run(scenario())
+
+
+def test_close_cancels_a_run_the_cap_started() -> None:
+    async def scenario() -> None:
+        runs = Runs(duration_s=10.0)
+        loop = loop_with(runs)
+        await loop.start()
+        await flap(loop, SETTLE_S * 0.4, 15 * SETTLE_S)  # the cap starts a run at 10 delays; changes keep coming
+        assert loop_busy(runs) and len(runs.cancelled) == len(runs.started) - 1, "changes do not cancel it"
+        await loop.close(timeout_s=1.0)
+        assert len(runs.cancelled) == len(runs.started) and runs.finished == []
         assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
     asyncio.run(scenario())
