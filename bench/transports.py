@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1", *ucx)
     cells: list[Cell] = []
     try:
-        with socket_server() as raw, redis_server(maxmemory=f"{capacity >> 20}mb", install=True) as redis:
+        # Redis gets twice the arena: its per-key overhead must not evict the working sets.
+        with socket_server() as raw, redis_server(maxmemory=f"{2 * capacity >> 20}mb", install=True) as redis:
             if redis is None:
                 print("redis left out: redis-server is not installed and apt-get could not install it", flush=True)
                 systems = tuple(s for s in systems if s != "redis")
