@@ -340,17 +340,23 @@ def test_cancelled_acquire_leaves_nothing_pinned(s: Harness) -> None:
     s.assert_no_leak()
 
 
-def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
-    s.put_ssd(0)
+def delete_after_ssd_reads(s: Harness) -> None:
+    """Make every SSD batch read delete its keys right after reading them: a DELETE landing
+    between a promotion's read and its commit."""
     real = s.ssd.read_many
 
     def read_then_delete(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
         found = real(keys, targets, touch=touch)
         for key in keys:
-            assert s.store.delete(key)  # lands between the read and the commit
+            assert s.store.delete(key)
         return found
 
     s.ssd.read_many = read_then_delete  # type: ignore[method-assign]
+
+
+def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
+    s.put_ssd(0)
+    delete_after_ssd_reads(s)
     held = s.acquire([0])
     block = held[0]
     assert block is None or (block.entry is None and bytes(block.view) == data_for(0)), block
@@ -362,15 +368,7 @@ def test_delete_during_promotion_keeps_no_dram_copy(s: Harness) -> None:
 def test_arena_only_read_of_a_block_deleted_during_promotion_is_left_unread(s: Harness) -> None:
     """A LOCATE (arena_only) must get arena blocks or None, never the private copy a GET gets."""
     s.put_ssd(0)
-    real = s.ssd.read_many
-
-    def read_then_delete(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
-        found = real(keys, targets, touch=touch)
-        for key in keys:
-            assert s.store.delete(key)
-        return found
-
-    s.ssd.read_many = read_then_delete  # type: ignore[method-assign]
+    delete_after_ssd_reads(s)
     held = asyncio.run(s.store.acquire([k(0)], arena_only=True))
     assert held == [None], f"held {held}"
     assert s.in_dram() == [] and not s.store.contains(k(0))
