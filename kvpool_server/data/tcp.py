@@ -94,7 +94,8 @@ class TcpListener:
         """The TLS channel over ``raw``; None when the peer failed the handshake (logged)."""
         assert self._tls is not None
         try:
-            return await AsyncTlsChannel.accept(raw, self._tls())
+            context = await asyncio.to_thread(self._tls)  # stats the certificate files, reloads them if changed
+            return await AsyncTlsChannel.accept(raw, context)
         except (NodeUnavailable, TimeoutError) as exc:
             log.info("TLS handshake failed", extra={"peer": raw.peer, "error": str(exc)})
             return None
