@@ -152,9 +152,13 @@ class RendezvousRouter:
         self._members = sorted(members, key=lambda m: m.node_id)
         self._placeable = [m for m in self._members if m.state != NodeState.JOINING]
         self.replicas = replicas
+        # With one placeable member every key lands on it: no ranking per key.
+        self._only = _split(self._placeable, replicas) if len(self._placeable) == 1 else None
 
     def placement(self, key: BlockKey) -> KeyPlacement:
         """Where ``key`` lives: the same answer as :func:`place_key` over this router's members."""
+        if self._only is not None:
+            return self._only
         return _split(rank(key.hash, self._placeable), self.replicas)
 
     def write_owners(self, key: BlockKey) -> list[Member]:

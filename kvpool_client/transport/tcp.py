@@ -10,8 +10,6 @@ import asyncio
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from kvpool_client.errors import NodeUnavailable, RequestTimeout
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
@@ -20,6 +18,9 @@ from kvpool_client.transport.liveness import reusable
 
 # Large kernel buffers let one sendmsg hand over a whole block and cut wake-ups.
 SOCKET_BUFFER_BYTES = 4 << 20
+# How far a call's kernel timeout may miss the request's deadline before it is set
+# again: re-arming before every call cost two syscalls per request.
+ARM_SLACK_S = 0.005
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -50,10 +51,10 @@ def tune_socket(sock: socket.socket) -> None:
 class TcpConnection:
     """A blocking connection; each request is bounded by one deadline.
 
-    :meth:`start_request` sets the deadline; before every send or receive the
-    kernel's timeout (SO_SNDTIMEO/SO_RCVTIMEO) is set to the time left, so a peer
-    that trickles bytes cannot stretch a request past it. Python's own socket
-    timeouts would poll() before every call instead.
+    :meth:`start_request` sets the deadline; every send or receive runs under a
+    kernel timeout (SO_SNDTIMEO/SO_RCVTIMEO) that ends within :data:`ARM_SLACK_S`
+    (or a twentieth of the timeout) of it, so a peer that trickles bytes cannot stretch a request past it. Python's
+    own socket timeouts would poll() before every call instead.
     """
 
     def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:
@@ -62,6 +63,8 @@ class TcpConnection:
         self._deadline = time.monotonic() + timeout
         self._sock = _connect(address, connect_timeout)
         self._sock.settimeout(None)
+        self._armed = {socket.SO_SNDTIMEO: 0.0, socket.SO_RCVTIMEO: 0.0}  # kernel timeout set, seconds (0: none)
+        self._slack = min(ARM_SLACK_S, timeout / 20)
 
     def start_request(self) -> None:
         """Give the next request the full timeout."""
@@ -71,17 +74,21 @@ class TcpConnection:
         pending = [memoryview(b).cast("B") for b in buffers if len(b)]
         while pending:
             self._arm(socket.SO_SNDTIMEO, "send")
-            with _socket_errors(self.address, "send"):
+            try:
                 sent = self._sock.sendmsg(pending[:IOV_MAX])
+            except OSError as exc:
+                raise _socket_error(exc, self.address, "send") from exc
             pending = advance(pending, sent)
 
     def recv_into(self, targets: list[memoryview]) -> None:
         pending = [t for t in targets if len(t)]
         while pending:
             self._arm(socket.SO_RCVTIMEO, "receive")
-            with _socket_errors(self.address, "receive"):
+            try:
                 # MSG_WAITALL: one syscall for a whole block instead of one per arriving chunk.
                 received = self._sock.recvmsg_into(pending[:IOV_MAX], 0, socket.MSG_WAITALL)[0]
+            except OSError as exc:
+                raise _socket_error(exc, self.address, "receive") from exc
             if received == 0:
                 raise NodeUnavailable(f"{self.address} closed the connection")
             pending = advance(pending, received)
@@ -94,16 +101,20 @@ class TcpConnection:
     def recv_some(self, target: memoryview) -> int:
         """Receive between 1 and ``len(target)`` bytes into ``target``."""
         self._arm(socket.SO_RCVTIMEO, "receive")
-        with _socket_errors(self.address, "receive"):
+        try:
             received = self._sock.recv_into(target)
+        except OSError as exc:
+            raise _socket_error(exc, self.address, "receive") from exc
         if not received:
             raise NodeUnavailable(f"{self.address} closed the connection")
         return received
 
     def recv_upto(self, nbytes: int) -> bytes:
         self._arm(socket.SO_RCVTIMEO, "receive")
-        with _socket_errors(self.address, "receive"):
+        try:
             data = self._sock.recv(nbytes)
+        except OSError as exc:
+            raise _socket_error(exc, self.address, "receive") from exc
         if not data:
             raise NodeUnavailable(f"{self.address} closed the connection")
         return data
@@ -115,23 +126,22 @@ class TcpConnection:
         self._sock.close()
 
     def _arm(self, option: int, what: str) -> None:
-        """Set the kernel timeout of the next call to the time left before the deadline."""
+        """Make the next call's kernel timeout end at the deadline, give or take the slack."""
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise RequestTimeout(f"{what} to {self.address}: request timed out after {self._timeout}s")
+        if abs(self._armed[option] - left) <= self._slack:
+            return
         seconds = int(left)
         self._sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", seconds, int((left - seconds) * 1e6) or 1))
+        self._armed[option] = left
 
 
-@contextmanager
-def _socket_errors(address: str, what: str) -> Iterator[None]:
-    """Map socket exceptions to kvpool's: a timeout, or an unavailable node."""
-    try:
-        yield
-    except (TimeoutError, BlockingIOError) as exc:  # BlockingIOError: SO_RCVTIMEO/SO_SNDTIMEO expired
-        raise RequestTimeout(f"{what} to {address} timed out") from exc
-    except OSError as exc:
-        raise NodeUnavailable(f"{what} to {address} failed: {exc}") from exc
+def _socket_error(exc: OSError, address: str, what: str) -> RequestTimeout | NodeUnavailable:
+    """kvpool's error for a socket error: a timeout, or an unavailable node."""
+    if isinstance(exc, (TimeoutError, BlockingIOError)):  # BlockingIOError: SO_RCVTIMEO/SO_SNDTIMEO expired
+        return RequestTimeout(f"{what} to {address} timed out")
+    return NodeUnavailable(f"{what} to {address} failed: {exc}")
 
 
 async def open_async_connection(address: str, timeout: float) -> AsyncSocketChannel:

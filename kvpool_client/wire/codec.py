@@ -26,8 +26,10 @@ Layout (little endian)::
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvpool_client.errors import ErrorCode, LimitExceeded, ProtocolError
 from kvpool_client.wire.frames import (
@@ -59,9 +61,12 @@ from kvpool_client.wire.frames import (
 _HEADER = struct.Struct("<2sBBHHQIQ")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
+_KEYS_TAIL = struct.Struct("<BI")  # hash_size u8 | count u32, after the namespace
+_ITEM_BYTES = {"I": 4, "Q": 8}
 _MAX_ERROR_MESSAGE = 1000  # fits the smallest meta limit (WireLimits.max_meta >= 1024)
 _STATUS_OPS = frozenset({Op.PUT, Op.EXISTS, Op.DELETE})
 _VALID_OPS = frozenset(int(op) for op in Op)
+_OPS = {int(op): op for op in Op}
 
 
 # -- encoding ---------------------------------------------------------------
@@ -74,7 +79,10 @@ def encode(message: Message) -> bytes:
         ProtocolError: the message cannot be represented (namespace or hash too long,
             mismatched list lengths, mixed hash sizes).
     """
-    op, status, meta = _encode_meta(message)
+    encoder = _ENCODERS.get(type(message))
+    if encoder is None:
+        raise TypeError(f"not a wire message: {message!r}")
+    op, status, meta = encoder(message)
     return _encode_header(op, status, message.request_id, meta, payload_length(message)) + meta
 
 
@@ -99,57 +107,81 @@ def _encode_header(op: int, status: int, request_id: int, meta: bytes, payload_l
         raise ProtocolError(f"header field out of range: {exc}") from exc
 
 
-def _encode_meta(message: Message) -> tuple[int, int, bytes]:
-    match message:
-        case PutRequest(namespace=ns, hashes=hashes, lengths=lengths, depths=depths):
-            if len(lengths) != len(hashes) or (depths is not None and len(depths) != len(hashes)):
-                raise ProtocolError(f"{len(hashes)} keys but {len(lengths)} lengths or depths")
-            tail = b"\x00" if depths is None else b"\x01" + _pack_array("I", depths)
-            return Op.PUT, 0, _encode_keys(ns, hashes) + _pack_array("I", lengths) + tail
-        case GetRequest(namespace=ns, hashes=hashes):
-            return Op.GET, 0, _encode_keys(ns, hashes)
-        case ExistsRequest(namespace=ns, hashes=hashes, prefix=prefix):
-            return Op.EXISTS, 0, bytes([1 if prefix else 0]) + _encode_keys(ns, hashes)
-        case DeleteRequest(namespace=ns, hashes=hashes):
-            return Op.DELETE, 0, _encode_keys(ns, hashes)
-        case PingRequest():
-            return Op.PING, 0, b""
-        case HelloRequest(token=token):
-            if len(token) > MAX_TOKEN_BYTES:
-                raise ProtocolError(f"a token is at most {MAX_TOKEN_BYTES} bytes")
-            return Op.HELLO, 0, bytes(token)
-        case LocateRequest(namespace=ns, hashes=hashes):
-            return Op.LOCATE, 0, _encode_keys(ns, hashes)
-        case StatusResponse(op=op, statuses=statuses):
-            if op not in _STATUS_OPS:
-                raise ProtocolError(f"{Op(op).name} is not answered by per-key statuses")
-            return op | RESPONSE_BIT, 0, _U32.pack(len(statuses)) + _statuses(statuses)
-        case GetResponse(statuses=statuses, lengths=lengths, checksums=checksums):
-            return Op.GET | RESPONSE_BIT, 0, _encode_get_response(statuses, lengths, checksums)
-        case PingResponse():
-            return Op.PING | RESPONSE_BIT, 0, b""
-        case HelloResponse():
-            return Op.HELLO | RESPONSE_BIT, 0, b""
-        case LocateResponse():
-            return Op.LOCATE | RESPONSE_BIT, 0, _encode_locate_response(message)
-        case ErrorResponse(op=op, code=code, message=text):
-            if not 0 < code <= 0xFFFF:
-                raise ProtocolError(f"error code {code} outside 1..65535")
-            return op | RESPONSE_BIT, code, _truncate_utf8(text, _MAX_ERROR_MESSAGE)
-    raise TypeError(f"not a wire message: {message!r}")
+# Each encoder returns (op byte, header status, meta) for one message type.
+Encoded = tuple[int, int, bytes]
+
+
+def _put(m: PutRequest) -> Encoded:
+    if len(m.lengths) != len(m.hashes) or (m.depths is not None and len(m.depths) != len(m.hashes)):
+        raise ProtocolError(f"{len(m.hashes)} keys but {len(m.lengths)} lengths or depths")
+    tail = b"\x00" if m.depths is None else b"\x01" + _pack_array("I", m.depths)
+    return Op.PUT, 0, _encode_keys(m.namespace, m.hashes) + _pack_array("I", m.lengths) + tail
+
+
+def _exists(m: ExistsRequest) -> Encoded:
+    return Op.EXISTS, 0, (b"\x01" if m.prefix else b"\x00") + _encode_keys(m.namespace, m.hashes)
+
+
+def _hello(m: HelloRequest) -> Encoded:
+    if len(m.token) > MAX_TOKEN_BYTES:
+        raise ProtocolError(f"a token is at most {MAX_TOKEN_BYTES} bytes")
+    return Op.HELLO, 0, bytes(m.token)
+
+
+def _status_response(m: StatusResponse) -> Encoded:
+    if m.op not in _STATUS_OPS:
+        raise ProtocolError(f"{Op(m.op).name} is not answered by per-key statuses")
+    return m.op | RESPONSE_BIT, 0, _U32.pack(len(m.statuses)) + _statuses(m.statuses)
+
+
+def _error_response(m: ErrorResponse) -> Encoded:
+    if not 0 < m.code <= 0xFFFF:
+        raise ProtocolError(f"error code {m.code} outside 1..65535")
+    return m.op | RESPONSE_BIT, m.code, _truncate_utf8(m.message, _MAX_ERROR_MESSAGE)
+
+
+def _keys_of(op: Op) -> Callable[[GetRequest | DeleteRequest | LocateRequest], Encoded]:
+    return lambda m: (op, 0, _encode_keys(m.namespace, m.hashes))
+
+
+def _empty(op: int) -> Callable[[Message], Encoded]:
+    return lambda m: (op, 0, b"")
+
+
+_ENCODERS: dict[type, Callable[[Any], Encoded]] = {
+    PutRequest: _put,
+    GetRequest: _keys_of(Op.GET),
+    ExistsRequest: _exists,
+    DeleteRequest: _keys_of(Op.DELETE),
+    LocateRequest: _keys_of(Op.LOCATE),
+    PingRequest: _empty(Op.PING),
+    HelloRequest: _hello,
+    StatusResponse: _status_response,
+    GetResponse: lambda m: (Op.GET | RESPONSE_BIT, 0, _encode_get_response(m.statuses, m.lengths, m.checksums)),
+    LocateResponse: lambda m: (Op.LOCATE | RESPONSE_BIT, 0, _encode_locate_response(m)),
+    PingResponse: _empty(Op.PING | RESPONSE_BIT),
+    HelloResponse: _empty(Op.HELLO | RESPONSE_BIT),
+    ErrorResponse: _error_response,
+}
 
 
 def _encode_keys(namespace: str, hashes: Sequence[bytes]) -> bytes:
+    size = len(hashes[0]) if hashes else 1
+    if not 0 < size <= MAX_HASH_BYTES or (len(hashes) > 1 and set(map(len, hashes)) != {size}):
+        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
+    return b"".join([_namespace_field(namespace), _KEYS_TAIL.pack(size, len(hashes)), *hashes])
+
+
+@functools.lru_cache(maxsize=1024)
+def _namespace_field(namespace: str) -> bytes:
+    """ns_len u8 | namespace utf-8, checked (a client uses few namespaces: each is encoded once)."""
     try:
         ns = namespace.encode()
     except UnicodeEncodeError as exc:
         raise ProtocolError(f"namespace is not encodable as UTF-8: {exc}") from exc
     if not 0 < len(ns) <= MAX_NAMESPACE_BYTES:
         raise ProtocolError(f"namespace must be 1..{MAX_NAMESPACE_BYTES} bytes, got {len(ns)}")
-    size = len(hashes[0]) if hashes else 1
-    if not 0 < size <= MAX_HASH_BYTES or any(len(h) != size for h in hashes):
-        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
-    return b"".join([bytes([len(ns)]), ns, bytes([size]), _U32.pack(len(hashes)), *hashes])
+    return bytes([len(ns)]) + ns
 
 
 def _encode_get_response(statuses: Sequence[int], lengths: Sequence[int], checksums: Sequence[int]) -> bytes:
@@ -159,7 +191,7 @@ def _encode_get_response(statuses: Sequence[int], lengths: Sequence[int], checks
         raise ProtocolError("statuses, lengths and checksums differ in length")
     if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
         raise ProtocolError("a key that is not OK cannot carry payload bytes")
-    return _U32.pack(count) + _statuses(statuses) + _pack_array("I", lengths) + _pack_array("Q", sums)
+    return _U32.pack(count) + _pack(_get_response_layout(count), _statuses(statuses), *lengths, *sums)
 
 
 def _encode_locate_response(message: LocateResponse) -> bytes:
@@ -168,9 +200,26 @@ def _encode_locate_response(message: LocateResponse) -> bytes:
         raise ProtocolError("statuses, offsets, lengths, checksums and generations differ in length")
     if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(m)):
         raise ProtocolError("a key that is not OK cannot carry a location")
-    arrays = (_pack_array("Q", m.offsets), _pack_array("I", m.lengths), _pack_array("Q", m.checksums))
-    return b"".join([_U32.pack(count), _pack_array("Q", [m.arena_id]), _statuses(m.statuses), *arrays,
-                     _pack_array("Q", m.generations)])
+    fields = (*m.offsets, *m.lengths, *m.checksums, *m.generations)
+    return _U32.pack(count) + _pack(_locate_response_layout(count), m.arena_id, _statuses(m.statuses), *fields)
+
+
+# A response's fields after its count, packed and unpacked in one call.
+@functools.lru_cache(maxsize=64)
+def _get_response_layout(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}s{count}I{count}Q")
+
+
+@functools.lru_cache(maxsize=64)
+def _locate_response_layout(count: int) -> struct.Struct:
+    return struct.Struct(f"<Q{count}s{count}Q{count}I{count}Q{count}Q")
+
+
+def _pack(layout: struct.Struct, *values: object) -> bytes:
+    try:
+        return layout.pack(*values)
+    except struct.error as exc:
+        raise ProtocolError(f"value out of range for the wire: {exc}") from exc
 
 
 def _locations(m: LocateResponse) -> zip[tuple[int, int, int, int, int]]:
@@ -243,7 +292,7 @@ def decode_message(header: FrameHeader, meta: bytes | bytearray | memoryview, li
     """
     if len(meta) != header.meta_len:
         raise ProtocolError(f"meta is {len(meta)} bytes, header says {header.meta_len}")
-    reader = _Reader(memoryview(meta))
+    reader = _Reader(bytes(meta))
     message = _decode_body(header, reader, limits)
     reader.expect_end()
     if payload_length(message) != header.payload_len:
@@ -252,35 +301,42 @@ def decode_message(header: FrameHeader, meta: bytes | bytearray | memoryview, li
 
 
 def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Message:
-    rid, op = header.request_id, Op(header.op & ~RESPONSE_BIT)
-    if header.is_response:
+    rid, op = header.request_id, _OPS[header.op & ~RESPONSE_BIT]
+    if header.op & RESPONSE_BIT:
         return _decode_response(op, rid, header.status, reader, limits)
     if op is Op.PUT:
         ns, hashes = _decode_keys(reader, limits)
         lengths = reader.array("I", len(hashes))
-        if any(n > limits.max_block_size for n in lengths):
+        if lengths and max(lengths) > limits.max_block_size:
             raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
-        has_depths = reader.take(1)[0]
+        has_depths = reader.byte()
         if has_depths > 1:
             raise ProtocolError(f"has_depths must be 0 or 1, not {has_depths}")
         depths = reader.array("I", len(hashes)) if has_depths else None
         return PutRequest(rid, ns, hashes, lengths, depths)
     if op is Op.EXISTS:
-        prefix = reader.take(1)[0]
+        prefix = reader.byte()
         return ExistsRequest(rid, *_decode_keys(reader, limits), prefix=bool(prefix))
     if op is Op.PING:
         return PingRequest(rid)
     if op is Op.HELLO:
         if reader.remaining > MAX_TOKEN_BYTES:
             raise LimitExceeded(f"a token is at most {MAX_TOKEN_BYTES} bytes")
-        return HelloRequest(rid, bytes(reader.take(reader.remaining)))
-    request = {Op.GET: GetRequest, Op.LOCATE: LocateRequest}.get(op, DeleteRequest)
+        return HelloRequest(rid, reader.take(reader.remaining))
+    request = _KEYED_REQUESTS[op]
     return request(rid, *_decode_keys(reader, limits))
+
+
+_KEYED_REQUESTS: dict[Op, type[GetRequest | LocateRequest | DeleteRequest]] = {
+    Op.GET: GetRequest,
+    Op.LOCATE: LocateRequest,
+    Op.DELETE: DeleteRequest,
+}
 
 
 def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: WireLimits) -> Message:
     if status != ErrorCode.OK:
-        text = bytes(reader.take(reader.remaining)).decode("utf-8", "replace")
+        text = reader.take(reader.remaining).decode("utf-8", "replace")
         return ErrorResponse(rid, op, status, text)
     if op is Op.PING:
         return PingResponse(rid)
@@ -289,12 +345,11 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
     if op is Op.LOCATE:
         return _decode_locate_response(rid, reader, limits)
     count = reader.count(limits)
-    statuses = list(reader.take(count))
     if op is not Op.GET:
-        return StatusResponse(rid, op, statuses)
-    lengths = reader.array("I", count)
-    checksums = reader.array("Q", count)
-    if any(n > limits.max_block_size for n in lengths):
+        return StatusResponse(rid, op, list(reader.take(count)))
+    raw, *fields = reader.unpack(_get_response_layout(count))
+    statuses, lengths, checksums = list(raw), fields[:count], fields[count:]
+    if lengths and max(lengths) > limits.max_block_size:
         raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
     if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
         raise ProtocolError("a key that is not OK carries payload bytes")
@@ -303,11 +358,10 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
 
 def _decode_locate_response(rid: int, reader: _Reader, limits: WireLimits) -> LocateResponse:
     count = reader.count(limits)
-    (arena_id,) = reader.array("Q", 1)
-    statuses = list(reader.take(count))
-    offsets, lengths = reader.array("Q", count), reader.array("I", count)
-    message = LocateResponse(rid, arena_id, statuses, offsets, lengths, reader.array("Q", count), reader.array("Q", count))
-    if any(n > limits.max_block_size for n in lengths):
+    arena_id, raw, *fields = reader.unpack(_locate_response_layout(count))
+    offsets, lengths, checksums, generations = (fields[i * count : (i + 1) * count] for i in range(4))
+    message = LocateResponse(rid, arena_id, list(raw), offsets, lengths, checksums, generations)
+    if lengths and max(lengths) > limits.max_block_size:
         raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
     if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(message)):
         raise ProtocolError("a key that is not OK carries a location")
@@ -315,50 +369,65 @@ def _decode_locate_response(rid: int, reader: _Reader, limits: WireLimits) -> Lo
 
 
 def _decode_keys(reader: _Reader, limits: WireLimits) -> tuple[str, list[bytes]]:
-    ns_len = reader.take(1)[0]
+    ns_len = reader.byte()
     if ns_len == 0:
         raise ProtocolError("empty namespace")
     try:
-        namespace = bytes(reader.take(ns_len)).decode("utf-8")
+        namespace = reader.take(ns_len).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"namespace is not UTF-8: {exc}") from exc
-    size = reader.take(1)[0]
+    size = reader.byte()
     if not 0 < size <= MAX_HASH_BYTES:
         raise ProtocolError(f"hash size {size} outside 1..{MAX_HASH_BYTES}")
     count = reader.count(limits)
-    raw = bytes(reader.take(count * size))
+    raw = reader.take(count * size)
+    if count == 1:
+        return namespace, [raw]
     return namespace, [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
 class _Reader:
     """Cursor over a meta section; every read is bounds-checked."""
 
-    __slots__ = ("_view", "_pos")
+    __slots__ = ("_data", "_pos", "_end")
 
-    def __init__(self, view: memoryview) -> None:
-        self._view = view
+    def __init__(self, data: bytes) -> None:
+        self._data = data
         self._pos = 0
+        self._end = len(data)
 
     @property
     def remaining(self) -> int:
-        return len(self._view) - self._pos
+        return self._end - self._pos
 
-    def take(self, n: int) -> memoryview:
-        if n > self.remaining:
-            raise ProtocolError(f"meta truncated: need {n} bytes at offset {self._pos}, have {self.remaining}")
-        chunk = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return chunk
+    def _advance(self, n: int) -> int:
+        """Claim the next ``n`` bytes; returns where they start."""
+        start = self._pos
+        if start + n > self._end:
+            raise ProtocolError(f"meta truncated: need {n} bytes at offset {start}, have {self._end - start}")
+        self._pos = start + n
+        return start
+
+    def take(self, n: int) -> bytes:
+        start = self._advance(n)
+        return self._data[start : start + n]
+
+    def byte(self) -> int:
+        return self._data[self._advance(1)]
 
     def count(self, limits: WireLimits) -> int:
-        (count,) = _U32.unpack(self.take(4))
+        (count,) = _U32.unpack_from(self._data, self._advance(4))
         if count > limits.max_keys:
             raise LimitExceeded(f"{count} keys exceed the limit of {limits.max_keys} per request")
         return count
 
     def array(self, code: str, count: int) -> list[int]:
-        return list(struct.unpack(f"<{count}{code}", self.take(count * struct.calcsize(code))))
+        start = self._advance(count * _ITEM_BYTES[code])
+        return list(struct.unpack_from(f"<{count}{code}", self._data, start))
+
+    def unpack(self, layout: struct.Struct) -> tuple[Any, ...]:
+        return layout.unpack_from(self._data, self._advance(layout.size))
 
     def expect_end(self) -> None:
-        if self.remaining:
-            raise ProtocolError(f"{self.remaining} trailing bytes after meta")
+        if self._pos != self._end:
+            raise ProtocolError(f"{self._end - self._pos} trailing bytes after meta")

@@ -57,6 +57,10 @@ from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 log = logging.getLogger("kvpool.data")
 
+_OPS = {int(op): op for op in Op}
+_OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
+_REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in _OP_NAMES.items()}
+
 _DRAIN_CHUNK = 1 << 20
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
 _NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
@@ -127,7 +131,10 @@ class Session:
         idle = self._config.idle_timeout_s or None
         while True:
             try:
-                await asyncio.wait_for(self._reader.wait_frame(), idle)
+                if idle is None:
+                    await self._reader.wait_frame()
+                else:
+                    await asyncio.wait_for(self._reader.wait_frame(), idle)
             except NodeUnavailable:
                 return
             except TimeoutError:
@@ -176,7 +183,7 @@ class Session:
 
     async def _dispatch(self, header: FrameHeader) -> None:
         started = time.perf_counter()  # the header is in: meta, payload and reply are timed
-        op = Op(header.op & 0x7F)
+        op = _OPS[header.op & 0x7F]  # an Op: decode_header refused unknown ones
         meta = await self._reader.recv_exactly(header.meta_len)
         try:
             if header.is_response:
@@ -186,7 +193,7 @@ class Session:
             await self._drain(header.payload_len)
             await self._send_error(header.request_id, op, exc)
             return
-        self._counters.add(f"requests_{op.name.lower()}")
+        self._counters.add(_REQUEST_COUNTERS[op])
         match request:
             case PutRequest():
                 await self._put(request)
@@ -200,7 +207,7 @@ class Session:
                 await self._channel.send([encode(PingResponse(request.request_id))])
             case LocateRequest():
                 await self._locate(request)
-        self._latencies.observe(op.name.lower(), time.perf_counter() - started)
+        self._latencies.observe(_OP_NAMES[op], time.perf_counter() - started)
 
     async def _put(self, request: PutRequest) -> None:
         ns = request.namespace
