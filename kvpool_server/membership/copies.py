@@ -34,6 +34,8 @@ EXISTS_BATCH = 512  # keys per existence check: no payload, so larger batches ar
 # Failures of the target itself rather than of a block: the rest of the call would fail the same way.
 # BUSY is not among the answers that count as stored: another writer's put may still abort.
 _UNREACHABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.SHUTTING_DOWN})
+# The target cannot take the block (no room, its namespace quota, its block limit): a retry soon after fails alike.
+_REFUSALS = frozenset({ErrorCode.OUT_OF_SPACE, ErrorCode.QUOTA_EXCEEDED, ErrorCode.BLOCK_TOO_LARGE})
 
 
 def plan_copies(
@@ -72,6 +74,8 @@ class CopyTally:
             sent), or answered by the put as already stored (ALREADY_EXISTS).
         failed: the target did not store them (unreachable, refused, full, larger than
             its block limit) or did not confirm them (BUSY: another writer's put in progress).
+        refused: of ``failed``, those the target refused for room or size (full, its
+            namespace quota, over its block limit).
         gone: no longer held here when their turn came (evicted or deleted).
         bytes: payload bytes sent to a target that answered.
     """
@@ -79,6 +83,7 @@ class CopyTally:
     copies: int = 0
     present: int = 0
     failed: int = 0
+    refused: int = 0
     gone: int = 0
     bytes: int = 0
 
@@ -86,6 +91,7 @@ class CopyTally:
         self.copies += other.copies
         self.present += other.present
         self.failed += other.failed
+        self.refused += other.refused
         self.gone += other.gone
         self.bytes += other.bytes
 
@@ -207,7 +213,8 @@ class BlockCopier:
             present = [(key, block) for key, block in zip(batch, held) if block is not None]
             # One oversized block would make the client refuse the whole put: leave it out.
             fits = [(key, block) for key, block in present if limit is None or len(block.view) <= limit]
-            tally = CopyTally(gone=len(batch) - len(present), failed=len(present) - len(fits))
+            too_large = len(present) - len(fits)
+            tally = CopyTally(gone=len(batch) - len(present), failed=too_large, refused=too_large)
             if fits:
                 tally.add(await self._put(fits))
         finally:
@@ -222,10 +229,11 @@ class BlockCopier:
         except KVPoolError as exc:  # refused before sending (a block over the limit): nothing went out
             log.warning("copy batch failed", extra={"target": self.target.node_id, "error": str(exc)})
             self.broken = exc.code in _UNREACHABLE
-            return CopyTally(failed=len(blocks))
+            return CopyTally(failed=len(blocks), refused=len(blocks) if exc.code in _REFUSALS else 0)
         statuses = list(result.statuses)
         self.broken = any(s in _UNREACHABLE for s in statuses)
-        tally = CopyTally(copies=statuses.count(ErrorCode.OK), present=statuses.count(ErrorCode.ALREADY_EXISTS))
+        tally = CopyTally(copies=statuses.count(ErrorCode.OK), present=statuses.count(ErrorCode.ALREADY_EXISTS),
+                          refused=sum(s in _REFUSALS for s in statuses))  # fmt: skip
         tally.failed = len(blocks) - tally.copies - tally.present
         tally.bytes = sum(len(block.view) for (_, block), s in zip(blocks, statuses) if s not in _UNREACHABLE)
         return tally

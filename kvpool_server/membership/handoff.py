@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvpool_client.auth import Credentials
 from kvpool_client.membership.cluster import list_nodes, read_config
@@ -32,6 +32,19 @@ class HandoffReport:
     failed: int  # copies that could not be stored
 
 
+@dataclass(slots=True)
+class _Progress:
+    """A hand-off's counts so far (one that failed part way reports how far it got)."""
+
+    blocks: int = 0
+    planned: int = 0
+    copies: int = 0
+    failed: int = 0
+
+    def report(self) -> HandoffReport:
+        return HandoffReport(self.blocks, self.copies, self.failed)
+
+
 async def hand_off(
     blocks: BlockStore,
     store: EtcdStore,
@@ -45,7 +58,9 @@ async def hand_off(
     ``credentials`` (the cluster's token, TLS) are presented to the new owners.
 
     An unreadable membership is logged and ends the hand-off: the blocks stay
-    readable here until the node leaves.
+    readable here until the node leaves. Any other error is logged and ends it
+    too: the copies not made count as failures. Either way ``handoff_finished``
+    is counted: a drain waits for it.
     """
     try:
         listing = await list_nodes(store, cluster)
@@ -59,26 +74,47 @@ async def hand_off(
         for r in listing.nodes.values()
         if r.state is NodeState.ACTIVE and r.node_id != self_id
     ]
-    keys = await asyncio.to_thread(blocks.readable_keys)  # O(blocks) under the tier locks: not on the loop
+    progress = _Progress()
     counters.add("handoff_started")
-    if not targets:
+    try:
+        await _copy_all(blocks, targets, config.replicas, credentials, counters, progress)
+    except Exception:  # a bug or an I/O error must not leave the drain waiting for a hand-off that ended
+        log.exception("hand-off failed", extra=asdict(progress))
+    finally:
+        unsent = progress.planned - progress.copies - progress.failed  # cut short: never tried
+        if unsent:
+            progress.failed += unsent
+            counters.add("handoff_failures", unsent)
         counters.add("handoff_finished")
+    return progress.report()
+
+
+async def _copy_all(
+    blocks: BlockStore,
+    targets: list[Member],
+    replicas: int,
+    credentials: Credentials,
+    counters: Counters,
+    progress: _Progress,
+) -> None:
+    """Copy every readable block to its owners among ``targets``, one owner at a time; counts move live."""
+    keys = await asyncio.to_thread(blocks.readable_keys)  # O(blocks) under the tier locks: not on the loop
+    progress.blocks = len(keys)
+    if not targets:
         log.warning("hand-off skipped: no other active node", extra={"blocks": len(keys)})
-        return HandoffReport(len(keys), 0, 0)
-    by_owner = plan_copies(keys, targets, config.replicas)
-    counters.add("handoff_planned", sum(len(owned) for owned in by_owner.values()))
+        return
+    by_owner = plan_copies(keys, targets, replicas)
+    progress.planned = sum(len(owned) for owned in by_owner.values())
+    counters.add("handoff_planned", progress.planned)
     members = {m.node_id: m for m in targets}
     pacer = Pacer(0)  # a drain is a deadline: as fast as the owners take it
-    copies = failed = 0
     for node_id, owned in by_owner.items():
         async with BlockCopier(blocks, members[node_id], credentials, pacer) as copier:
             async for tally in copier.copy(owned, skip_present=False):
                 # OK or ALREADY_EXISTS only: a BUSY owner is still being written by someone who may abort.
                 done = tally.copies + tally.present
                 lost = tally.failed + tally.gone  # a block evicted since the hand-off began is not handed off
-                copies, failed = copies + done, failed + lost
+                progress.copies, progress.failed = progress.copies + done, progress.failed + lost
                 counters.add("handoff_copies", done)
                 counters.add("handoff_failures", lost)
-    counters.add("handoff_finished")
-    log.info("hand-off done", extra={"blocks": len(keys), "copies": copies, "failed": failed})
-    return HandoffReport(len(keys), copies, failed)
+    log.info("hand-off done", extra={"blocks": len(keys), "copies": progress.copies, "failed": progress.failed})

@@ -27,7 +27,11 @@ cancelled by changes, so a flapping membership still gets complete runs, and the
 changes it missed get another run after it ends (settled, or capped again).
 Shutdown cancels any run. A run that failed to copy some block (unreachable
 owner, refused block, BUSY: another writer's put not yet committed) is retried
-with back-off (from ``settle_s`` to ``retry_max_s``) until one succeeds.
+with back-off (from ``settle_s`` to ``retry_max_s``) until one succeeds. Refusals
+alone (owner full, the namespace at its quota there, a block over its limit) stop
+the retries after ``_REFUSED_RUNS`` runs of one topology: those copies would be
+refused the same way on every walk of the blocks, so they wait for the next
+change (counted in ``repair_refused``).
 
 Reads during the transition: clients read from a key's current owners (plus
 draining nodes ranked among them). From a change until the repair has copied a
@@ -62,6 +66,7 @@ log = logging.getLogger("kvpool.membership.repair")
 # change not yet repaired; that run is not cancelled by later changes.
 _SETTLE_CAP = 10
 _STOP_S = 2.0  # how long close() waits for a run to unwind (clients to close)
+_REFUSED_RUNS = 3  # runs of one topology that failed only on refusals, before they wait for a change
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +135,8 @@ class RepairProgress:
     def summary(self) -> dict[str, float]:
         tally = self.copied
         return {"blocks": self.blocks, "owners": self.owners, "checked": self.checked, "present": tally.present,
-                "copies": tally.copies, "failed": tally.failed, "gone": tally.gone, "bytes": tally.bytes,
-                "seconds": round(time.monotonic() - self.started, 3)}  # fmt: skip
+                "copies": tally.copies, "failed": tally.failed, "refused": tally.refused, "gone": tally.gone,
+                "bytes": tally.bytes, "seconds": round(time.monotonic() - self.started, 3)}  # fmt: skip
 
 
 async def repair_blocks(
@@ -177,7 +182,7 @@ class RepairLoop:
     to its end (only :meth:`close` cancels it), so flapping cannot starve repair.
 
     Args:
-        run: one repair; returns True when every copy succeeded (False: retry later).
+        run: one repair; returns False to be retried later (some copy failed), True otherwise.
         settle_s: quiet time required before a run (a flapping node causes one run, not many).
         retry: delays before retrying a run that returned False or raised.
     """
@@ -295,6 +300,7 @@ class MembershipRepair:
         retry = Backoff(max(0.1, settings.settle_s), max(0.1, settings.settle_s, settings.retry_max_s))
         self._loop = RepairLoop(self._run, settings.settle_s, retry)
         self._unsubscribe: Callable[[], None] | None = None
+        self._refused_runs: tuple[Topology, int] | None = None  # consecutive runs that failed only on refusals
 
     async def start(self) -> None:
         """Follow the membership; returns at once (etcd may be down: the view retries)."""
@@ -324,4 +330,18 @@ class MembershipRepair:
         level = logging.WARNING if progress.copied.failed else logging.INFO
         log.log(level, "repair done", extra={"nodes": len(topology.members), "replicas": topology.replicas,
                                              **progress.summary()})  # fmt: skip
-        return progress.copied.failed == 0
+        return self._settled(topology, progress.copied)
+
+    def _settled(self, topology: Topology, tally: CopyTally) -> bool:
+        """Whether a run needs no retry: every copy made, or only refusals left for ``_REFUSED_RUNS`` runs."""
+        if tally.failed == 0 or tally.failed > tally.refused:
+            self._refused_runs = None
+            return tally.failed == 0
+        last = self._refused_runs
+        runs = last[1] + 1 if last is not None and last[0] == topology else 1
+        self._refused_runs = (topology, runs)
+        if runs < _REFUSED_RUNS:
+            return False
+        self._counters.add("repair_refused", tally.refused)
+        log.warning("repair leaves refused copies until the membership changes", extra={"refused": tally.refused})
+        return True

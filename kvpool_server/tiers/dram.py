@@ -10,7 +10,7 @@ Byte transfers happen outside the lock, straight into or out of the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 import threading
 from itertools import count, islice, takewhile
 
@@ -77,7 +77,7 @@ class DramTier:
     # -- writes ---------------------------------------------------------------
 
     def reserve(self, key: StoreKey, length: int, depth: int = 0) -> BlockEntry | ErrorCode:
-        """Reserve room for a new block, evicting if needed.
+        """Reserve room for a new block, evicting if needed; a refused reserve evicts nothing.
 
         Args:
             depth: the block's position in its prefix chain, for the eviction policy.
@@ -87,7 +87,8 @@ class DramTier:
             ``ALREADY_EXISTS`` (stored: put-if-absent), ``BUSY`` (another writer),
             ``INVALID_ARGUMENT`` (an empty block), ``BLOCK_TOO_LARGE``, ``OUT_OF_SPACE``
             (everything evictable is pinned),
-            ``QUOTA_EXCEEDED`` (the namespace is at its quota, all of its blocks pinned).
+            ``QUOTA_EXCEEDED`` (the namespace's evictable blocks cannot make room for it
+            within its quota).
         """
         if length <= 0:
             return ErrorCode.INVALID_ARGUMENT
@@ -97,8 +98,15 @@ class DramTier:
             existing = self._index.get(key)
             if existing is not None:
                 return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
-            if not self._within_quota(key[0], self._alloc.slot_size_for(length)):
+            # Victims are chosen first and evicted only for a reserve that then succeeds.
+            victims = self._quota_victims(key[0], self._alloc.slot_size_for(length))
+            if victims is None:
                 return ErrorCode.QUOTA_EXCEEDED
+            if victims and not self._room_after(victims, length):
+                return ErrorCode.OUT_OF_SPACE
+            for victim in victims:
+                self._evict(victim)
+                self._counters.add("dram_quota_evictions")
             allocation = self._allocate(length)
             if allocation is None:
                 return ErrorCode.OUT_OF_SPACE
@@ -250,27 +258,51 @@ class DramTier:
             policy = self._policies[slot_size] = self._new_policy()
         return policy
 
-    def _within_quota(self, namespace: str, slot_size: int) -> bool:
-        """Evict the namespace's own least recent blocks until one more slot fits its quota."""
-        while self._quota and self._ns_bytes[namespace] + slot_size > self._quota:
-            victim = self._oldest_of(namespace)
-            if victim is None:
-                return False
-            self._evict(victim)
-            self._counters.add("dram_quota_evictions")
-        return True
+    def _quota_victims(self, namespace: str, slot_size: int) -> list[BlockEntry] | None:
+        """The namespace's least recent blocks whose eviction lets one more slot fit its quota.
 
-    def _oldest_of(self, namespace: str) -> BlockEntry | None:
-        """The least recent evictable block of ``namespace`` (a bounded look at each class's order)."""
+        Returns:
+            The victims, least recent first (none needed: empty); None when its evictable
+            blocks are not enough (the rest pinned or being written, or the slot exceeds the quota).
+        """
+        if self._quota and slot_size > self._quota:
+            return None  # no eviction can make it fit: spare the look at every block
+        excess = self._ns_bytes[namespace] + slot_size - self._quota if self._quota else 0
+        victims: dict[StoreKey, BlockEntry] = {}
+        while excess > 0:
+            victim = self._oldest_of(namespace, victims)
+            if victim is None:
+                return None
+            victims[victim.key] = victim
+            excess -= victim.slot_size
+        return list(victims.values())
+
+    def _oldest_of(self, namespace: str, taken: Container[StoreKey]) -> BlockEntry | None:
+        """The least recent evictable block of ``namespace`` not in ``taken`` (a bounded look at each order)."""
         best: BlockEntry | None = None
         for policy in self._policies.values():
-            for key in islice(policy.candidates(), _QUOTA_VICTIM_SCAN):
+            for key in islice((c for c in policy.candidates() if c not in taken), _QUOTA_VICTIM_SCAN):
                 entry = self._index[key]
                 if key[0] == namespace and not entry.pins:
                     if best is None or entry.last_access < best.last_access:
                         best = entry
                     break
         return best
+
+    def _room_after(self, victims: list[BlockEntry], length: int) -> bool:
+        """Whether a slot for ``length`` can be had once ``victims`` are gone (decided before evicting them).
+
+        It can when the arena has room, a victim's slot fits it, the victims empty a whole
+        slab, or eviction would find room anyway (see :meth:`_evict_for`).
+        """
+        size = self._alloc.slot_size_for(length)
+        if self._alloc.has_room(length) or any(v.slot_size == size for v in victims):
+            return True
+        emptied = Counter(self._alloc.slab_of(v.offset) for v in victims)
+        if any(gone == len(self._entries_in_slab(slab)) for slab, gone in emptied.items()):
+            return True
+        evictable = self._first_evictable(self._policies.get(size))
+        return evictable is not None or self._oldest_evictable_slab(exclude=size) is not None
 
     def _allocate(self, length: int) -> Allocation | None:
         allocation = self._alloc.allocate(length)

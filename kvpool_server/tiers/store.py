@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import takewhile
 
-from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.ssd import SsdTier
@@ -62,6 +62,10 @@ class TierReport:
             name, usage, count("hits"), count("misses"), count("evictions"), count("promotions"),
             count("demotions"), count("corrupt_blocks"), count("io_errors"), failure or "",
         )
+
+
+# An SSD read of one request: (position in the request, the DRAM slot it promotes to or None, its target).
+_Read = tuple[int, BlockEntry | None, memoryview]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +263,9 @@ class BlockStore:
         """Read blocks from SSD in one pass (on a pool thread): into DRAM slots when promoting, else buffers."""
         assert self.ssd is not None
         held: list[HeldBlock | None] = [None] * len(keys)
-        reads: list[tuple[int, BlockEntry | None, memoryview]] = []  # (position, DRAM slot or None, target)
+        reads: list[_Read] = []
+        finished = 0  # reads handed to the reader (or dropped) so far
+        promoted = 0
         try:
             for i, key in enumerate(keys):
                 target = self._target(key, touch, arena_only)
@@ -268,19 +274,28 @@ class BlockStore:
                 elif target is not None:
                     reads.append((i, *target))
             sums = self.ssd.read_many([keys[i] for i, _, _ in reads], [view for _, _, view in reads], touch=touch)
-        except BaseException:
+            for (i, slot, view), checksum in zip(reads, sums):
+                block = held[i] = self._finish(slot, view, checksum, arena_only)
+                finished += 1
+                promoted += slot is not None and block is not None and block.entry is slot
+        except BaseException:  # the reader gets nothing: no slot may stay reserved or pinned for it
             self.release(held)
-            for _, slot, _ in reads:
-                if slot is not None:
-                    self.dram.abort(slot)
+            self._drop_slots(reads[finished:])
             raise
-        promoted = 0
-        for (i, slot, view), checksum in zip(reads, sums):
-            block = held[i] = self._finish(slot, view, checksum, arena_only)
-            promoted += slot is not None and block is not None and block.entry is slot
         if promoted:
             self._counters.add("ssd_promotions", promoted)
         return held
+
+    def _drop_slots(self, reads: list[_Read]) -> None:
+        """Free the DRAM slots of promotions never handed to the reader: abort those still
+        reserved, unpin one committed when its :meth:`_finish` failed after the commit."""
+        for _, slot, _ in reads:
+            if slot is None:
+                continue
+            if slot.status is not BlockStatus.WRITING:
+                self.dram.release(slot)  # committed with the reader's pin
+            elif not slot.unlinked:  # unlinked: aborted already
+                self.dram.abort(slot)
 
     def _target(self, key: StoreKey, touch: bool, arena_only: bool) -> tuple[BlockEntry | None, memoryview] | HeldBlock | None:
         """Where ``key``'s block is read to: a reserved DRAM slot (promotion), or a private

@@ -263,6 +263,27 @@ def test_a_failed_batch_read_leaves_no_slot_reserved(s: Harness) -> None:
     s.assert_no_leak()
 
 
+def test_a_failed_commit_of_a_promotion_leaves_nothing_reserved_or_pinned(s: Harness) -> None:
+    s.put(0)
+    for i in (1, 2, 3):
+        s.put_ssd(i)
+    real = s.dram.commit
+
+    def broken(entry: BlockEntry, known_checksum: int | None = None, *, keep_pin: bool = False) -> None:
+        if entry.key == k(2):  # after k(1) was committed for the reader, before k(3)
+            raise RuntimeError("boom")
+        real(entry, known_checksum, keep_pin=keep_pin)
+
+    s.dram.commit = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        s.acquire([0, 1, 2, 3])
+    del s.dram.commit
+    assert (s.pins(0), s.pins(1)) == (0, 0), "a block committed for the failed reader stayed pinned"
+    assert s.read([2, 3]) == [data_for(2), data_for(3)] and s.in_dram() == [0, 1, 2, 3], "slots left reserved"
+    gc.collect()  # late: the pool thread that raised may still hold the traceback, whose frames hold arena views
+    s.assert_no_leak()
+
+
 def test_no_promotion_when_dram_is_full_of_pinned_blocks(s: Harness) -> None:
     for i in range(16):
         s.put(i)

@@ -44,11 +44,12 @@ def data_for(i: int, length: int = 4 * KiB) -> bytes:
 class Harness:
     """A tier plus the bookkeeping a test needs to drive it and to check for leaks."""
 
-    def __init__(self, directory: str, name: str, capacity: int = CAPACITY, slab: int = SLAB) -> None:
+    def __init__(self, directory: str, name: str, capacity: int = CAPACITY, slab: int = SLAB,
+                 quota: int = 0) -> None:
         self.arena = SharedArena(directory, name, capacity, prefault=False)
         self.alloc = SlabAllocator(capacity, slab)
         self.counters = Counters()
-        self.tier = DramTier(self.arena, self.alloc, self.counters)
+        self.tier = DramTier(self.arena, self.alloc, self.counters, namespace_quota=quota)
         self.keys: set[StoreKey] = set()
 
     def write(self, entry: BlockEntry, data: bytes) -> None:
@@ -107,8 +108,8 @@ class Harness:
 def make(tmp_path) -> Iterator:
     made: list[Harness] = []
 
-    def factory(capacity: int = CAPACITY, slab: int = SLAB) -> Harness:
-        harness = Harness(str(tmp_path), f"arena-{len(made)}", capacity, slab)
+    def factory(capacity: int = CAPACITY, slab: int = SLAB, quota: int = 0) -> Harness:
+        harness = Harness(str(tmp_path), f"arena-{len(made)}", capacity, slab, quota)
         made.append(harness)
         return harness
 
@@ -428,6 +429,33 @@ def test_no_room_for_a_new_class_when_every_slab_holds_a_pin(h: Harness) -> None
     # The 4 KiB class still evicts its unpinned blocks.
     h.put(k(16), data_for(16))
     assert not h.tier.contains(k(1))
+    h.assert_no_leak(pins)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [8 * KiB, 12 * KiB], ids=["own-block-pinned", "larger-than-the-quota"])
+def test_a_reserve_refused_for_the_quota_evicts_nothing(make, length: int) -> None:
+    h = make(quota=8 * KiB)
+    h.put(k(0), data_for(0))
+    h.put(k(1), data_for(1))
+    pinned = h.tier.acquire(k(1))  # 8 KiB more needs both gone; 12 KiB never fits the quota
+    assert h.tier.reserve(k(100), length) is ErrorCode.QUOTA_EXCEEDED
+    assert h.present([k(0), k(1)]) == [k(0), k(1)], "a refused reserve must not evict its namespace's blocks"
+    assert h.counters.get("dram_quota_evictions") == 0 and h.counters.get("dram_evictions") == 0
+    h.assert_no_leak([pinned])  # type: ignore[list-item]
+
+
+def test_quota_victims_stay_when_no_slot_can_be_had_for_the_new_block(make) -> None:
+    h = make(quota=8 * KiB)
+    h.put(k(0), data_for(0))  # slab 0 holds both of the namespace's blocks, beside two pinned ones
+    h.put(k(1), data_for(1))
+    others = [k(i, f"other-{i}") for i in range(2, 16)]  # one block per namespace: each within its quota
+    for i, key in enumerate(others, start=2):
+        h.put(key, data_for(i))
+    pins = [h.tier.acquire(key) for key in others]  # no slab can change class
+    assert h.tier.reserve(k(100), 8 * KiB) is ErrorCode.OUT_OF_SPACE
+    assert h.present([k(0), k(1)]) == [k(0), k(1)], "evicted for a reserve that failed anyway"
+    assert h.counters.get("dram_quota_evictions") == 0
+    h.keys.update(others)
     h.assert_no_leak(pins)  # type: ignore[arg-type]
 
 

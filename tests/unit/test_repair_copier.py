@@ -92,7 +92,7 @@ def test_a_block_over_the_target_limit_fails_alone_and_its_batch_is_sent() -> No
     store = Store({**{k: b"s" * 1000 for k in small}, big: b"b" * (LIMIT + 1)})
     target = Target(every(ErrorCode.OK))
     [tally], copier = copy(store, target, [[big, *small]])
-    assert tally == CopyTally(copies=len(small), failed=1, bytes=1000 * len(small))
+    assert tally == CopyTally(copies=len(small), failed=1, refused=1, bytes=1000 * len(small))
     assert sum(len(p) for p in target.puts) == len(small) and not copier.broken
 
 
@@ -101,7 +101,7 @@ def test_a_refusal_does_not_write_off_the_rest_of_the_copy() -> None:
     target = Target(every(ErrorCode.OUT_OF_SPACE))
     [tally], _ = copy(store, target, [keys(3 * PUT_BATCH)])
     assert len(target.puts) == 3, "every batch is offered"
-    assert tally == CopyTally(failed=3 * PUT_BATCH, bytes=3 * PUT_BATCH * 100)
+    assert tally == CopyTally(failed=3 * PUT_BATCH, refused=3 * PUT_BATCH, bytes=3 * PUT_BATCH * 100)
 
 
 def test_an_unreachable_target_writes_off_the_rest_of_the_call_only() -> None:
@@ -112,6 +112,14 @@ def test_an_unreachable_target_writes_off_the_rest_of_the_call_only() -> None:
     assert first == CopyTally(failed=3 * PUT_BATCH), "after a timeout nothing more is sent, and nothing counted"
     assert second == CopyTally(copies=PUT_BATCH, bytes=PUT_BATCH * 100), "the next call tries the target again"
     assert len(target.puts) == 2
+
+
+def test_only_answers_of_room_or_size_count_as_refusals() -> None:
+    store = Store({k: b"x" * 100 for k in keys(5)})
+    answers = [ErrorCode.QUOTA_EXCEEDED, ErrorCode.OUT_OF_SPACE, ErrorCode.BLOCK_TOO_LARGE, ErrorCode.BUSY,
+               ErrorCode.INTERNAL]  # fmt: skip
+    [tally], _ = copy(store, Target(lambda batch: answers), [keys(5)])
+    assert tally == CopyTally(failed=5, refused=3, bytes=500), "BUSY and INTERNAL may pass: retried"
 
 
 def test_busy_is_not_a_stored_copy() -> None:
