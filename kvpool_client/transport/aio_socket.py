@@ -50,6 +50,11 @@ class AsyncSocketChannel:
             NodeUnavailable: the peer closed or reset the connection.
             TimeoutError: the peer stopped reading for longer than the stall timeout.
         """
+        if len(buffers) == 1 and type(buffers[0]) is bytes:  # a small frame: try it without views first
+            sent = self._send_now(buffers[0])
+            if sent == len(buffers[0]):
+                return
+            buffers = [memoryview(buffers[0])[sent:]]
         pending = [memoryview(b).cast("B") for b in buffers if len(b)]
         while pending:
             try:
@@ -75,6 +80,10 @@ class AsyncSocketChannel:
     async def recv_some(self, target: memoryview, *, bounded: bool = False) -> int:
         """Receive at least one byte into ``target``: waiting as long as it takes, or with
         ``bounded`` no longer than the stall timeout (mid-frame)."""
+        if not bounded:
+            # Between frames the next one has rarely arrived yet: wait for it first rather
+            # than pay a receive that fails (and its exception) on every request.
+            await self._wait_readable(None)
         return await self._recv_once([target], self._stall_timeout if bounded else None)
 
     async def recv_upto(self, nbytes: int) -> bytes:
@@ -121,6 +130,15 @@ class AsyncSocketChannel:
         finally:
             if self._read_waiter is waiter:
                 self._read_waiter = None
+
+    def _send_now(self, data: bytes) -> int:
+        """Bytes of ``data`` the kernel takes without waiting (0 when its buffer is full)."""
+        try:
+            return self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
 
     def _on_readable(self) -> None:
         waiter, self._read_waiter = self._read_waiter, None
