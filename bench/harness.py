@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -40,6 +41,14 @@ class CellFailed(RuntimeError):
     """A worker raised while running a cell; the message carries its traceback."""
 
 
+# Redis hands every value back as a new bytes object. With glibc's default, dynamic
+# thresholds a worker's heap was in some runs trimmed and faulted in again on every
+# get, which doubled Redis's client CPU in those runs only. A fixed mmap threshold
+# and a high trim threshold keep such values in the heap: the baseline at its best,
+# alike in every run (kvpool and the raw socket allocate nothing per call).
+WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
 class WorkerPool:
     """``size`` client processes (spawn context) sharing one barrier and one stop flag.
 
@@ -60,7 +69,8 @@ class WorkerPool:
             proc = ctx.Process(
                 target=worker_main, args=(index, child, self._barrier, self._stop), name=f"bench-client-{index}"
             )
-            start_shielded(proc)
+            with _environment(WORKER_MALLOC_ENV):  # read by glibc when the process starts
+                start_shielded(proc)
             child.close()
             self._pipes.append(parent)
             self._procs.append(proc)
@@ -330,3 +340,18 @@ def _read_back(driver: Driver, plan: Plan, ops: int, ring: TargetRing) -> None:
     poison(targets)
     outputs = [driver.get(driver.prepare(r, spec.block_size), t) for r, t in zip(refs, targets, strict=False)]
     _verify(plan, refs, outputs)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in ``os.environ`` for the duration (what a spawned child inherits)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -145,6 +145,9 @@ class AsyncKVPoolClient:
 
     async def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers (``None``: allocate per hit), falling back to replicas."""
+        direct = await self._direct_get(keys, into)
+        if direct is not None:
+            return direct
         return await self._run(operations.get(keys, into, self._requests, self.breaker.gate))
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
@@ -199,6 +202,19 @@ class AsyncKVPoolClient:
     async def _placement(self) -> Placement:
         await self.start()
         return self._source.current()
+
+    async def _direct_get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None) -> GetResult | None:
+        """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
+        batching.check_keys(keys)
+        targets = batching.target_views(keys, into)
+        found = operations.direct_get_job(keys, targets, await self._placement(), self._cached_limits)
+        if found is None:
+            return None
+        job, limits = found
+        if not self.breaker.allow(job.member.node_id):  # the plan reports the open circuit
+            return None
+        fetch = self._requests.get(job, targets, limits)
+        return operations.get_result(job, await self._exchange(self._node(job.member), fetch))
 
     async def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
         return await self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))

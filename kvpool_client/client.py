@@ -187,6 +187,9 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
+        direct = self._direct_get(keys, into)
+        if direct is not None:
+            return direct
         return self._run(operations.get(keys, into, self._requests, self.breaker.gate))
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
@@ -250,6 +253,19 @@ class KVPoolClient:
         self.close()
 
     # -- internals ------------------------------------------------------------
+
+    def _direct_get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None) -> GetResult | None:
+        """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
+        batching.check_keys(keys)
+        targets = batching.target_views(keys, into)
+        found = operations.direct_get_job(keys, targets, self._source.current(), self._cached_limits)
+        if found is None:
+            return None
+        job, limits = found
+        if not self.breaker.allow(job.member.node_id):  # the plan reports the open circuit
+            return None
+        fetch = self._requests.get(job, targets, limits)
+        return operations.get_result(job, self._exchange(self._node(job.member), fetch))
 
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
         return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))

@@ -20,7 +20,7 @@ from kvpool_client.failover import ReadPlan
 from kvpool_client.keys import BlockKey
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
-from kvpool_client.results import GetResult, PutResult
+from kvpool_client.results import GetResult, PutResult, to_codes
 from kvpool_client.routing import Member
 from kvpool_client.wire import WireLimits
 
@@ -98,6 +98,39 @@ def get(
     sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
     yield from drive(plan, gate, lambda job, lim: requests.get(job, targets, lim), answer, sizes)
     return GetResult(plan.statuses(), tuple(filled))
+
+
+def direct_get_job(
+    keys: Sequence[BlockKey],
+    targets: Sequence[memoryview | None],
+    placement: Placement,
+    cached_limits: Callable[[Member], WireLimits | None],
+) -> tuple[batching.Job, WireLimits] | None:
+    """The one frame a get comes down to, when it does; None: run :func:`get`'s plan.
+
+    It does when every key's read order is the same single node (no replica to fall
+    back to) and the batch fits one frame of that node's known limits. That node's
+    answers are then final, so the get is one exchange whose :func:`get_result` is
+    what the plan would return, without the plan's cost on every call.
+    """
+    member: Member | None = None
+    for key in keys:
+        order = placement.router.placement(key).read_order
+        if len(order) != 1 or (member is not None and order[0].node_id != member.node_id):
+            return None
+        member = order[0]
+    if member is None or (limits := cached_limits(member)) is None:
+        return None
+    jobs = batching.group(keys, ((i, member) for i in range(len(keys))))
+    if len(jobs) != 1 or len(batching.chunk(jobs[0], limits, batching.expected_sizes(targets))) != 1:
+        return None  # several namespaces or hash sizes, or over the frame limits
+    return jobs[0], limits
+
+
+def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
+    """The result of a get that was the single exchange of ``job`` (see :func:`direct_get_job`)."""
+    codes, views = batching.get_answer(job, outcome)
+    return GetResult(to_codes(codes), tuple(views))
 
 
 def probe(

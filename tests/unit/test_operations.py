@@ -129,3 +129,55 @@ def test_node_record_identity() -> None:
     assert nodes.find_node([record], "a") is record and nodes.find_node([record], a.address) is record
     assert nodes.find_node([record], "b") is None
     assert record.cached_limits() is None and record.has_room()
+
+
+def known(limits: WireLimits | None = WireLimits()) -> Callable[[Member], WireLimits | None]:
+    return lambda member: limits
+
+
+def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    place = placement(replicas=1)
+    keys = [k for k in KEYS if place.router.placement(k).read_order[0].node_id == "a"]
+    answers = [OK, NOT_FOUND, ErrorCode.TIMEOUT, 250][: len(keys)]  # 250: a code this client does not know
+    assert len(keys) >= 2, f"the fixture's keys should give node a two or more, got {keys}"
+
+    def node(job: batching.Job) -> Any:
+        return answers[: len(job.indices)], [memoryview(b"v") if a == OK else None for a in answers[: len(job.indices)]]
+
+    found = operations.direct_get_job(keys, [None] * len(keys), place, known())
+    assert found is not None, "one node, one replica, one frame: no plan needed"
+    job, limits = found
+    assert (job.member.node_id, job.indices, limits) == ("a", list(range(len(keys))), WireLimits())
+    direct = operations.get_result(job, node(job))
+    planned = run(operations.get(keys, None, requests, always_usable), place, node)
+    assert direct == planned, f"direct {direct} != planned {planned}"
+
+
+def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
+    found = operations.direct_get_job(KEYS, [None] * len(KEYS), place, known())
+    assert found is not None
+    down = NodeUnavailable("gone")
+    planned = run(operations.get(KEYS, None, requests, always_usable), place, lambda job: down)
+    assert operations.get_result(found[0], down) == planned
+    assert set(planned.statuses) == {ErrorCode.UNAVAILABLE}
+
+
+@pytest.mark.parametrize(
+    ("why", "keys", "place", "limits"),
+    [
+        ("replicas to fall back to", KEYS[:1], placement(replicas=2), WireLimits()),
+        ("keys on several nodes", KEYS, placement(replicas=1), WireLimits()),
+        ("the node's limits not read yet", KEYS[:1], placement(replicas=1), None),
+        ("more keys than one frame holds", KEYS, Placement(RendezvousRouter(MEMBERS[:1], 1), 1), WireLimits(max_keys=2)),
+        ("two namespaces", [KEYS[0], BlockKey("other", KEYS[0].hash)], Placement(RendezvousRouter(MEMBERS[:1], 1), 1),
+         WireLimits()),
+        ("no keys", [], placement(replicas=1), WireLimits()),
+    ],
+)
+def test_a_get_that_needs_the_plan_gets_no_direct_job(
+    why: str, keys: list[BlockKey], place: Placement, limits: WireLimits | None
+) -> None:
+    assert operations.direct_get_job(keys, [None] * len(keys), place, known(limits)) is None, why
