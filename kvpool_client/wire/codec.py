@@ -189,7 +189,7 @@ def _encode_get_response(statuses: Sequence[int], lengths: Sequence[int], checks
     sums = list(checksums) or [0] * count
     if not len(lengths) == len(sums) == count:
         raise ProtocolError("statuses, lengths and checksums differ in length")
-    if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
+    if _carries_data_when_not_ok(statuses, lengths):
         raise ProtocolError("a key that is not OK cannot carry payload bytes")
     return _U32.pack(count) + _pack(_get_response_layout(count), _statuses(statuses), *lengths, *sums)
 
@@ -198,7 +198,7 @@ def _encode_locate_response(message: LocateResponse) -> bytes:
     m, count = message, len(message.statuses)
     if not len(m.offsets) == len(m.lengths) == len(m.checksums) == len(m.generations) == count:
         raise ProtocolError("statuses, offsets, lengths, checksums and generations differ in length")
-    if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(m)):
+    if _carries_data_when_not_ok(m.statuses, m.offsets, m.lengths, m.checksums, m.generations):
         raise ProtocolError("a key that is not OK cannot carry a location")
     fields = (*m.offsets, *m.lengths, *m.checksums, *m.generations)
     return _U32.pack(count) + _pack(_locate_response_layout(count), m.arena_id, _statuses(m.statuses), *fields)
@@ -222,8 +222,11 @@ def _pack(layout: struct.Struct, *values: object) -> bytes:
         raise ProtocolError(f"value out of range for the wire: {exc}") from exc
 
 
-def _locations(m: LocateResponse) -> zip[tuple[int, int, int, int, int]]:
-    return zip(m.statuses, m.offsets, m.lengths, m.checksums, m.generations)
+def _carries_data_when_not_ok(statuses: Sequence[int], *columns: Sequence[int]) -> bool:
+    """Whether a key that is not OK has a non-zero value in one of ``columns``."""
+    if statuses.count(ErrorCode.OK) == len(statuses):  # the usual answer: every key found
+        return False
+    return any(s != ErrorCode.OK and any(values) for s, *values in zip(statuses, *columns))
 
 
 def _statuses(statuses: Sequence[int]) -> bytes:
@@ -351,7 +354,7 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
     statuses, lengths, checksums = list(raw), fields[:count], fields[count:]
     if lengths and max(lengths) > limits.max_block_size:
         raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
-    if any(n and s != ErrorCode.OK for s, n in zip(statuses, lengths)):
+    if _carries_data_when_not_ok(statuses, lengths):
         raise ProtocolError("a key that is not OK carries payload bytes")
     return GetResponse(rid, statuses, lengths, checksums)
 
@@ -359,11 +362,12 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
 def _decode_locate_response(rid: int, reader: _Reader, limits: WireLimits) -> LocateResponse:
     count = reader.count(limits)
     arena_id, raw, *fields = reader.unpack(_locate_response_layout(count))
-    offsets, lengths, checksums, generations = (fields[i * count : (i + 1) * count] for i in range(4))
+    offsets, lengths = fields[:count], fields[count : 2 * count]
+    checksums, generations = fields[2 * count : 3 * count], fields[3 * count :]
     message = LocateResponse(rid, arena_id, list(raw), offsets, lengths, checksums, generations)
     if lengths and max(lengths) > limits.max_block_size:
         raise LimitExceeded(f"a block exceeds the {limits.max_block_size}-byte block limit")
-    if any(s != ErrorCode.OK and (o or n or c or g) for s, o, n, c, g in _locations(message)):
+    if _carries_data_when_not_ok(message.statuses, offsets, lengths, checksums, generations):
         raise ProtocolError("a key that is not OK carries a location")
     return message
 
