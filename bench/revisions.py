@@ -1,0 +1,99 @@
+"""Side-by-side request cost of two revisions: the checkout against another commit.
+
+Each round starts, for each revision in turn, a daemon from that revision's code and a
+client process that imports the same revision, and measures 384 KiB gets (one block,
+and batches of 32) over each transport: wall time per get, and the CPU the client and
+the daemon spent per get. Rounds alternate the revisions, so drift of a noisy machine
+falls on both; the medians over the rounds are compared as ratios (new / base).
+
+The base revision is checked out with ``git worktree`` into a temporary folder, removed
+at the end. Both revisions run in this interpreter's environment.
+
+Run: python bench/revisions.py --base HEAD~3 [--rounds 3] [--transports tcp,shm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK = 384 * 1024
+GETS = 2000  # blocks read per (transport, batch) measurement
+
+# Runs in a fresh interpreter whose sys.path starts with one revision's tree.
+_MEASURE = r"""
+import json, os, shutil, sys, time
+tree, transports, block, gets = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, tree)
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_server.local import start_daemon
+
+def cpu_s(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+daemon = start_daemon("--dram-capacity", "256MiB", "--log-level", "warning")
+out = {}
+try:
+    for transport in transports:
+        for batch in (1, 32):
+            with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=transport)) as client:
+                keys = [BlockKey("revisions", bytes([i]) * 32) for i in range(batch)]
+                client.put(keys, [os.urandom(block) for _ in keys]).raise_for_errors()
+                into = [bytearray(block) for _ in keys]
+                for _ in range(100):
+                    client.get(keys, into)
+                calls = gets // batch
+                daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
+                for _ in range(calls):
+                    client.get(keys, into)
+                wall = time.perf_counter() - started
+                mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
+                out[f"{transport} x{batch}"] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
+finally:
+    daemon.stop()
+    shutil.rmtree(daemon.workdir, ignore_errors=True)
+print(json.dumps(out))
+"""
+
+
+def measure(tree: Path, transports: str) -> dict[str, list[float]]:
+    """One measurement of every cell with ``tree``'s code: cell -> [wall, client CPU, daemon CPU] us per get."""
+    argv = [sys.executable, "-c", _MEASURE, str(tree), transports, str(BLOCK), str(GETS)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree, timeout=600)
+    if done.returncode:
+        raise SystemExit(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the commit to compare the checkout with")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--transports", default="tcp,shm")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
+        base = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
+        try:
+            runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
+            for _ in range(args.rounds):
+                runs["base"].append(measure(base, args.transports))
+                runs["new"].append(measure(REPO, args.transports))
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+    print(f"384 KiB gets, medians of {args.rounds} alternating rounds; us per get, new/base in brackets")
+    for cell in runs["base"][0]:
+        base_m, new_m = ([statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new"))
+        wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({n / b:.2f})" for b, n in zip(base_m, new_m))
+        print(f"{cell:8s} wall {wall} | client CPU {client} | daemon CPU {daemon}")
+
+
+if __name__ == "__main__":
+    main()
