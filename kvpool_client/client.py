@@ -258,17 +258,30 @@ class KVPoolClient:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
         batching.check_keys(keys)
         targets = batching.target_views(keys, into)
-        found = operations.direct_get_job(keys, targets, self._source.current(), self._cached_limits)
+        found = self._direct_job(keys, batching.expected_sizes(targets))
         if found is None:
             return None
         job, limits = found
-        if not self.breaker.allow(job.member.node_id):  # the plan reports the open circuit
-            return None
         fetch = self._requests.get(job, targets, limits)
         return operations.get_result(job, self._exchange(self._node(job.member), fetch))
 
+    def _direct_job(
+        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None
+    ) -> tuple[batching.Job, WireLimits] | None:
+        """The one frame a read of ``keys`` comes down to, its node let through by the breaker; None: the plan."""
+        found = operations.direct_job(keys, self._source.current(), self._cached_limits, sizes)
+        if found is None or not self.breaker.allow(found[0].member.node_id):  # the plan reports an open circuit
+            return None
+        return found
+
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
+        batching.check_keys(keys)
+        found = self._direct_job(keys, None)
+        if found is None:
+            return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
+        job, limits = found
+        outcome = self._exchange(self._node(job.member), self._requests.exists(job, limits, prefix))
+        return operations.probe_result(job, outcome, prefix)
 
     def _run(self, operation: operations.Operation[R]) -> R:
         """Drive ``operation`` to its result, performing each step it asks for in this thread."""

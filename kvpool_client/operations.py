@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from kvpool_client import batching
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.exchange import Exchange
-from kvpool_client.failover import ReadPlan
+from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.keys import BlockKey
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
@@ -100,18 +100,19 @@ def get(
     return GetResult(plan.statuses(), tuple(filled))
 
 
-def direct_get_job(
+def direct_job(
     keys: Sequence[BlockKey],
-    targets: Sequence[memoryview | None],
     placement: Placement,
     cached_limits: Callable[[Member], WireLimits | None],
+    sizes: Sequence[int] | None = None,
 ) -> tuple[batching.Job, WireLimits] | None:
-    """The one frame a get comes down to, when it does; None: run :func:`get`'s plan.
+    """The one frame a read (get, exists, lookup) comes down to, when it does; None: run the plan.
 
     It does when every key's read order is the same single node (no replica to fall
-    back to) and the batch fits one frame of that node's known limits. That node's
-    answers are then final, so the get is one exchange whose :func:`get_result` is
-    what the plan would return, without the plan's cost on every call.
+    back to) and the batch fits one frame of that node's known limits (``sizes``: the
+    payload bytes each key may bring). That node's answers are then final, so the read
+    is one exchange whose :func:`get_result` or :func:`probe_result` is what the plan
+    would return, without the plan's cost on every call.
     """
     member: Member | None = None
     for key in keys:
@@ -122,15 +123,26 @@ def direct_get_job(
     if member is None or (limits := cached_limits(member)) is None:
         return None
     jobs = batching.group(keys, ((i, member) for i in range(len(keys))))
-    if len(jobs) != 1 or len(batching.chunk(jobs[0], limits, batching.expected_sizes(targets))) != 1:
+    if len(jobs) != 1 or len(batching.chunk(jobs[0], limits, sizes)) != 1:
         return None  # several namespaces or hash sizes, or over the frame limits
     return jobs[0], limits
 
 
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
-    """The result of a get that was the single exchange of ``job`` (see :func:`direct_get_job`)."""
+    """The result of a get that was the single exchange of ``job`` (see :func:`direct_job`)."""
     codes, views = batching.get_answer(job, outcome)
     return GetResult(to_codes(codes), tuple(views))
+
+
+def probe_result(job: batching.Job, outcome: Outcome, prefix: bool) -> tuple[ErrorCode, ...]:
+    """What :func:`probe` returns for a probe that was the single exchange of ``job``."""
+    codes = to_codes(batching.statuses_of(job, outcome))
+    miss = next((i for i, code in enumerate(codes) if code is not ErrorCode.OK), None)
+    if not prefix or miss is None:
+        return codes
+    # As the plan settles a lookup: past its first miss, keys it would have asked elsewhere are not looked for.
+    rest = (ErrorCode.NOT_FOUND if code in RETRY_ELSEWHERE else code for code in codes[miss + 1 :])
+    return codes[: miss + 1] + tuple(rest)
 
 
 def probe(

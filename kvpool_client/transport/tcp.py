@@ -53,8 +53,9 @@ class TcpConnection:
 
     :meth:`start_request` sets the deadline; every send or receive runs under a
     kernel timeout (SO_SNDTIMEO/SO_RCVTIMEO) that ends within :data:`ARM_SLACK_S`
-    (or a twentieth of the timeout) of it, so a peer that trickles bytes cannot stretch a request past it. Python's
-    own socket timeouts would poll() before every call instead.
+    (or a twentieth of the timeout) of it, so a peer that trickles bytes cannot
+    stretch a request past it. Python's own socket timeouts would poll() before
+    every call instead.
     """
 
     def __init__(self, address: str, timeout: float, connect_timeout: float) -> None:

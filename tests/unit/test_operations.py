@@ -131,6 +131,9 @@ def test_node_record_identity() -> None:
     assert record.cached_limits() is None and record.has_room()
 
 
+BLOCK_LIMIT = WireLimits().max_block_size  # what a get into no buffer may bring per key
+
+
 def known(limits: WireLimits | None = WireLimits()) -> Callable[[Member], WireLimits | None]:
     return lambda member: limits
 
@@ -145,7 +148,7 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
     def node(job: batching.Job) -> Any:
         return answers[: len(job.indices)], [memoryview(b"v") if a == OK else None for a in answers[: len(job.indices)]]
 
-    found = operations.direct_get_job(keys, [None] * len(keys), place, known())
+    found = operations.direct_job(keys, place, known(), [BLOCK_LIMIT] * len(keys))
     assert found is not None, "one node, one replica, one frame: no plan needed"
     job, limits = found
     assert (job.member.node_id, job.indices, limits) == ("a", list(range(len(keys))), WireLimits())
@@ -157,7 +160,7 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
 def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
     requests = batching.RequestFactory(verify_checksums=False)
     place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
-    found = operations.direct_get_job(KEYS, [None] * len(KEYS), place, known())
+    found = operations.direct_job(KEYS, place, known())
     assert found is not None
     down = NodeUnavailable("gone")
     planned = run(operations.get(KEYS, None, requests, always_usable), place, lambda job: down)
@@ -180,4 +183,21 @@ def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
 def test_a_get_that_needs_the_plan_gets_no_direct_job(
     why: str, keys: list[BlockKey], place: Placement, limits: WireLimits | None
 ) -> None:
-    assert operations.direct_get_job(keys, [None] * len(keys), place, known(limits)) is None, why
+    assert operations.direct_job(keys, place, known(limits)) is None, why
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
+    answers = [OK, OK, NOT_FOUND, OK, ErrorCode.TIMEOUT, OK]
+
+    def node(job: batching.Job) -> Any:
+        return [answers[i] for i in job.indices]
+
+    found = operations.direct_job(KEYS, place, known())
+    assert found is not None
+    for outcome in (node(found[0]), NodeUnavailable("gone")):
+        direct = operations.probe_result(found[0], outcome, prefix)
+        planned = run(operations.probe(KEYS, prefix, requests, always_usable), place, lambda job: outcome)
+        assert direct == planned, f"prefix={prefix}: direct {direct} != planned {planned}"
