@@ -169,17 +169,19 @@ class AsyncSocketChannel:
 
     async def _bounded(self, waiter: asyncio.Future[None], timeout: float | None) -> None:
         """Await ``waiter``; a TimeoutError after ``timeout`` seconds (None: no limit)."""
+        if timeout is None:
+            await waiter
+            return
 
         def expire() -> None:
             if not waiter.done():
                 waiter.set_exception(TimeoutError(f"{self.peer} stalled for more than {timeout}s"))
 
-        timer = self._loop.call_later(timeout, expire) if timeout is not None else None
+        timer = self._loop.call_later(timeout, expire)
         try:
             await waiter
         finally:
-            if timer is not None:
-                timer.cancel()
+            timer.cancel()
 
     def _fileno(self) -> int:
         fd = self._sock.fileno()
