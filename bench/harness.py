@@ -10,12 +10,12 @@ barrier, so every worker runs the same number of bursts.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
-import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -33,20 +33,13 @@ from bench.workload import BlockRef, CellSpec, Plan, TargetRing, poison
 BARRIER_TIMEOUT_S = 120.0
 WARMUP_OPS = 1  # op indices below this run untimed before the bursts
 _REPLY_SLACK_S = 120.0  # preload, verification and clean-up on top of a cell's duration
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 OpStep = Callable[[int], Any]
 
 
 class CellFailed(RuntimeError):
     """A worker raised while running a cell; the message carries its traceback."""
-
-
-# Redis hands every value back as a new bytes object. With glibc's default, dynamic
-# thresholds a worker's heap was in some runs trimmed and faulted in again on every
-# get, which doubled Redis's client CPU in those runs only. A fixed mmap threshold
-# and a high trim threshold keep such values in the heap: the baseline at its best,
-# alike in every run (kvpool and the raw socket allocate nothing per call).
-WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 class WorkerPool:
@@ -69,8 +62,7 @@ class WorkerPool:
             proc = ctx.Process(
                 target=worker_main, args=(index, child, self._barrier, self._stop), name=f"bench-client-{index}"
             )
-            with _environment(WORKER_MALLOC_ENV):  # read by glibc when the process starts
-                start_shielded(proc)
+            start_shielded(proc)
             child.close()
             self._pipes.append(parent)
             self._procs.append(proc)
@@ -159,6 +151,7 @@ class Pools:
 def worker_main(index: int, pipe: Connection, barrier: threading.Barrier, stop: Synchronized[int]) -> None:
     """Serve ``("run", CellSpec)`` commands until ``("exit", None)``; never raises."""
     ignore_sigint()  # the parent owns Ctrl-C and shuts workers down
+    _keep_values_in_heap()
     worker = _Worker(index, barrier, stop)
     try:
         while True:
@@ -342,16 +335,18 @@ def _read_back(driver: Driver, plan: Plan, ops: int, ring: TargetRing) -> None:
     _verify(plan, refs, outputs)
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` set in ``os.environ`` for the duration (what a spawned child inherits)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+def _keep_values_in_heap() -> None:
+    """Fix glibc's mmap and trim thresholds for this worker (no-op without glibc).
+
+    Redis hands every value back as a new bytes object. With glibc's dynamic
+    thresholds a worker's heap was in some runs trimmed and faulted in again on
+    every get, which doubled Redis's client CPU in those runs only. Fixed thresholds
+    keep such values in the heap: the baseline at its best in every run (kvpool and
+    the raw socket allocate nothing per call).
+    """
     try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, 16 << 20)
+    libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
