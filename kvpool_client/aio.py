@@ -145,10 +145,12 @@ class AsyncKVPoolClient:
 
     async def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers (``None``: allocate per hit), falling back to replicas."""
-        direct = await self._direct_get(keys, into)
+        batching.check_keys(keys)
+        targets = batching.target_views(keys, into)
+        direct = await self._direct_get(keys, targets)
         if direct is not None:
             return direct
-        return await self._run(operations.get(keys, into, self._requests, self.breaker.gate))
+        return await self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -203,10 +205,8 @@ class AsyncKVPoolClient:
         await self.start()
         return self._source.current()
 
-    async def _direct_get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None) -> GetResult | None:
+    async def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
-        batching.check_keys(keys)
-        targets = batching.target_views(keys, into)
         found = await self._direct_job(keys, batching.expected_sizes(targets))
         if found is None:
             return None

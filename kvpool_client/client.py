@@ -187,10 +187,12 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
-        direct = self._direct_get(keys, into)
+        batching.check_keys(keys)
+        targets = batching.target_views(keys, into)
+        direct = self._direct_get(keys, targets)
         if direct is not None:
             return direct
-        return self._run(operations.get(keys, into, self._requests, self.breaker.gate))
+        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -254,10 +256,8 @@ class KVPoolClient:
 
     # -- internals ------------------------------------------------------------
 
-    def _direct_get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None) -> GetResult | None:
+    def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
-        batching.check_keys(keys)
-        targets = batching.target_views(keys, into)
         found = self._direct_job(keys, batching.expected_sizes(targets))
         if found is None:
             return None

@@ -82,11 +82,14 @@ def put(
 
 
 def get(
-    keys: Sequence[BlockKey], into: Sequence[Any] | None, requests: batching.RequestFactory, gate: Gate
+    keys: Sequence[BlockKey],
+    targets: Sequence[memoryview | None],
+    requests: batching.RequestFactory,
+    gate: Gate,
 ) -> Operation[GetResult]:
-    """Fetch blocks into ``into`` (``None``: allocate per hit), falling back to replicas."""
+    """Fetch blocks into ``targets`` (:func:`~kvpool_client.batching.target_views` of the caller's
+    buffers; ``None``: allocate per hit), falling back to replicas."""
     batching.check_keys(keys)
-    targets = batching.target_views(keys, into)
     plan = ReadPlan(keys, (yield from read_orders(keys)))
     filled: list[memoryview | None] = [None] * len(keys)
 

@@ -76,7 +76,7 @@ def test_get_falls_back_to_the_next_replica_and_fills_buffers() -> None:
             return [NOT_FOUND] * len(job.indices), [None] * len(job.indices)
         return [OK] * len(job.indices), [memoryview(b"v")] * len(job.indices)
 
-    result = run(operations.get(KEYS[:1], None, requests, always_usable), placement(), node)
+    result = run(operations.get(KEYS[:1], [None], requests, always_usable), placement(), node)
     assert list(result.statuses) == [OK]
     assert bytes(result.buffers[0]) == b"v"
     assert len(asked) == 2 and asked[0] != asked[1]
@@ -153,7 +153,7 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
     job, limits = found
     assert (job.member.node_id, job.indices, limits) == ("a", list(range(len(keys))), WireLimits())
     direct = operations.get_result(job, node(job))
-    planned = run(operations.get(keys, None, requests, always_usable), place, node)
+    planned = run(operations.get(keys, [None] * len(keys), requests, always_usable), place, node)
     assert direct == planned, f"direct {direct} != planned {planned}"
 
 
@@ -163,7 +163,7 @@ def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
     found = operations.direct_job(KEYS, place, known())
     assert found is not None
     down = NodeUnavailable("gone")
-    planned = run(operations.get(KEYS, None, requests, always_usable), place, lambda job: down)
+    planned = run(operations.get(KEYS, [None] * len(KEYS), requests, always_usable), place, lambda job: down)
     assert operations.get_result(found[0], down) == planned
     assert set(planned.statuses) == {ErrorCode.UNAVAILABLE}
 
