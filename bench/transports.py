@@ -8,9 +8,10 @@ processes, measures gets over ``tcp``, ``ucx`` (UCX over shared memory here) and
 ``shm`` (copied out of the daemon's arena), a raw blocking TCP ``socket`` server
 (bench/servers.py, no protocol beyond offsets), Redis (Debian's ``redis-server``,
 persistence off; MGET with redis-py and hiredis, each value copied into its
-target), and a plain ``memcpy`` of the same bytes from process memory. Each client reads a working set of ``--working-set``
-bytes (larger than the CPU caches, so sources are cache-cold for every system)
-into the same 32 page-aligned destination buffers. Every system's bytes are checked once,
+target), and a plain ``memcpy`` of the same bytes from process memory. Each
+client reads a working set of ``--working-set`` bytes (larger than the CPU
+caches, so sources are cache-cold for every system) into the same 32
+page-aligned destination buffers. Every system's bytes are checked once,
 untimed. Prints a table and the ratios (targets: shm >= 0.5x memcpy at 384 KiB;
 ucx >= 2x tcp at 1 MiB and above; 4 clients >= 1.6x one); writes
 ``transports.json`` to ``--out``.

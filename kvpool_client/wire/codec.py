@@ -66,7 +66,6 @@ _ITEM_BYTES = {"I": 4, "Q": 8}
 _MAX_ERROR_MESSAGE = 1000  # fits the smallest meta limit (WireLimits.max_meta >= 1024)
 _STATUS_OPS = frozenset({Op.PUT, Op.EXISTS, Op.DELETE})
 _VALID_OPS = frozenset(int(op) for op in Op)
-_OPS = {int(op): op for op in Op}
 
 
 # -- encoding ---------------------------------------------------------------
@@ -304,7 +303,7 @@ def decode_message(header: FrameHeader, meta: bytes | bytearray | memoryview, li
 
 
 def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Message:
-    rid, op = header.request_id, _OPS[header.op & ~RESPONSE_BIT]
+    rid, op = header.request_id, header.request_op
     if header.op & RESPONSE_BIT:
         return _decode_response(op, rid, header.status, reader, limits)
     if op is Op.PUT:

@@ -50,6 +50,9 @@ class WireLimits:
         return 1024 + self.max_keys * (MAX_HASH_BYTES + 16)
 
 
+_OP_BY_CODE = {int(op): op for op in Op}  # Op(code) costs a microsecond per frame; a lookup does not
+
+
 @dataclass(frozen=True, slots=True)
 class FrameHeader:
     op: int
@@ -61,6 +64,11 @@ class FrameHeader:
     @property
     def is_response(self) -> bool:
         return bool(self.op & RESPONSE_BIT)
+
+    @property
+    def request_op(self) -> Op:
+        """The op this frame requests or answers (a decoded header's op is a known one)."""
+        return _OP_BY_CODE[self.op & ~RESPONSE_BIT]
 
 
 @dataclass(slots=True)

@@ -57,7 +57,6 @@ from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 log = logging.getLogger("kvpool.data")
 
-_OPS = {int(op): op for op in Op}
 _OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
 _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in _OP_NAMES.items()}
 
@@ -161,7 +160,7 @@ class Session:
         if header.op == Op.HELLO:
             return await self._hello(header)
         if not self._authenticated:  # nothing more is read from an unproven peer
-            await self._send_error(header.request_id, Op(header.op & 0x7F), AuthenticationError(_NEEDS_TOKEN))
+            await self._send_error(header.request_id, header.request_op, AuthenticationError(_NEEDS_TOKEN))
             return False
         await self._dispatch(header)
         return True
@@ -183,7 +182,7 @@ class Session:
 
     async def _dispatch(self, header: FrameHeader) -> None:
         started = time.perf_counter()  # the header is in: meta, payload and reply are timed
-        op = _OPS[header.op & 0x7F]  # an Op: decode_header refused unknown ones
+        op = header.request_op
         meta = await self._reader.recv_exactly(header.meta_len)
         try:
             if header.is_response:
