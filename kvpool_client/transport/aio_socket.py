@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvpool_client.errors import NodeUnavailable
 from kvpool_client.transport.iovec import IOV_MAX, advance
@@ -42,6 +42,50 @@ class AsyncSocketChannel:
         # every request cost more than the rest of a small request's handling.
         self._reading = False
         self._read_waiter: asyncio.Future[None] | None = None
+        self._when_readable: Callable[[], None] | None = None
+
+    def serve_readable(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` from the loop each time the socket turns readable while no
+        coroutine waits on it (``None`` stops). It must read what is there, or the
+        loop calls it again at once."""
+        self._when_readable = callback
+        if callback is not None and not self._reading:
+            self._loop.add_reader(self._fileno(), self._on_readable)
+            self._reading = True
+
+    def recv_now(self, target: memoryview) -> int:
+        """Receive what has arrived, up to ``len(target)`` bytes, without waiting: 0 when nothing has.
+
+        Raises:
+            NodeUnavailable: the peer closed or reset the connection.
+        """
+        try:
+            received = self._sock.recv_into(target)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            raise NodeUnavailable(f"receive from {self.peer} failed: {exc}") from exc
+        if received == 0:
+            raise NodeUnavailable(f"{self.peer} closed the connection")
+        return received
+
+    def send_now(self, buffers: Sequence[Buffer]) -> list[memoryview]:
+        """Send what the kernel takes of ``buffers`` without waiting; returns the rest (empty: all sent).
+
+        Raises:
+            NodeUnavailable: the peer closed or reset the connection.
+        """
+        if len(buffers) == 1 and type(buffers[0]) is bytes:
+            sent = self._send_now(buffers[0])
+            return [] if sent == len(buffers[0]) else [memoryview(buffers[0])[sent:]]
+        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+        try:
+            sent = self._sock.sendmsg(pending[:IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            return pending
+        except OSError as exc:
+            raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
+        return advance(pending, sent)
 
     async def send(self, buffers: Sequence[Buffer]) -> None:
         """Send every byte of ``buffers`` in order, with as few syscalls as the kernel allows.
@@ -50,21 +94,10 @@ class AsyncSocketChannel:
             NodeUnavailable: the peer closed or reset the connection.
             TimeoutError: the peer stopped reading for longer than the stall timeout.
         """
-        if len(buffers) == 1 and type(buffers[0]) is bytes:  # a small frame: try it without views first
-            sent = self._send_now(buffers[0])
-            if sent == len(buffers[0]):
-                return
-            buffers = [memoryview(buffers[0])[sent:]]
-        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+        pending = self.send_now(buffers)
         while pending:
-            try:
-                sent = self._sock.sendmsg(pending[:IOV_MAX])
-            except (BlockingIOError, InterruptedError):
-                await self._wait(writable=True, timeout=self._stall_timeout)
-                continue
-            except OSError as exc:
-                raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
-            pending = advance(pending, sent)
+            await self._wait(writable=True, timeout=self._stall_timeout)
+            pending = self.send_now(pending)
 
     async def recv_into(self, targets: Sequence[memoryview]) -> None:
         """Fill every buffer in ``targets`` exactly, in order.
@@ -102,6 +135,7 @@ class AsyncSocketChannel:
         return reusable(self._sock)
 
     def close(self) -> None:
+        self._when_readable = None
         self._stop_reading()
         self._sock.close()
 
@@ -142,10 +176,13 @@ class AsyncSocketChannel:
 
     def _on_readable(self) -> None:
         waiter, self._read_waiter = self._read_waiter, None
-        if waiter is None:
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self._when_readable is not None:
+            self._when_readable()
+        else:
             self._stop_reading()  # nobody waits: a level-triggered poll would fire every loop turn
-        elif not waiter.done():
-            waiter.set_result(None)
 
     def _stop_reading(self) -> None:
         if self._reading:

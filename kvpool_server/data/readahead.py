@@ -10,6 +10,7 @@ block are copied once more.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 HEAD_CHUNK = 512
@@ -29,13 +30,29 @@ class ReadAhead:
     def __init__(self, channel: _Channel) -> None:
         self._channel = channel
         self._pending = bytearray()
+        self._chunk = memoryview(bytearray(HEAD_CHUNK))
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not handed out yet."""
+        return len(self._pending)
 
     async def wait_frame(self) -> None:
         """Wait, without a time limit, until the next frame's first bytes are here."""
         if not self._pending:
-            chunk = bytearray(HEAD_CHUNK)
-            received = await self._channel.recv_some(memoryview(chunk))
-            self._pending += memoryview(chunk)[:received]
+            received = await self._channel.recv_some(self._chunk)
+            self._pending += self._chunk[:received]
+
+    def fill_now(self, recv_now: Callable[[memoryview], int]) -> None:
+        """Add up to ``HEAD_CHUNK`` bytes that ``recv_now`` receives without waiting."""
+        self._pending += self._chunk[: recv_now(self._chunk)]
+
+    def peek(self, start: int, end: int) -> bytes | None:
+        """Bytes ``start:end`` of what is buffered, left there; None while they are not all in."""
+        return bytes(self._pending[start:end]) if len(self._pending) >= end else None
+
+    def skip(self, nbytes: int) -> None:
+        del self._pending[:nbytes]
 
     async def recv_exactly(self, nbytes: int) -> bytearray:
         """Exactly ``nbytes`` (a header or meta), reading ahead up to ``HEAD_CHUNK``."""

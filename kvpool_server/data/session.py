@@ -12,6 +12,13 @@ Errors and the connection:
   has its payload drained, gets an error frame, and the connection goes on;
 - a peer that disappears mid-frame aborts its reservations: nothing half-written
   ever becomes readable.
+
+On a channel that can call back when its socket turns readable (plain TCP), a
+request without payload whose frame has arrived whole is answered inside that
+callback: received, served from DRAM and sent without waking a coroutine, which
+took more of a small request's time than serving it. Anything that must wait (a
+put's payload, a frame still arriving, an SSD read, a reply the socket does not
+take at once) is handed to the coroutine loop, which serves it as above.
 """
 
 from __future__ import annotations
@@ -20,9 +27,9 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kvpool_client.errors import AuthenticationError, ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
 from kvpool_client.wire import (
@@ -59,6 +66,7 @@ log = logging.getLogger("kvpool.data")
 
 _OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
 _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in _OP_NAMES.items()}
+_WITHOUT_PAYLOAD = frozenset({Op.GET, Op.LOCATE, Op.EXISTS, Op.DELETE, Op.PING})  # answered in the callback when whole
 
 _DRAIN_CHUNK = 1 << 20
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
@@ -77,6 +85,35 @@ class Channel(Protocol):
     async def recv_some(self, target: memoryview) -> int: ...
 
     async def recv_upto(self, nbytes: int) -> bytes: ...
+
+
+@runtime_checkable
+class PollableChannel(Channel, Protocol):
+    """A channel that also calls back when its socket turns readable, and moves bytes without waiting."""
+
+    def serve_readable(self, callback: Callable[[], None] | None) -> None: ...
+
+    def recv_now(self, target: memoryview) -> int: ...
+
+    def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]: ...
+
+
+Reply = list[bytes | memoryview]
+Request = GetRequest | LocateRequest | ExistsRequest | DeleteRequest | PingRequest  # a request without payload
+_REQUEST_OPS: dict[type, Op] = {
+    GetRequest: Op.GET, LocateRequest: Op.LOCATE, ExistsRequest: Op.EXISTS, DeleteRequest: Op.DELETE, PingRequest: Op.PING,
+}
+
+
+@dataclass(slots=True)
+class _Answer:
+    """A request being answered: the blocks it holds pinned, and the reply not sent yet."""
+
+    request: Request
+    keys: list[StoreKey]  # the blocks it reads (GET, LOCATE)
+    held: list[HeldBlock | None]
+    started: float  # perf_counter when its header was in
+    unsent: Reply | None = None  # None: not made yet (blocks to read from SSD first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +156,9 @@ class Session:
         self._accepting_writes = accepting_writes  # False while the node drains
         self.busy = False  # True while a request is in flight; shutdown waits for it
         self._authenticated = config.token is None
+        self._pollable = channel if isinstance(channel, PollableChannel) else None
+        self._turn: asyncio.Future[_Answer | None] | None = None  # what the callback hands over (None: the next frame)
+        self._last_served = 0.0  # monotonic time the callback last answered a request
 
     async def run(self) -> None:
         """Serve requests until the peer leaves, stalls mid-frame or breaks the stream.
@@ -130,10 +170,7 @@ class Session:
         idle = self._config.idle_timeout_s or None
         while True:
             try:
-                if idle is None:
-                    await self._reader.wait_frame()
-                else:
-                    await asyncio.wait_for(self._reader.wait_frame(), idle)
+                answer = await (self._handed_over(idle) if self._pollable else self._next_frame(idle))
             except NodeUnavailable:
                 return
             except TimeoutError:
@@ -141,7 +178,9 @@ class Session:
                 return
             self.busy = True
             try:
-                if not await self._serve_frame(await self._reader.recv_exactly(HEADER_SIZE)):
+                if answer is not None:
+                    await self._finish(answer)
+                elif not await self._serve_frame(await self._reader.recv_exactly(HEADER_SIZE)):
                     return
             except (NodeUnavailable, TimeoutError) as exc:
                 log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
@@ -149,6 +188,122 @@ class Session:
                 return
             finally:
                 self.busy = False
+
+    async def _next_frame(self, idle: float | None) -> None:
+        """Wait until the next frame's first bytes are here (a channel without callbacks)."""
+        if idle is None:
+            await self._reader.wait_frame()
+        else:
+            await asyncio.wait_for(self._reader.wait_frame(), idle)
+
+    # -- answering in the readiness callback ------------------------------------
+
+    async def _handed_over(self, idle: float | None) -> _Answer | None:
+        """Answer requests in the readiness callback until one needs this coroutine: that
+        request begun (an :class:`_Answer`), or None for a frame to read and serve here."""
+        assert self._pollable is not None
+        handed = self._answer_buffered()
+        if handed is not False:  # a frame read ahead by the last request needs this coroutine
+            return handed
+        turn = self._turn = asyncio.get_running_loop().create_future()
+        self._pollable.serve_readable(self._on_readable)
+        try:
+            return await (turn if idle is None else self._idle_bounded(turn, idle))
+        except BaseException:
+            begun = turn.result() if turn.done() and not turn.cancelled() and turn.exception() is None else None
+            if begun is not None:  # begun in the callback, never to be finished
+                self._store.release(begun.held)
+            raise
+        finally:
+            self._pollable.serve_readable(None)
+            self._turn = None
+
+    async def _idle_bounded(self, turn: asyncio.Future[_Answer | None], idle: float) -> _Answer | None:
+        """Await ``turn``; TimeoutError once no request came for ``idle`` seconds, callback ones included."""
+        self._last_served = time.monotonic()
+        while True:
+            left = self._last_served + idle - time.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(turn), max(left, 0.0))
+            except TimeoutError:
+                if time.monotonic() - self._last_served >= idle:
+                    raise
+
+    def _on_readable(self) -> None:
+        """The socket has bytes: answer the requests they complete; hand the rest to :meth:`run`."""
+        assert self._pollable is not None
+        try:
+            self._reader.fill_now(self._pollable.recv_now)
+            handed = self._answer_buffered()
+        except NodeUnavailable as exc:
+            if not self._reader.buffered:  # the peer left between frames
+                self._handover(exc)
+                return
+            handed = None  # run() finds the end of the stream mid-frame
+        except Exception as exc:  # a bug: run() raises it, the listener logs it and closes
+            self._handover(exc)
+            return
+        if handed is not False:
+            self._handover(handed)
+
+    def _handover(self, handed: _Answer | None | BaseException) -> None:
+        assert self._pollable is not None and self._turn is not None
+        self._pollable.serve_readable(None)  # run() reads from now on
+        if isinstance(handed, BaseException):
+            self._turn.set_exception(handed)
+        else:
+            self._turn.set_result(handed)
+
+    def _answer_buffered(self) -> _Answer | None | bool:
+        """Answer every buffered request that needs no waiting.
+
+        Returns:
+            False when all are answered; else what :meth:`run` must take over: a
+            request begun, or None for the next frame (not read yet).
+        """
+        assert self._pollable is not None
+        while self._reader.buffered:
+            request, started = self._whole_request()
+            if request is None:
+                return None
+            answer = self._begin(request, started)
+            if self._store.wants_ssd(answer.keys, answer.held):
+                return answer
+            try:
+                unsent = self._pollable.send_now(self._reply(answer))
+            except BaseException:
+                self._store.release(answer.held)
+                raise
+            if unsent:
+                answer.unsent = unsent
+                return answer
+            self._end(answer)
+        self._last_served = time.monotonic()
+        return False
+
+    def _whole_request(self) -> tuple[Request | None, float]:
+        """The next buffered frame, decoded and taken from the buffer, if it is a request
+        without payload that has arrived whole; else (None, 0), and the frame stays buffered."""
+        raw = self._reader.peek(0, HEADER_SIZE)
+        if raw is None or not self._authenticated:
+            return None, 0.0
+        started = time.perf_counter()
+        try:
+            header = decode_header(raw, self._config.limits)
+            if header.payload_len or header.op not in _WITHOUT_PAYLOAD:
+                return None, 0.0
+            meta = self._reader.peek(HEADER_SIZE, HEADER_SIZE + header.meta_len)
+            if meta is None:
+                return None, 0.0
+            request = decode_message(header, meta, self._config.limits)
+        except ProtocolError:
+            return None, 0.0  # run() reads it again and answers the error
+        assert isinstance(request, Request)
+        self._reader.skip(HEADER_SIZE + header.meta_len)
+        self._counters.add(_REQUEST_COUNTERS[header.op])
+        return request, started
+
+    # -- the coroutine loop ------------------------------------------------------
 
     async def _serve_frame(self, raw: bytearray) -> bool:
         """Handle one frame; False when the connection must close."""
@@ -193,20 +348,25 @@ class Session:
             await self._send_error(header.request_id, op, exc)
             return
         self._counters.add(_REQUEST_COUNTERS[op])
-        match request:
-            case PutRequest():
-                await self._put(request)
-            case GetRequest():
-                await self._get(request)
-            case ExistsRequest():
-                await self._exists(request)
-            case DeleteRequest():
-                await self._delete(request)
-            case PingRequest():
-                await self._channel.send([encode(PingResponse(request.request_id))])
-            case LocateRequest():
-                await self._locate(request)
-        self._latencies.observe(_OP_NAMES[op], time.perf_counter() - started)
+        if isinstance(request, PutRequest):
+            await self._put(request)
+            self._latencies.observe(_OP_NAMES[op], time.perf_counter() - started)
+            return
+        assert isinstance(request, Request)
+        await self._finish(self._begin(request, started))
+
+    async def _finish(self, answer: _Answer) -> None:
+        """Read the request's SSD blocks, make and send its reply, then unpin its blocks."""
+        try:
+            if answer.unsent is None:
+                arena_only = isinstance(answer.request, LocateRequest)  # an unpromotable block is not read twice
+                await self._store.acquire_rest(answer.keys, answer.held, arena_only=arena_only)
+                answer.unsent = self._reply(answer)
+            await self._channel.send(answer.unsent)
+        except BaseException:
+            self._store.release(answer.held)
+            raise
+        self._end(answer)
 
     async def _put(self, request: PutRequest) -> None:
         ns = request.namespace
@@ -251,49 +411,66 @@ class Session:
                 length -= chunk
         await self._reader.recv_into(targets)
 
-    async def _get(self, request: GetRequest) -> None:
-        ns = request.namespace
-        held = await self._store.acquire([(ns, h) for h in request.hashes])
-        try:
-            statuses, lengths, sums, views = [], [], [], []
-            for block in held:
-                status = self._check(block)
-                statuses.append(int(status))
-                ok = block is not None and status is ErrorCode.OK
-                lengths.append(len(block.view) if ok else 0)
-                sums.append(block.checksum if ok else 0)
-                if ok:
-                    views.append(block.view)
-            if sum(lengths) > self._config.limits.max_payload:
-                too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._config.limits.max_payload}")
-                await self._send_error(request.request_id, Op.GET, too_big)
-                return
-            head = encode(GetResponse(request.request_id, statuses, lengths, sums))
-            await self._channel.send([head, *views])
-            self._counters.add("bytes_out", sum(lengths))
-        finally:
-            self._store.release(held)
+    # -- answers: the same whichever loop sends them ---------------------------
 
-    async def _locate(self, request: LocateRequest) -> None:
-        """Say where each block lies in the shared arena; the same-node client copies it itself.
+    def _begin(self, request: Request, started: float) -> _Answer:
+        """Pin the request's blocks that DRAM holds (a GET or LOCATE)."""
+        if not isinstance(request, (GetRequest, LocateRequest)):
+            return _Answer(request, [], [], started)
+        keys = [(request.namespace, h) for h in request.hashes]
+        return _Answer(request, keys, self._store.acquire_dram(keys), started)
+
+    def _end(self, answer: _Answer) -> None:
+        """The reply is sent: unpin its blocks and time the request."""
+        self._store.release(answer.held)
+        self._latencies.observe(_OP_NAMES[_REQUEST_OPS[type(answer.request)]], time.perf_counter() - answer.started)
+
+    def _reply(self, answer: _Answer) -> Reply:
+        request = answer.request
+        match request:
+            case GetRequest():
+                return self._get_reply(request, answer.held)
+            case LocateRequest():
+                return self._locate_reply(request, answer.keys, answer.held)
+            case ExistsRequest():
+                return [encode(StatusResponse(request.request_id, Op.EXISTS, self._exists(request)))]
+            case DeleteRequest():
+                ns = request.namespace
+                statuses = [int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
+                return [encode(StatusResponse(request.request_id, Op.DELETE, statuses))]
+            case PingRequest():
+                return [encode(PingResponse(request.request_id))]
+
+    def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
+        statuses, lengths, sums, views = [], [], [], []
+        for block in held:
+            status = self._check(block)
+            statuses.append(int(status))
+            ok = block is not None and status is ErrorCode.OK
+            lengths.append(len(block.view) if ok else 0)
+            sums.append(block.checksum if ok else 0)
+            if ok:
+                views.append(block.view)
+        if sum(lengths) > self._config.limits.max_payload:
+            too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._config.limits.max_payload}")
+            return [self._error_frame(request.request_id, Op.GET, too_big)]
+        self._counters.add("bytes_out", sum(lengths))
+        return [encode(GetResponse(request.request_id, statuses, lengths, sums)), *views]
+
+    def _locate_reply(self, request: LocateRequest, keys: list[StoreKey], held: list[HeldBlock | None]) -> Reply:
+        """Where each block lies in the shared arena; the same-node client copies it itself.
 
         Each block is held only while its location and slot generation are read:
         the reader detects a reuse of the slot by the generation, not by a pin.
         """
         generations = self._tier.generations
         if generations is None:
-            await self._send_error(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))
-            return
-        keys = [(request.namespace, h) for h in request.hashes]
-        held = await self._store.acquire(keys, arena_only=True)  # an unpromotable block is not read twice
-        try:
-            rows = [self._location(key, block) for key, block in zip(keys, held)]
-        finally:
-            self._store.release(held)
+            return [self._error_frame(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))]
+        rows = [self._location(key, block) for key, block in zip(keys, held)]
         columns = [list(column) for column in zip(*rows)] or [[] for _ in range(5)]
         response = LocateResponse(request.request_id, generations.arena_id, *columns)
         self._counters.add("bytes_out_shm", sum(response.lengths))
-        await self._channel.send([encode(response)])
+        return [encode(response)]
 
     def _location(self, key: StoreKey, block: HeldBlock | None) -> tuple[int, int, int, int, int]:
         """(status, offset, length, checksum, generation) of a held block; zeros unless OK."""
@@ -317,18 +494,13 @@ class Session:
             return ErrorCode.CHECKSUM_MISMATCH
         return ErrorCode.OK
 
-    async def _exists(self, request: ExistsRequest) -> None:
+    def _exists(self, request: ExistsRequest) -> list[int]:
         ns, statuses, missed = request.namespace, [], False
         for h in request.hashes:
             # A prefix lookup stops looking at the first miss: what follows is useless.
             missed = (missed and request.prefix) or not self._store.contains((ns, h))
             statuses.append(int(ErrorCode.NOT_FOUND if missed else ErrorCode.OK))
-        await self._channel.send([encode(StatusResponse(request.request_id, Op.EXISTS, statuses))])
-
-    async def _delete(self, request: DeleteRequest) -> None:
-        ns = request.namespace
-        statuses = [int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
-        await self._channel.send([encode(StatusResponse(request.request_id, Op.DELETE, statuses))])
+        return statuses
 
     async def _drain(self, nbytes: int) -> None:
         scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
@@ -338,10 +510,14 @@ class Session:
             nbytes -= chunk
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
+        try:
+            await self._channel.send([self._error_frame(request_id, op, exc)])
+        except NodeUnavailable:
+            pass
+
+    def _error_frame(self, request_id: int, op: Op, exc: KVPoolError) -> bytes:
+        """The error reply to a request, counted and logged."""
         self._counters.add(f"errors_{exc.code.name.lower()}")
         log.warning("bad request", extra={"peer": self._channel.peer, "error": str(exc)})
         code = exc.code if not isinstance(exc, LimitExceeded) else ErrorCode.LIMIT_EXCEEDED
-        try:
-            await self._channel.send([encode(ErrorResponse(request_id, op, int(code), str(exc)))])
-        except NodeUnavailable:
-            pass
+        return encode(ErrorResponse(request_id, op, int(code), str(exc)))

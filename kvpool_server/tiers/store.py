@@ -225,27 +225,48 @@ class BlockStore:
             asyncio.CancelledError: the caller was cancelled; nothing stays pinned
                 (SSD reads already running release their blocks when they finish).
         """
-        # DRAM first, tail first: a chain's head ends up the most recent.
+        held = self.acquire_dram(keys, touch=touch)
+        try:
+            await self.acquire_rest(keys, held, touch=touch, arena_only=arena_only)
+        except BaseException:
+            self.release(held)
+            raise
+        return held
+
+    def acquire_dram(self, keys: Sequence[StoreKey], *, touch: bool = True) -> list[HeldBlock | None]:
+        """The blocks :meth:`acquire` holds without waiting: those in DRAM (None for the others)."""
+        # Tail first: a chain's head ends up the most recent.
         entries = [self.dram.acquire(k, touch=touch) for k in reversed(keys)][::-1]
-        held: list[HeldBlock | None] = [None if e is None else self._dram_held(e) for e in entries]
-        if self.ssd is None:
-            return held
-        misses = [i for i, h in enumerate(held) if h is None and self.ssd.contains(keys[i])]
+        return [None if e is None else self._dram_held(e) for e in entries]
+
+    def wants_ssd(self, keys: Sequence[StoreKey], held: Sequence[HeldBlock | None]) -> bool:
+        """Whether some key ``held`` misses is on the SSD tier: :meth:`acquire_rest` must read it."""
+        ssd = self.ssd
+        return ssd is not None and any(h is None and ssd.contains(k) for k, h in zip(keys, held))
+
+    async def acquire_rest(
+        self, keys: Sequence[StoreKey], held: list[HeldBlock | None], *, touch: bool = True, arena_only: bool = False
+    ) -> None:
+        """Fill the misses of :meth:`acquire_dram`'s ``held`` from the SSD tier, in place.
+
+        On failure ``held`` is as it was (the caller still releases it), and blocks
+        read meanwhile are released when their read ends.
+        """
+        ssd = self.ssd
+        misses = [] if ssd is None else [i for i, h in enumerate(held) if h is None and ssd.contains(keys[i])]
         if not misses:
-            return held
+            return
         assert self._pool is not None
         load = self._pool.submit(self._load_many, [keys[i] for i in misses], touch, arena_only)
         try:
             loaded = await asyncio.wrap_future(load)
         except BaseException:
-            self.release(held)
             load.add_done_callback(self._release_load)  # its blocks never reach the caller
             raise
         for i, block in zip(misses, loaded):
             held[i] = block
         if touch:  # hits were touched before the promotions: order the whole chain again, tail first
             self.dram.refresh([b.entry for b in reversed(held) if b is not None and b.entry is not None])
-        return held
 
     def _release_load(self, load: Future[list[HeldBlock | None]]) -> None:
         if not load.cancelled() and load.exception() is None:
