@@ -44,6 +44,7 @@ FULL_DURATION_S = 1.5
 QUICK_DURATION_S = 0.2
 NOISY_CORES = 0.25  # other processes' CPU above which a cell is measured again
 MAX_RETRIES = 2
+RATIO_ROUNDS = 3  # after the full pass: rounds of only the cells the target ratios compare, interleaved
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--retry-budget", type=float, default=None, help="seconds for re-measuring cells disturbed by other processes"
     )
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install a missing redis-server")
+    parser.add_argument(
+        "--ratio-rounds", type=int, default=None,
+        help=f"rounds of the cells the target ratios compare, after the full pass ({RATIO_ROUNDS}; --quick: 0)",
+    )
     return parser.parse_args(argv)
 
 
@@ -77,6 +82,17 @@ def plan_cells(endpoints: dict[str, Endpoint | None], systems: list[str], durati
                         spec = CellSpec(system, op, block, batch, clients, address, duration_s, os.urandom(8), pid)
                         specs.append(spec)
     return specs
+
+
+def plan_ratio_round(endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float, index: int) -> list[CellSpec]:
+    """One round of the cells the target ratios compare; every other round in reverse, so
+    that over the rounds no system is always measured first."""
+    specs = []
+    for system, batch, clients in report.ratio_shapes(systems):
+        server = endpoints.get(system)
+        address, pid = (server.address, server.pid) if server else ("", None)
+        specs.append(CellSpec(system, "get", report.RATIO_BLOCK, batch, clients, address, duration_s, os.urandom(8), pid))
+    return specs[::-1] if index % 2 else specs
 
 
 def run_cell(spec: CellSpec, pools: Pools, available: bool) -> Cell:
@@ -149,20 +165,33 @@ def start_everything(
     return endpoints, pools
 
 
-def run_all(args: argparse.Namespace, systems: list[str], duration_s: float, retry_s: float, cells: list[Cell]) -> None:
-    """Run every cell, appending to ``cells`` as they finish (kept on Ctrl-C)."""
+def run_all(
+    args: argparse.Namespace, systems: list[str], duration_s: float, retry_s: float, cells: list[Cell],
+    rounds: list[list[Cell]], ratio_rounds: int,
+) -> None:
+    """Run every cell, then ``ratio_rounds`` rounds of the ratios' cells, appending to
+    ``cells`` and ``rounds`` as they finish (kept on Ctrl-C)."""
     with ExitStack() as stack:
         started = time.monotonic()
         endpoints, pools = start_everything(stack, args, systems)
         print(f"servers and clients up in {time.monotonic() - started:.1f} s", file=sys.stderr)
-        specs = plan_cells(endpoints, systems, duration_s)
         budget = RetryBudget(retry_s)
-        for index, spec in enumerate(specs, 1):
-            started = time.monotonic()
-            available = spec.system == "memcpy" or endpoints.get(spec.system) is not None
-            cell = measure(spec, pools, available, budget)
-            cells.append(cell)
-            print(progress_line(index, len(specs), cell, time.monotonic() - started), file=sys.stderr, flush=True)
+        run_cells(plan_cells(endpoints, systems, duration_s), endpoints, pools, budget, cells)
+        for index in range(ratio_rounds):
+            print(f"ratio round {index + 1} of {ratio_rounds}", file=sys.stderr)
+            rounds.append([])
+            run_cells(plan_ratio_round(endpoints, systems, duration_s, index), endpoints, pools, budget, rounds[-1])
+
+
+def run_cells(
+    specs: list[CellSpec], endpoints: dict[str, Endpoint | None], pools: Pools, budget: RetryBudget, cells: list[Cell]
+) -> None:
+    for index, spec in enumerate(specs, 1):
+        started = time.monotonic()
+        available = spec.system == "memcpy" or endpoints.get(spec.system) is not None
+        cell = measure(spec, pools, available, budget)
+        cells.append(cell)
+        print(progress_line(index, len(specs), cell, time.monotonic() - started), file=sys.stderr, flush=True)
 
 
 def run_meta(
@@ -184,14 +213,17 @@ def run_meta(
     }
 
 
-def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any]) -> None:
+def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any], rounds: list[list[Cell]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    report.write_json(out / "blocks.json", cells, meta)
-    report.write_markdown(out / "blocks.md", cells, meta)
+    report.write_json(out / "blocks.json", cells, meta, rounds)
+    report.write_markdown(out / "blocks.md", cells, meta, rounds)
     plots = report.write_plots(out, cells)
     print(report.markdown_table(cells))
-    print("\nRatios (this run):")
+    print("\nRatios (this run, from the cells above):")
     print(report.ratio_lines(report.ratios(cells)))
+    if rounds:
+        print(f"\nRatios over {len(rounds)} interleaved rounds of only the cells they compare (median):")
+        print(report.ratio_lines(report.round_ratios(rounds)))
     print(f"\nWrote {out / 'blocks.json'}, {out / 'blocks.md'}, " + ", ".join(str(p) for p in plots))
 
 
@@ -209,14 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     duration_s = args.duration or (QUICK_DURATION_S if args.quick else FULL_DURATION_S)
     started, t0 = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
     cells: list[Cell] = []
+    rounds: list[list[Cell]] = []
+    ratio_rounds = args.ratio_rounds if args.ratio_rounds is not None else (0 if args.quick else RATIO_ROUNDS)
     status = 0
     try:
         retry_s = args.retry_budget if args.retry_budget is not None else (10.0 if args.quick else 45.0)
-        run_all(args, systems, duration_s, retry_s, cells)
+        run_all(args, systems, duration_s, retry_s, cells, rounds, ratio_rounds)
     except KeyboardInterrupt:
         print("\ninterrupted: everything stopped; writing the cells measured so far", file=sys.stderr)
         status = 130
-    write_outputs(args.out, cells, run_meta(args, duration_s, started, time.monotonic() - t0, cells))
+    write_outputs(args.out, cells, run_meta(args, duration_s, started, time.monotonic() - t0, cells), rounds)
     return status
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,20 +13,51 @@ from bench.cells import Cell
 from bench.workload import KiB, MiB
 
 SYSTEMS = ("kvpool", "kvpool-shm", "redis", "socket", "memcpy")
-_RATIO_BLOCK = 384 * KiB
 
 
 @dataclass(frozen=True, slots=True)
 class Ratio:
     name: str
-    value: float | None  # None: a cell it needs is missing
+    value: float | None  # None: a cell it needs is missing; over rounds, their median
     target: float
+    rounds: tuple[float, ...] = ()  # one value per interleaved round, when measured so
 
     @property
     def verdict(self) -> str:
         if self.value is None:
             return "n/a"
         return "ok" if self.value >= self.target else "BELOW TARGET"
+
+
+Shape = tuple[str, int, int]  # (system, batch, clients) of a 384 KiB get
+
+
+@dataclass(frozen=True, slots=True)
+class RatioSpec:
+    name: str
+    top: Shape
+    bottom: Shape
+    target: float
+
+
+# The targets the daemon and client are tuned against.
+RATIO_SPECS = (
+    RatioSpec("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.3),
+    RatioSpec("384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7),
+    RatioSpec("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
+    RatioSpec("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
+    # The same daemon read the way a client on its node reads it (the DaemonSet case).
+    RatioSpec("384 KiB get, 1 client: kvpool-shm single / Redis GET", ("kvpool-shm", 1, 1), ("redis", 1, 1), 1.3),
+    RatioSpec("384 KiB kvpool-shm single get: 4 clients / 1 client", ("kvpool-shm", 1, 4), ("kvpool-shm", 1, 1), 1.5),
+    RatioSpec("384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5),
+)
+RATIO_BLOCK = 384 * KiB
+
+
+def ratio_shapes(systems: Sequence[str]) -> list[Shape]:
+    """The get cells the ratios compare, among ``systems``, each once."""
+    shapes = [shape for spec in RATIO_SPECS for shape in (spec.top, spec.bottom)]
+    return [shape for i, shape in enumerate(shapes) if shape not in shapes[:i] and shape[0] in systems]
 
 
 def size_label(nbytes: int) -> str:
@@ -40,27 +72,28 @@ def find(cells: Sequence[Cell], system: str, op: str, block: int, batch: int, cl
 
 
 def ratios(cells: Sequence[Cell]) -> list[Ratio]:
-    """The targets the daemon and client are tuned against, from this run's cells only."""
+    """Every target ratio, from ``cells`` only."""
 
-    def gbps(system: str, batch: int, clients: int) -> float | None:
-        cell = find(cells, system, "get", _RATIO_BLOCK, batch, clients)
+    def gbps(shape: Shape) -> float | None:
+        system, batch, clients = shape
+        cell = find(cells, system, "get", RATIO_BLOCK, batch, clients)
         return cell.gbps if cell is not None else None
 
-    def ratio(name: str, top: tuple[str, int, int], bottom: tuple[str, int, int], target: float) -> Ratio:
-        return Ratio(name, _div(gbps(*top), gbps(*bottom)), target)
+    return [Ratio(spec.name, _div(gbps(spec.top), gbps(spec.bottom)), spec.target) for spec in RATIO_SPECS]
 
-    return [
-        ratio("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.3),
-        ratio(
-            "384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7
-        ),
-        ratio("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
-        ratio("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
-        # The same daemon read the way a client on its node reads it (the DaemonSet case).
-        ratio("384 KiB get, 1 client: kvpool-shm single / Redis GET", ("kvpool-shm", 1, 1), ("redis", 1, 1), 1.3),
-        ratio("384 KiB kvpool-shm single get: 4 clients / 1 client", ("kvpool-shm", 1, 4), ("kvpool-shm", 1, 1), 1.5),
-        ratio("384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5),
-    ]
+
+def round_ratios(rounds: Sequence[Sequence[Cell]]) -> list[Ratio]:
+    """Every target ratio per round of interleaved cells, and their median.
+
+    Both cells of a ratio were measured within seconds of each other in each round,
+    so a noisy stretch of the machine falls on both instead of on one of them.
+    """
+    per_round = [ratios(cells) for cells in rounds]
+    merged = []
+    for i, spec in enumerate(RATIO_SPECS):
+        values = tuple(r[i].value for r in per_round if r[i].value is not None)
+        merged.append(Ratio(spec.name, statistics.median(values) if values else None, spec.target, values))
+    return merged
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -97,22 +130,31 @@ def markdown_table(cells: Sequence[Cell]) -> str:
 
 
 def ratio_lines(values: Sequence[Ratio]) -> str:
-    return "\n".join(
-        f"- {r.name}: {_num(r.value, 2) if r.value is not None else 'n/a'} (target >= {r.target}) {r.verdict}"
-        for r in values
-    )
+    lines = []
+    for r in values:
+        rounds = f" (rounds: {', '.join(f'{v:.2f}' for v in r.rounds)})" if r.rounds else ""
+        lines.append(f"- {r.name}: {_num(r.value, 2) if r.value is not None else 'n/a'}{rounds} (target >= {r.target}) {r.verdict}")
+    return "\n".join(lines)
 
 
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def write_json(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> None:
-    ratio_rows = [{**asdict(r), "verdict": r.verdict} for r in ratios(cells)]
-    path.write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells], "ratios": ratio_rows}, indent=2))
+def write_json(path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: Sequence[Sequence[Cell]] = ()) -> None:
+    def rows(values: list[Ratio]) -> list[dict[str, Any]]:
+        return [{**asdict(r), "verdict": r.verdict} for r in values]
+
+    document = {
+        "meta": meta,
+        "cells": [asdict(c) for c in cells],
+        "ratios": rows(ratios(cells)),
+        "ratio_rounds": {"cells": [[asdict(c) for c in r] for r in rounds], "ratios": rows(round_ratios(rounds))},
+    }
+    path.write_text(json.dumps(document, indent=2))
 
 
-def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> None:
+def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: Sequence[Sequence[Cell]] = ()) -> None:
     errors = [
         f"- {c.system} {c.op} {size_label(c.block_size)} x{c.batch} c{c.clients}: {c.error}" for c in cells if not c.ok
     ]
@@ -130,8 +172,13 @@ def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> N
         "",
         "## Ratios",
         "",
+        "From the cells above:",
+        "",
         ratio_lines(ratios(cells)),
     ]
+    if rounds:
+        text += ["", f"Over {len(rounds)} rounds of only the cells they compare, interleaved (median):", ""]
+        text.append(ratio_lines(round_ratios(rounds)))
     if errors:
         text += ["", "## Missing cells", "", *errors]
     path.write_text("\n".join(text) + "\n")
