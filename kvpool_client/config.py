@@ -40,6 +40,12 @@ class ClientConfig:
             socket; ``shm`` requires the arena (puts and the rest over tcp);
             ``ucx`` requires UCX for every op. A node that cannot do a required
             transport fails its keys with ``UNAVAILABLE``.
+        location_ttl_s: over ``shm``, how long a block's place in the node's arena,
+            once learned, is reused without asking the node (0: ask on every get).
+            A repeat read is then one memcpy. Safe at any length (the slot's
+            generation shows a deleted, evicted or overwritten block); the node does
+            not see such reads, so this bounds how stale its eviction order gets,
+            and how long a restarted node goes unnoticed.
         auth_token: the cluster's shared token, for nodes that require one
             (proved on every data connection and gRPC call).
         tls: CA (and client certificate) files for nodes whose gRPC port is TLS.
@@ -61,6 +67,7 @@ class ClientConfig:
     write_quorum: int | None = None
     io_threads: int = 8
     transport: str = "auto"
+    location_ttl_s: float = 0.5
     auth_token: bytes | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
     etcd_tls: TlsFiles | None = None
@@ -83,6 +90,8 @@ class ClientConfig:
             raise UsageError("max_idle_connections must be >= 0")
         if self.io_threads < 1:
             raise UsageError("io_threads must be >= 1")
+        if self.location_ttl_s < 0:
+            raise UsageError("location_ttl_s must be >= 0")
         if self.transport not in TRANSPORTS:
             raise UsageError(f"transport must be one of {', '.join(TRANSPORTS)}, not {self.transport!r}")
         try:
@@ -119,7 +128,8 @@ class ClientConfig:
 
         Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
         ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM``,
-        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp, shm or ucx) and
+        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp, shm or ucx),
+        ``KVPOOL_LOCATION_TTL_S`` and
         ``KVPOOL_AUTH_TOKEN_FILE`` (the token's file, the daemon's setting too) and
         ``KVPOOL_TLS_CA_FILE`` (with ``KVPOOL_TLS_CLIENT_CERT_FILE`` and
         ``KVPOOL_TLS_CLIENT_KEY_FILE`` for mTLS) and ``KVPOOL_ETCD_CA_FILE`` (with
@@ -144,6 +154,7 @@ class ClientConfig:
         values["etcd_tls"] = etcd_tls_from_env(env)
         for name, var, kind in (
             ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
+            ("location_ttl_s", "KVPOOL_LOCATION_TTL_S", float),
             ("replicas", "KVPOOL_REPLICAS", int),
             ("write_quorum", "KVPOOL_WRITE_QUORUM", int),
         ):

@@ -26,6 +26,7 @@ class SharedArenaInfo:
     generations_offset: int  # the slot generations' header, inside the arena file
     arena_id: int
     capacity_bytes: int
+    verify_checksums: bool = False  # the node checks each block it serves (reads it does not see are checked here)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class NodeInfo:
         endpoints = {e.transport: e.address for e in info.endpoints}
         arena = info.shared_arena if info.HasField("shared_arena") else None
         shared = None if arena is None else SharedArenaInfo(
-            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes
+            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes, arena.verify_checksums
         )
         return cls(
             address,

@@ -194,7 +194,17 @@ def get_shared(
     slot was reused during the copy, and blocks the node holds outside the arena,
     are fetched with one GET on the same connection. An answer for another arena
     (the node restarted) marks ``arena`` stale and fetches everything with GET.
+
+    When the arena knows every block's location from an earlier get, the blocks
+    are copied from there without asking the node (no I/O at all), as long as each
+    generation holds after its copy (and its checksum matches, when this client or
+    the node verifies checksums); else the node is asked as above.
     """
+    known = arena.known.lookup(request.namespace, request.hashes)
+    if known is not None:
+        copied = _copy_known(request, known, targets, arena, verify or arena.info.verify_checksums)
+        if copied is not None:
+            return copied
     yield Send([encode(request)])
     response = yield from _response(request.request_id, Op.LOCATE, limits, _locate_meta(len(request.hashes)))
     if not isinstance(response, LocateResponse) or len(response.statuses) != len(targets):
@@ -206,12 +216,38 @@ def get_shared(
         statuses, again = [int(ErrorCode.NOT_IN_ARENA)] * count, list(range(count))
     else:
         statuses, filled, again = _copy_located(response, targets, arena, verify)
+        for i, view in enumerate(filled):
+            if view is not None:
+                where = Location(response.offsets[i], response.lengths[i], response.generations[i])
+                arena.known.remember(request.namespace, request.hashes[i], where, response.checksums[i])
     if again:
         rest = GetRequest(request.request_id, request.namespace, [request.hashes[i] for i in again])
         codes, views = yield from get(rest, [targets[i] for i in again], limits, verify)
         for i, code, view in zip(again, codes, views):
             statuses[i], filled[i] = code, view
     return statuses, filled
+
+
+def _copy_known(
+    request: LocateRequest,
+    known: list[tuple[Location, int]],
+    targets: Sequence[memoryview | None],
+    arena: SharedArena,
+    verify: bool,
+) -> tuple[list[int], list[memoryview | None]] | None:
+    """Every block copied from its known location into its target; None when one is no longer there."""
+    filled: list[memoryview] = []
+    for (location, _), target in zip(known, targets):
+        target = memoryview(bytearray(location.length)) if target is None else target
+        if len(target) != location.length:
+            return None  # the node's answer reports it
+        arena.copy_into(location, target)
+        filled.append(target)
+    for block, (location, checksum), view in zip(request.hashes, known, filled):
+        if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(view) != checksum):
+            arena.known.forget(request.namespace, block)
+            return None
+    return [int(ErrorCode.OK)] * len(filled), list(filled)
 
 
 def _copy_located(

@@ -163,7 +163,8 @@ class Daemon:
         """The arena as same-node clients map it (the ``shm`` transport)."""
         assert self._arena is not None and self._generations is not None
         arena = self._arena
-        return SharedArenaIdentity(str(arena.path), arena.capacity, self._generations.arena_id, arena.capacity)
+        return SharedArenaIdentity(str(arena.path), arena.capacity, self._generations.arena_id, arena.capacity,
+                                   self.config.verify_checksum_on_get)
 
     def _open_ssd(self) -> SsdTier:
         cfg = self.config

@@ -14,6 +14,12 @@ read again over TCP. A reader never returns bytes of a reused slot. That argumen
 needs x86-64's ordering (Python has no memory barriers to give it elsewhere), so
 on other CPUs (aarch64 reorders loads) the client does not map the arena.
 
+The generation also changes when a block is deleted or evicted, and blocks never
+change once written, so a location stays good for as long as its generation holds.
+The client keeps the locations it read lately (:class:`KnownLocations`) and copies
+a block it read before without asking the node again, checking the generation
+after the copy the same way.
+
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
 """
@@ -23,6 +29,8 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpool_client.control import SharedArenaInfo
@@ -48,19 +56,65 @@ class Location:
     generation: int
 
 
+KNOWN_LOCATIONS = 1 << 16  # locations a client keeps per node: 24 GiB of 384 KiB blocks
+
+
+class KnownLocations:
+    """Locations (and checksums) of blocks read from the arena lately, reused for ``ttl_s``.
+
+    Reuse needs no time limit to be safe: the slot's generation, checked after each
+    copy, says when a block is gone. The limit is for the node, which does not see
+    these reads: a block read often is still located that often, which refreshes
+    its place in the node's eviction order, and a node that restarted (a new arena;
+    the old mapping's generations never move again) is noticed within it.
+    ``ttl_s`` 0 asks the node on every get.
+    """
+
+    def __init__(self, ttl_s: float, capacity: int = KNOWN_LOCATIONS, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl_s
+        self._capacity = capacity
+        self._clock = clock
+        self._entries: dict[tuple[str, bytes], tuple[Location, int, float]] = {}
+
+    def lookup(self, namespace: str, hashes: Sequence[bytes]) -> list[tuple[Location, int]] | None:
+        """(location, checksum) of every block, if all are known and fresh; else None."""
+        if not self._ttl:
+            return None
+        now, found = self._clock(), []
+        for block in hashes:
+            known = self._entries.get((namespace, block))
+            if known is None or known[2] < now:
+                return None
+            found.append((known[0], known[1]))
+        return found
+
+    def remember(self, namespace: str, block: bytes, location: Location, checksum: int) -> None:
+        if not self._ttl:
+            return
+        if len(self._entries) >= self._capacity:
+            self._entries.clear()  # hints only: start over rather than track recency here
+        self._entries[(namespace, block)] = (location, checksum, self._clock() + self._ttl)
+
+    def forget(self, namespace: str, block: bytes) -> None:
+        self._entries.pop((namespace, block), None)
+
+
 class SharedArena:
     """A read-only mapping of a daemon's arena and of its slot generations.
 
     Args:
         info: the arena as the node's server info describes it.
+        location_ttl_s: how long a block's location is reused without asking the
+            node (see :class:`KnownLocations`).
 
     Raises:
         SharedArenaUnavailable: a file is missing or unreadable, or it is not the
             arena ``info`` names (another daemon's file at the same path).
     """
 
-    def __init__(self, info: SharedArenaInfo) -> None:
+    def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0) -> None:
         self.info = info
+        self.known = KnownLocations(location_ttl_s)
         try:
             self._map = _map_readonly(info.arena_path)
             self.header = _check_header(self._map, info)
@@ -95,7 +149,7 @@ class SharedArena:
         return int(self._generations[index]) == location.generation
 
 
-def open_shared_arena(info: SharedArenaInfo | None, transport: str) -> SharedArena | None:
+def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl_s: float = 0.0) -> SharedArena | None:
     """The arena to read from under the ``transport`` setting; None: use tcp.
 
     ``auto`` maps the arena when the node offers one that is readable here, and
@@ -115,7 +169,7 @@ def open_shared_arena(info: SharedArenaInfo | None, transport: str) -> SharedAre
             raise SharedArenaUnavailable("the node offers no shared arena (shm transport)")
         return None
     try:
-        return SharedArena(info)
+        return SharedArena(info, location_ttl_s)
     except SharedArenaUnavailable:
         if transport == "shm":
             raise

@@ -3,9 +3,12 @@
 The daemon keeps one u64 per arena granule (:data:`GRANULE` bytes; every slot
 starts on one) in its arena file, right after the blocks. It bumps the
 counter of a slot's first granule whenever that slot is freed, before the memory
-can be handed out again. A reader that learned a block's generation, copied the
-block, and then reads the same generation knows no reuse overlapped its copy:
-reusing any byte of the slot needs the slot freed first.
+can be handed out again, and when a block is deleted or evicted while a reader
+pins it (its free then waits). A reader that learned a block's generation, copied
+the block, and then reads the same generation knows the block was neither removed
+nor its slot reused since it learned it: reusing any byte of the slot needs the
+slot freed first. Blocks never change once written, so a location learned once
+stays good for as long as that generation holds.
 
 Layout (little endian), at the offset server info announces::
 

@@ -35,6 +35,7 @@ class SharedArenaIdentity:
     generations_offset: int
     arena_id: int
     capacity_bytes: int
+    verify_checksums: bool = False  # the node checks blocks it serves; readers of the arena should too
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,8 @@ def _shared_arena(arena: SharedArenaIdentity | None) -> pb.SharedArena | None:
     if arena is None:
         return None
     return pb.SharedArena(arena_path=arena.arena_path, generations_offset=arena.generations_offset,
-                          arena_id=arena.arena_id, capacity_bytes=arena.capacity_bytes)
+                          arena_id=arena.arena_id, capacity_bytes=arena.capacity_bytes,
+                          verify_checksums=arena.verify_checksums)
 
 
 def _tier_stats(report: TierReport) -> pb.TierStats:

@@ -45,7 +45,8 @@ class DramTier:
         counters: where hits, misses and evictions are counted (``dram_*``).
         policy_factory: builds the eviction order for each size class.
         on_evict: told the key of every evicted block, under the tier's lock (keep it cheap).
-        generations: slot generations for same-node readers, bumped on every free.
+        generations: slot generations for same-node readers, bumped on every free and
+            when a pinned block is unlinked (its free waits for the last reader).
         namespace_quota: most slot bytes one namespace may hold (0: no quota); past
             it, the namespace's own least recent blocks make room.
     """
@@ -381,6 +382,10 @@ class DramTier:
         policy = self._policies.get(entry.slot_size)
         if policy is not None:
             policy.remove(entry.key)
+        if entry.pins and entry.readable and self.generations is not None:
+            # Freed only when its last reader leaves; a same-node client holding its
+            # location must see it gone now (an unpinned block is freed, and bumped, at once).
+            self.generations.bump(entry.offset)
         entry.unlinked = True
 
     def _release_pin(self, entry: BlockEntry) -> None:

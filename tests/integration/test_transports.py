@@ -216,6 +216,27 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
     assert seen["ok"] > 0 and seen["missing"] > 0, seen  # the race really happened
 
 
+def test_shm_rereads_copy_known_locations_until_a_block_goes(node: DaemonProcess) -> None:
+    """Blocks read once are read again without a LOCATE; one deleted by another client is a miss at once."""
+    keys = new_keys(4)
+    with connect(node, "shm", location_ttl_s=30.0) as reader, connect(node, "tcp") as other:
+        assert reader.put(keys, [pattern(k, 64 * KiB) for k in keys]).stored == len(keys)
+
+        def locates() -> int:
+            return int(reader.stats(node.address).counters["requests_locate"])
+
+        reader.get(keys)
+        before = locates()
+        for _ in range(5):
+            got = reader.get(keys, [bytearray(64 * KiB) for _ in keys])
+            assert got.statuses == (OK,) * 4 and [bytes(b) for b in got.buffers] == [pattern(k, 64 * KiB) for k in keys]
+        assert locates() == before, "re-reads asked the node"
+        assert other.delete(keys[:1]) == [True]
+        got = reader.get(keys)
+        assert got.statuses == (NOT_FOUND, OK, OK, OK), got.statuses
+        assert locates() == before + 1, "the deleted block's location was not trusted"
+
+
 def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:

@@ -21,7 +21,7 @@ from kvpool_client import exchange
 from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode, ProtocolError
 from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send
-from kvpool_client.transport.shm import Location, SharedArena, SharedArenaUnavailable, open_shared_arena
+from kvpool_client.transport.shm import KnownLocations, Location, SharedArena, SharedArenaUnavailable, open_shared_arena
 from kvpool_client.wire import HEADER_SIZE, GetRequest, GetResponse, LocateRequest, LocateResponse, WireLimits, encode
 from kvpool_client.wire.generations import GRANULE, HEADER_BYTES, decode_header
 from kvpool_server.alloc import arena as server_arena
@@ -124,15 +124,17 @@ def test_a_reused_slot_is_detected_after_the_copy(node: Node) -> None:
     assert not reader.unchanged(where), "... and the generation says so"
 
 
-def test_a_pinned_block_keeps_its_generation_until_its_last_reader_leaves(node: Node) -> None:
+def test_a_pinned_block_deleted_changes_generation_at_once(node: Node) -> None:
+    """A location learned before must not outlive the key, even while a TCP reader keeps the slot."""
     node.put(k(1), data_for(1))
     where = node.locate(k(1))
     held = node.tier.acquire(k(1))
     assert held is not None and node.tier.delete(k(1))
     reader = SharedArena(node.info)
-    assert reader.unchanged(where), "deleted but still pinned: the slot is not free yet"
+    assert not reader.unchanged(where), "deleted, though still pinned"
+    gone = node.generations.get(where.offset)
     node.tier.release(held)
-    assert not reader.unchanged(where)
+    assert node.generations.get(where.offset) != gone, "the free bumps it again, before any reuse"
 
 
 def test_reader_rejects_locations_outside_the_arena(node: Node) -> None:
@@ -165,7 +167,7 @@ def test_a_cpu_that_reorders_loads_never_maps_the_arena(node: Node, monkeypatch:
 
 @pytest.mark.parametrize("broken", ["missing file", "other arena id", "too small", "no generations there"])
 def test_an_arena_that_is_not_the_nodes_falls_back_to_tcp(node: Node, tmp_path: Path, broken: str) -> None:
-    path, offset, arena_id, capacity = dataclasses.astuple(node.info)
+    path, offset, arena_id, capacity, _ = dataclasses.astuple(node.info)
     if broken == "missing file":
         path = str(tmp_path / "gone")
     elif broken == "other arena id":  # e.g. another host's file at the same path
@@ -284,3 +286,106 @@ def test_transport_setting_comes_from_config_or_environment() -> None:
     assert ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_TRANSPORT": " SHM "}).transport == "shm"
     with pytest.raises(UsageError, match="transport"):
         ClientConfig(nodes=("a:1",), transport="rdma")
+
+
+# -- locations reused without asking the node ------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[SharedArena, Clock]:
+    reader, clock = SharedArena(node.info), Clock()
+    reader.known = KnownLocations(ttl_s, clock=clock)
+    return reader, clock
+
+
+def shm_get(reader: SharedArena, node: Node, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
+    """A get of ``keys`` by a client that does not verify checksums itself: what it sent, and its result."""
+    request = LocateRequest(3, NS, [key[1] for key in keys])
+    gen = exchange.get_shared(request, [None] * len(keys), LIMITS, False, reader)
+    sent, (statuses, filled) = drive(gen, frames, [])
+    return sent, statuses, filled
+
+
+def test_a_block_read_before_is_copied_again_without_asking_the_node(node: Node) -> None:
+    node.put(k(1), data_for(1))
+    node.put(k(2), data_for(2))
+    reader, _ = knowing_reader(node)
+    keys = [k(1), k(2)]
+    sent, statuses, _ = shm_get(reader, node, keys, [locate_answer(node, 3, keys)])
+    assert len(sent) == 1 and statuses == [OK, OK]
+    sent, statuses, filled = shm_get(reader, node, keys, [])
+    assert sent == [], f"the node was asked again: {sent}"
+    assert statuses == [OK, OK] and [bytes(v) for v in filled] == [data_for(1), data_for(2)]
+    sent, _, _ = shm_get(reader, node, [k(1), k(3)], [locate_answer(node, 3, [k(1), k(3)])])
+    assert len(sent) == 1, "a batch with a block not read before asks the node"
+
+
+@pytest.mark.parametrize("removal", ["delete", "delete while pinned", "evict and reuse"])
+def test_a_known_location_of_a_removed_block_is_never_used(node: Node, removal: str) -> None:
+    node.put(k(1), data_for(1))
+    reader, _ = knowing_reader(node)
+    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    if removal == "delete":
+        node.tier.delete(k(1))
+    elif removal == "delete while pinned":
+        held = node.tier.acquire(k(1))  # a TCP reader keeps the slot; the block is gone all the same
+        node.tier.delete(k(1))
+    else:
+        for i in range(2, 2 + CAPACITY // (4 * KiB)):
+            node.put(k(i), data_for(i))
+        assert not node.tier.contains(k(1))
+    sent, statuses, filled = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)]), encode(GetResponse(3, [int(NOT_FOUND)], [0], [0]))])
+    assert sent and sent[0].buffers == [encode(LocateRequest(3, NS, [k(1)[1]]))], "the node must be asked"
+    assert statuses == [NOT_FOUND] and filled == [None]
+    if removal == "delete while pinned":
+        node.tier.release(held)
+
+
+def test_a_known_location_expires_after_its_ttl(node: Node) -> None:
+    node.put(k(1), data_for(1))
+    reader, clock = knowing_reader(node, ttl_s=0.5)
+    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    clock.now += 0.4
+    assert shm_get(reader, node, [k(1)], [])[0] == []
+    clock.now += 0.2
+    sent, statuses, _ = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    assert len(sent) == 1 and statuses == [OK], "past its ttl the node is asked (and sees the read)"
+    assert shm_get(reader, node, [k(1)], [])[0] == [], "the new answer is known again"
+
+
+def test_ttl_zero_asks_the_node_every_time(node: Node) -> None:
+    node.put(k(1), data_for(1))
+    reader, _ = knowing_reader(node, ttl_s=0.0)
+    for _ in range(2):
+        sent, statuses, _ = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+        assert len(sent) == 1 and statuses == [OK]
+
+
+def test_known_locations_are_bounded() -> None:
+    known = KnownLocations(1.0, capacity=4, clock=Clock())
+    for i in range(10):
+        known.remember(NS, b"%d" % i, Location(i * GRANULE, 1, 0), 0)
+    assert known.lookup(NS, [b"9"]) is not None
+    assert sum(known.lookup(NS, [b"%d" % i]) is not None for i in range(10)) <= 4
+
+
+def test_a_known_block_is_checked_against_its_checksum_when_the_node_verifies(node: Node) -> None:
+    entry = node.put(k(1), data_for(1))
+    readers = []
+    for verifies in (False, True):
+        reader, _ = knowing_reader(node)
+        reader.info = dataclasses.replace(node.info, verify_checksums=verifies)
+        shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+        readers.append(reader)
+    node.tier.view(entry)[:4] = b"\x00\x01\x02\x03"  # rot in memory: the slot and its generation stay
+    trusting, verifying = readers
+    assert shm_get(trusting, node, [k(1)], [])[0] == [], "neither side verifies: the copy is taken as is"
+    sent, _, _ = shm_get(verifying, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    assert sent, "a node that verifies what it serves is asked (and checks) once a known block's bytes do not match"
