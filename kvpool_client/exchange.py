@@ -235,7 +235,12 @@ def _copy_known(
     arena: SharedArena,
     verify: bool,
 ) -> tuple[list[int], list[memoryview | None]] | None:
-    """Every block copied from its known location into its target; None when one is no longer there."""
+    """Every block copied from its known location into its target; None when one is no longer there.
+
+    Generations are read before the copies too: a block gone already costs no copy.
+    """
+    if not _still_there(request, known, arena):
+        return None
     filled: list[memoryview] = []
     for (location, _), target in zip(known, targets):
         target = memoryview(bytearray(location.length)) if target is None else target
@@ -243,11 +248,22 @@ def _copy_known(
             return None  # the node's answer reports it
         arena.copy_into(location, target)
         filled.append(target)
-    for block, (location, checksum), view in zip(request.hashes, known, filled):
-        if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(view) != checksum):
-            arena.known.forget(request.namespace, block)
-            return None
+    if not _still_there(request, known, arena):
+        return None
+    if verify:
+        for block, (_, checksum), view in zip(request.hashes, known, filled):
+            if xxhash.xxh3_64_intdigest(view) != checksum:
+                arena.known.forget(request.namespace, block)
+                return None
     return [int(ErrorCode.OK)] * len(filled), list(filled)
+
+
+def _still_there(request: LocateRequest, known: list[tuple[Location, int]], arena: SharedArena) -> bool:
+    """Whether every known block's slot is in the generation it was located in (forgets those that are not)."""
+    gone = [block for block, (location, _) in zip(request.hashes, known) if not arena.unchanged(location)]
+    for block in gone:
+        arena.known.forget(request.namespace, block)
+    return not gone
 
 
 def _copy_located(

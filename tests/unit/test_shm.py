@@ -389,3 +389,15 @@ def test_a_known_block_is_checked_against_its_checksum_when_the_node_verifies(no
     assert shm_get(trusting, node, [k(1)], [])[0] == [], "neither side verifies: the copy is taken as is"
     sent, _, _ = shm_get(verifying, node, [k(1)], [locate_answer(node, 3, [k(1)])])
     assert sent, "a node that verifies what it serves is asked (and checks) once a known block's bytes do not match"
+
+
+def test_a_known_block_gone_before_the_copy_costs_no_copy(node: Node) -> None:
+    node.put(k(1), data_for(1))
+    reader, _ = knowing_reader(node)
+    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    node.tier.delete(k(1))
+    target = bytearray(b"\xee" * (4 * KiB))
+    gen = exchange.get_shared(LocateRequest(3, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, reader)
+    sent, (statuses, _) = drive(gen, [locate_answer(node, 3, [k(1)])], [])
+    assert statuses == [NOT_FOUND] and len(sent) == 1, "asked the node"
+    assert target == b"\xee" * (4 * KiB), "the stale location was copied from"
