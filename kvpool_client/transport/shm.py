@@ -18,7 +18,7 @@ The generation also changes when a block is deleted or evicted, and blocks never
 change once written, so a location stays good for as long as its generation holds.
 The client keeps the locations it read lately (:class:`KnownLocations`) and copies
 a block it read before without asking the node again, checking the generation
-after the copy the same way.
+before the copy (a block gone costs no copy) and after it, as above.
 
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
@@ -62,7 +62,7 @@ KNOWN_LOCATIONS = 1 << 16  # locations a client keeps per node: 24 GiB of 384 Ki
 class KnownLocations:
     """Locations (and checksums) of blocks read from the arena lately, reused for ``ttl_s``.
 
-    Reuse needs no time limit to be safe: the slot's generation, checked after each
+    Reuse needs no time limit to be safe: the slot's generation, checked around each
     copy, says when a block is gone. The limit is for the node, which does not see
     these reads: a block read often is still located that often, which refreshes
     its place in the node's eviction order, and a node that restarted (a new arena;

@@ -40,11 +40,14 @@ class ReadAhead:
     async def wait_frame(self) -> None:
         """Wait, without a time limit, until the next frame's first bytes are here."""
         if not self._pending:
-            received = await self._channel.recv_some(self._chunk)
-            self._pending += self._chunk[:received]
+            # A buffer of its own: a transport may still write into one whose wait was cancelled.
+            chunk = memoryview(bytearray(HEAD_CHUNK))
+            received = await self._channel.recv_some(chunk)
+            self._pending += chunk[:received]
 
     def fill_now(self, recv_now: Callable[[memoryview], int]) -> None:
-        """Add up to ``HEAD_CHUNK`` bytes that ``recv_now`` receives without waiting."""
+        """Add up to ``HEAD_CHUNK`` bytes that ``recv_now`` receives without waiting (a plain
+        socket's receive: done when it returns, so one buffer serves every call)."""
         self._pending += self._chunk[: recv_now(self._chunk)]
 
     def peek(self, start: int, end: int) -> bytes | None:
