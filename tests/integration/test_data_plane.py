@@ -30,7 +30,7 @@ from kvpool_client import (
     Namespace,
     UsageError,
 )
-from tests.support.daemon import DaemonProcess, start_daemon
+from tests.support.daemon import DaemonProcess, running_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +41,8 @@ KiB, MiB = 1 << 10, 1 << 20
 @pytest.fixture(scope="module")
 def node() -> Iterator[DaemonProcess]:
     """A daemon shared by the tests that need no special flags (each uses its own namespace)."""
-    daemon = start_daemon("--dram-capacity", "64MiB", "--slab-size", "1MiB")
-    try:
+    with running_daemon("--dram-capacity", "64MiB", "--slab-size", "1MiB") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
-        daemon.remove_files()
 
 
 @pytest.fixture

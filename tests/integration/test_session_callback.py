@@ -27,7 +27,7 @@ from kvpool_client.wire import (
     StatusResponse,
     encode,
 )
-from tests.support.daemon import DaemonProcess, start_daemon
+from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.rawwire import RawConnection, put_frame
 
 pytestmark = pytest.mark.integration
@@ -38,12 +38,8 @@ BLOCK = 256 << 10
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[DaemonProcess]:
-    daemon = start_daemon("--dram-capacity", "64MiB", "--slab-size", "1MiB")
-    try:
+    with running_daemon("--dram-capacity", "64MiB", "--slab-size", "1MiB") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
-        daemon.remove_files()
 
 
 def _blocks(count: int, size: int = BLOCK) -> list[tuple[bytes, bytes]]:

@@ -26,7 +26,7 @@ import torch
 
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
-from tests.support.daemon import DaemonProcess, start_daemon
+from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.etcd import free_port
 
 pytestmark = pytest.mark.integration
@@ -45,12 +45,8 @@ NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[DaemonProcess]:
-    daemon = start_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *UCX)
-    try:
+    with running_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *UCX) as daemon:
         yield daemon
-    finally:
-        daemon.stop()
-        daemon.remove_files()
 
 
 @pytest.fixture(params=TRANSPORTS)
