@@ -9,7 +9,6 @@ one connection, over raw sockets, and check order, bytes and released pins.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -107,21 +106,16 @@ def test_a_reply_the_socket_cannot_take_is_finished_by_the_loop(node: DaemonProc
     until the reply has gone, whole and unchanged."""
     blocks = _blocks(count, size)
     keys = [BlockKey(NS, h) for h, _ in blocks]
-    host, _, port = node.data_address.rpartition(":")
-    with KVPoolClient([node.address]) as client, socket.socket() as sock:
+    with KVPoolClient([node.address]) as client:
         empty = _dram_usage(node)
         assert client.put(keys, [d for _, d in blocks]).stored == len(blocks)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # before connect: a small window
-        sock.settimeout(10)
-        sock.connect((host, int(port)))
-        sock.sendall(encode(GetRequest(1, NS, [h for h, _ in blocks])) + encode(PingRequest(2)))
-        time.sleep(0.3)  # the daemon's send stopped part-way: the reply now waits in its loop
-        assert client.get(keys[:2]).statuses == (ErrorCode.OK, ErrorCode.OK), "another client must be served meanwhile"
-        assert client.delete(keys) == [True] * len(keys)
-        pinned = _dram_usage(node)
-        reader = RawConnection.__new__(RawConnection)
-        reader.sock = sock
-        reply, pong = reader.read_frame(), reader.read_frame()
+        with RawConnection(node.data_address, timeout=10, receive_buffer=64 << 10) as reader:
+            reader.send(encode(GetRequest(1, NS, [h for h, _ in blocks])) + encode(PingRequest(2)))
+            time.sleep(0.3)  # the daemon's send stopped part-way: the reply now waits in its loop
+            assert client.get(keys[:2]).statuses == (ErrorCode.OK, ErrorCode.OK), "another client must be served meanwhile"
+            assert client.delete(keys) == [True] * len(keys)
+            pinned = _dram_usage(node)
+            reply, pong = reader.read_frame(), reader.read_frame()
     assert pinned[0] == empty[0] and pinned[1] > empty[1], f"blocks of an unsent reply were freed: {pinned} vs {empty}"
     assert isinstance(reply.message, GetResponse) and reply.payload == b"".join(d for _, d in blocks)
     assert isinstance(pong.message, PingResponse)

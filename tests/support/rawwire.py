@@ -67,11 +67,19 @@ class Frame:
 
 
 class RawConnection:
-    """A blocking TCP connection to a daemon's data port; every read is bounded by ``timeout``."""
+    """A blocking TCP connection to a daemon's data port; every read is bounded by ``timeout``.
 
-    def __init__(self, address: str, timeout: float = 5.0) -> None:
+    ``receive_buffer`` (bytes) caps the kernel's receive buffer, set before connecting so the
+    window stays small: a reader that does not read then stops the daemon's send part-way.
+    """
+
+    def __init__(self, address: str, timeout: float = 5.0, receive_buffer: int | None = None) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout)
+        self.sock.connect((host, int(port)))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def send(self, data: bytes | bytearray | memoryview) -> None:

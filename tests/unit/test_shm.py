@@ -305,7 +305,7 @@ def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[SharedArena, Clock]:
     return reader, clock
 
 
-def shm_get(reader: SharedArena, node: Node, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
+def shm_get(reader: SharedArena, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
     """A get of ``keys`` by a client that does not verify checksums itself: what it sent, and its result."""
     request = LocateRequest(3, NS, [key[1] for key in keys])
     gen = exchange.get_shared(request, [None] * len(keys), LIMITS, False, reader)
@@ -318,12 +318,12 @@ def test_a_block_read_before_is_copied_again_without_asking_the_node(node: Node)
     node.put(k(2), data_for(2))
     reader, _ = knowing_reader(node)
     keys = [k(1), k(2)]
-    sent, statuses, _ = shm_get(reader, node, keys, [locate_answer(node, 3, keys)])
+    sent, statuses, _ = shm_get(reader, keys, [locate_answer(node, 3, keys)])
     assert len(sent) == 1 and statuses == [OK, OK]
-    sent, statuses, filled = shm_get(reader, node, keys, [])
+    sent, statuses, filled = shm_get(reader, keys, [])
     assert sent == [], f"the node was asked again: {sent}"
     assert statuses == [OK, OK] and [bytes(v) for v in filled] == [data_for(1), data_for(2)]
-    sent, _, _ = shm_get(reader, node, [k(1), k(3)], [locate_answer(node, 3, [k(1), k(3)])])
+    sent, _, _ = shm_get(reader, [k(1), k(3)], [locate_answer(node, 3, [k(1), k(3)])])
     assert len(sent) == 1, "a batch with a block not read before asks the node"
 
 
@@ -331,7 +331,7 @@ def test_a_block_read_before_is_copied_again_without_asking_the_node(node: Node)
 def test_a_known_location_of_a_removed_block_is_never_used(node: Node, removal: str) -> None:
     node.put(k(1), data_for(1))
     reader, _ = knowing_reader(node)
-    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     if removal == "delete":
         node.tier.delete(k(1))
     elif removal == "delete while pinned":
@@ -341,7 +341,7 @@ def test_a_known_location_of_a_removed_block_is_never_used(node: Node, removal: 
         for i in range(2, 2 + CAPACITY // (4 * KiB)):
             node.put(k(i), data_for(i))
         assert not node.tier.contains(k(1))
-    sent, statuses, filled = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)]), encode(GetResponse(3, [int(NOT_FOUND)], [0], [0]))])
+    sent, statuses, filled = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)]), encode(GetResponse(3, [int(NOT_FOUND)], [0], [0]))])
     assert sent and sent[0].buffers == [encode(LocateRequest(3, NS, [k(1)[1]]))], "the node must be asked"
     assert statuses == [NOT_FOUND] and filled == [None]
     if removal == "delete while pinned":
@@ -351,20 +351,20 @@ def test_a_known_location_of_a_removed_block_is_never_used(node: Node, removal: 
 def test_a_known_location_expires_after_its_ttl(node: Node) -> None:
     node.put(k(1), data_for(1))
     reader, clock = knowing_reader(node, ttl_s=0.5)
-    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     clock.now += 0.4
-    assert shm_get(reader, node, [k(1)], [])[0] == []
+    assert shm_get(reader, [k(1)], [])[0] == []
     clock.now += 0.2
-    sent, statuses, _ = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     assert len(sent) == 1 and statuses == [OK], "past its ttl the node is asked (and sees the read)"
-    assert shm_get(reader, node, [k(1)], [])[0] == [], "the new answer is known again"
+    assert shm_get(reader, [k(1)], [])[0] == [], "the new answer is known again"
 
 
 def test_ttl_zero_asks_the_node_every_time(node: Node) -> None:
     node.put(k(1), data_for(1))
     reader, _ = knowing_reader(node, ttl_s=0.0)
     for _ in range(2):
-        sent, statuses, _ = shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+        sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
         assert len(sent) == 1 and statuses == [OK]
 
 
@@ -382,19 +382,19 @@ def test_a_known_block_is_checked_against_its_checksum_when_the_node_verifies(no
     for verifies in (False, True):
         reader, _ = knowing_reader(node)
         reader.info = dataclasses.replace(node.info, verify_checksums=verifies)
-        shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+        shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
         readers.append(reader)
     node.tier.view(entry)[:4] = b"\x00\x01\x02\x03"  # rot in memory: the slot and its generation stay
     trusting, verifying = readers
-    assert shm_get(trusting, node, [k(1)], [])[0] == [], "neither side verifies: the copy is taken as is"
-    sent, _, _ = shm_get(verifying, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    assert shm_get(trusting, [k(1)], [])[0] == [], "neither side verifies: the copy is taken as is"
+    sent, _, _ = shm_get(verifying, [k(1)], [locate_answer(node, 3, [k(1)])])
     assert sent, "a node that verifies what it serves is asked (and checks) once a known block's bytes do not match"
 
 
 def test_a_known_block_gone_before_the_copy_costs_no_copy(node: Node) -> None:
     node.put(k(1), data_for(1))
     reader, _ = knowing_reader(node)
-    shm_get(reader, node, [k(1)], [locate_answer(node, 3, [k(1)])])
+    shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     node.tier.delete(k(1))
     target = bytearray(b"\xee" * (4 * KiB))
     gen = exchange.get_shared(LocateRequest(3, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, reader)
