@@ -241,8 +241,11 @@ class BlockStore:
 
     def wants_ssd(self, keys: Sequence[StoreKey], held: Sequence[HeldBlock | None]) -> bool:
         """Whether some key ``held`` misses is on the SSD tier: :meth:`acquire_rest` must read it."""
+        return bool(self._ssd_misses(keys, held))
+
+    def _ssd_misses(self, keys: Sequence[StoreKey], held: Sequence[HeldBlock | None]) -> list[int]:
         ssd = self.ssd
-        return ssd is not None and any(h is None and ssd.contains(k) for k, h in zip(keys, held))
+        return [] if ssd is None else [i for i, h in enumerate(held) if h is None and ssd.contains(keys[i])]
 
     async def acquire_rest(
         self, keys: Sequence[StoreKey], held: list[HeldBlock | None], *, touch: bool = True, arena_only: bool = False
@@ -252,8 +255,7 @@ class BlockStore:
         On failure ``held`` is as it was (the caller still releases it), and blocks
         read meanwhile are released when their read ends.
         """
-        ssd = self.ssd
-        misses = [] if ssd is None else [i for i, h in enumerate(held) if h is None and ssd.contains(keys[i])]
+        misses = self._ssd_misses(keys, held)
         if not misses:
             return
         assert self._pool is not None

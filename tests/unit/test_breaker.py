@@ -8,17 +8,7 @@ import threading
 import pytest
 
 from kvpool_client.breaker import CircuitBreaker, CircuitState
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture

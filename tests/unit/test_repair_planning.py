@@ -19,6 +19,7 @@ from kvpool_client.membership.view import Membership
 from kvpool_client.routing import Member, RendezvousRouter
 from kvpool_server.membership.copies import Pacer, chunks, plan_copies
 from kvpool_server.membership.repair import topology_of
+from tests.support.clock import FakeClock
 
 NS = "repair@u8"
 
@@ -149,16 +150,8 @@ def test_an_unknown_placement_version_places_nothing() -> None:
 # -- pacing -------------------------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_pacer_spaces_batches_to_the_rate() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1000, clock)
     assert pacer.delay(500) == 0.5  # 500 bytes at 1000 B/s: due at +0.5 s
     clock.now += 0.5
@@ -169,5 +162,5 @@ def test_pacer_spaces_batches_to_the_rate() -> None:
 
 
 def test_pacer_without_a_limit_never_waits() -> None:
-    pacer = Pacer(0, Clock())
+    pacer = Pacer(0, FakeClock(100.0))
     assert pacer.delay(1 << 40) == 0.0

@@ -30,6 +30,7 @@ from kvpool_server.alloc.slab import ALIGNMENT, SlabAllocator
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
+from tests.support.clock import FakeClock
 
 KiB = 1024
 CAPACITY, SLAB = 64 * KiB, 16 * KiB
@@ -291,16 +292,8 @@ def test_transport_setting_comes_from_config_or_environment() -> None:
 # -- locations reused without asking the node ------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[SharedArena, Clock]:
-    reader, clock = SharedArena(node.info), Clock()
+def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[SharedArena, FakeClock]:
+    reader, clock = SharedArena(node.info), FakeClock()
     reader.known = KnownLocations(ttl_s, clock=clock)
     return reader, clock
 
@@ -369,7 +362,7 @@ def test_ttl_zero_asks_the_node_every_time(node: Node) -> None:
 
 
 def test_known_locations_are_bounded() -> None:
-    known = KnownLocations(1.0, capacity=4, clock=Clock())
+    known = KnownLocations(1.0, capacity=4, clock=FakeClock())
     for i in range(10):
         known.remember(NS, b"%d" % i, Location(i * GRANULE, 1, 0), 0)
     assert known.lookup(NS, [b"9"]) is not None

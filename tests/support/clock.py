@@ -1,0 +1,12 @@
+"""A clock for code that takes one (``clock=time.monotonic``): tests move it by hand."""
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
