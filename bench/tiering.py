@@ -12,7 +12,11 @@ Both parts run in one invocation, on loopback:
    - ``raw``: the same bytes read sequentially from one file of the same size in
      1 MiB ``preadv`` calls, page cache dropped the same way: the device's rate;
    - ``ssd, page cache warm``: an SSD pass right after another, its records still
-     in the page cache: the SSD path's rate without the device, its CPU ceiling.
+     in the page cache: the SSD path's rate without the device, its CPU ceiling;
+   - ``ssd, read-ahead off``: a second daemon holding the same blocks in segments
+     of its own, started with ``--ssd-read-ahead 0``, whose SSD passes alternate with
+     the first's in every round. Each batch then waits for its own disk reads (the
+     kernel's read-ahead only).
    Reported as GB/s and the ratio ssd / raw (target >= 0.5). Beside the rates, the
    CPU seconds the daemon and the client spent in each SSD pass, and the share of
    each pass the device was busy (``/sys/dev/block/*/stat``), say whether a pass
@@ -36,7 +40,8 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -64,8 +69,11 @@ class ReloadResult:
     ssd_gb_s: float
     raw_gb_s: float
     ssd_warm_gb_s: float  # SSD pass with its records in the page cache: no device I/O
+    ssd_no_read_ahead_gb_s: float  # SSD passes of a daemon with --ssd-read-ahead 0
     data_bytes: int
     ssd_over_raw_per_round: tuple[float, ...]  # each round: an SSD pass, then a raw pass
+    no_read_ahead_over_raw_per_round: tuple[float, ...]
+    read_ahead_gain_per_round: tuple[float, ...]  # SSD rate with read-ahead / without, same round
     ssd_cpu_s: PassCpu  # medians over the SSD passes
     device_busy: dict[str, float | None]  # median share of each kind of pass the device was busy; None: unknown
     page_cache: str = "dropped per file with posix_fadvise(POSIX_FADV_DONTNEED) before each pass"
@@ -74,6 +82,14 @@ class ReloadResult:
     def ssd_over_raw(self) -> float:
         """Median over the rounds of SSD rate / raw rate."""
         return statistics.median(self.ssd_over_raw_per_round)
+
+    @property
+    def no_read_ahead_over_raw(self) -> float:
+        return statistics.median(self.no_read_ahead_over_raw_per_round)
+
+    @property
+    def read_ahead_gain(self) -> float:
+        return statistics.median(self.read_ahead_gain_per_round)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,62 +206,118 @@ def write_file(path: Path, payload: bytes, count: int) -> None:
             file.write(payload)
 
 
+@dataclass(slots=True)
+class Rounds:
+    """Seconds of each kind of pass, one per round, and what the meters saw."""
+
+    ssd: list[float] = field(default_factory=list)
+    ssd_off: list[float] = field(default_factory=list)  # the daemon with read-ahead off
+    raw: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+    ssd_cpu: list[PassCpu] = field(default_factory=list)
+    busy: dict[str, list[float | None]] = field(default_factory=lambda: {"ssd": [], "raw": []})
+
+
+@dataclass(frozen=True, slots=True)
+class SsdNode:
+    """A daemon with an SSD tier, filled with the benchmark's blocks, and a client of it."""
+
+    node: DaemonProcess
+    pool: KVPoolClient
+    segments: Path
+
+    def cold_pass(self, keys: list[BlockKey], work: Path) -> tuple[float, PassMeter]:
+        drop_page_cache(self.segments)
+        with PassMeter(self.node.process.pid, work) as meter:
+            seconds = timed_gets(self.pool, keys)
+        return seconds, meter
+
+
+def fill(target: SsdNode, cold: list[BlockKey], hot: list[BlockKey], payload: bytes) -> None:
+    """Put ``cold`` (each batch on SSD before the next: none is evicted unsaved), then ``hot``."""
+    pool, address = target.pool, target.node.address
+    for start in range(0, len(cold), BATCH):
+        pool.put(cold[start : start + BATCH], [payload] * len(cold[start : start + BATCH])).raise_for_errors()
+        wait_for_demoter(pool, address, behind_by=start + BATCH - 64)
+    pool.put(hot, [payload] * len(hot)).raise_for_errors()
+    lost = pool.stats(address).counters["dram_evictions_lost"]
+    if lost:
+        raise RuntimeError(f"{lost} blocks were evicted before reaching SSD")
+
+
+def alternate_passes(on: SsdNode, off: SsdNode, work: Path, keys: list[BlockKey], raw: Path,
+                     rounds: int) -> Rounds:
+    """``rounds`` times: an SSD pass of each daemon (read-ahead on, then off, or the other
+    way round every other round), a warm pass, a raw pass; page cache dropped before each cold one."""
+    seen = Rounds()
+    for n in range(rounds):
+        for target in (on, off) if n % 2 == 0 else (off, on):
+            seconds, meter = target.cold_pass(keys, work)
+            if target is off:
+                seen.ssd_off.append(seconds)
+                continue
+            seen.ssd.append(seconds)
+            seen.ssd_cpu.append(meter.cpu)
+            seen.busy["ssd"].append(meter.busy)
+            seen.warm.append(timed_gets(on.pool, keys))  # evicted from DRAM again, still in the page cache
+        drop_page_cache(work)
+        with PassMeter(on.node.process.pid, work) as raw_pass:
+            seen.raw.append(raw_sequential_read(raw))
+        seen.busy["raw"].append(raw_pass.busy)
+    return seen
+
+
 def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
     """DRAM, SSD and raw-device read rates; SSD and raw alternate ``rounds`` times (the
-    device's speed drifts, so each round compares passes taken seconds apart)."""
-    ssd_dir, n = work / "segments", (data_mib << 20) // BLOCK
-    flags = ("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
-             "--ssd-dir", str(ssd_dir), "--ssd-capacity", f"{4 * data_mib}MiB", "--ssd-segment-size", "64MiB",
-             "--ssd-demote-share", "1.0")
-    node = start_daemon(*flags)
-    try:
-        with KVPoolClient([node.address]) as pool:
-            cold, hot = block_keys(b"cold", n), block_keys(b"hot", 64)  # 24 MiB of hot blocks
-            payload = os.urandom(BLOCK)
-            for start in range(0, n, BATCH):
-                pool.put(cold[start : start + BATCH], [payload] * len(cold[start : start + BATCH])).raise_for_errors()
-                wait_for_demoter(pool, node.address, behind_by=start + BATCH - 64)
-            pool.put(hot, [payload] * len(hot)).raise_for_errors()
-            lost = pool.stats(node.address).counters["dram_evictions_lost"]
-            if lost:
-                raise RuntimeError(f"{lost} blocks were evicted before reaching SSD")
-            timed_gets(pool, hot)  # warm-up
-            dram_s = min(timed_gets(pool, hot) for _ in range(5))
-            ssd_cold = cold[: len(cold) - (96 << 20) // BLOCK]  # blocks surely out of DRAM
-            raw = work / "raw.bin"
-            write_file(raw, payload, len(ssd_cold))
-            drop_page_cache(work)
-            raw_sequential_read(raw)  # not timed: the first read after the write runs slow, which would flatter SSD
-            ssd_times, raw_times, warm_times, ssd_cpu = [], [], [], []
-            busy: dict[str, list[float | None]] = {"ssd": [], "raw": []}
-            for _ in range(rounds):
-                drop_page_cache(ssd_dir)
-                with PassMeter(node.process.pid, work) as ssd_pass:
-                    ssd_times.append(timed_gets(pool, ssd_cold))
-                warm_times.append(timed_gets(pool, ssd_cold))  # evicted from DRAM again, still in the page cache
-                drop_page_cache(work)
-                with PassMeter(node.process.pid, work) as raw_pass:
-                    raw_times.append(raw_sequential_read(raw))
-                ssd_cpu.append(ssd_pass.cpu)
-                busy["ssd"].append(ssd_pass.busy)
-                busy["raw"].append(raw_pass.busy)
-    finally:
-        node.stop()
-        node.remove_files()
+    device's speed drifts, so each round compares passes taken seconds apart). Two daemons
+    hold the same blocks, one with read-ahead off, and their passes alternate too."""
+    n = (data_mib << 20) // BLOCK
+    cold, hot = block_keys(b"cold", n), block_keys(b"hot", 64)  # 24 MiB of hot blocks
+    ssd_cold = cold[: len(cold) - (96 << 20) // BLOCK]  # blocks surely out of DRAM
+    raw, payload = work / "raw.bin", os.urandom(BLOCK)
+    with ExitStack() as stack:
+        on, off = (start_ssd_node(stack, work / name, data_mib, *extra)
+                   for name, extra in (("segments", ()), ("segments-off", ("--ssd-read-ahead", "0"))))
+        for target in (on, off):
+            fill(target, cold, hot, payload)
+        timed_gets(on.pool, hot)  # warm-up
+        dram_s = min(timed_gets(on.pool, hot) for _ in range(5))
+        write_file(raw, payload, len(ssd_cold))
+        drop_page_cache(work)
+        raw_sequential_read(raw)  # not timed: the first read after the write runs slow, which would flatter SSD
+        seen = alternate_passes(on, off, work, ssd_cold, raw, rounds)
     nbytes = len(ssd_cold) * BLOCK
-    ratios = sorted(r / s for s, r in zip(ssd_times, raw_times))
     return ReloadResult(
         dram_gb_s=len(hot) * BLOCK / dram_s / 1e9,
-        ssd_gb_s=nbytes / statistics.median(ssd_times) / 1e9,
-        raw_gb_s=nbytes / statistics.median(raw_times) / 1e9,
-        ssd_warm_gb_s=nbytes / statistics.median(warm_times) / 1e9,
+        ssd_gb_s=nbytes / statistics.median(seen.ssd) / 1e9,
+        raw_gb_s=nbytes / statistics.median(seen.raw) / 1e9,
+        ssd_warm_gb_s=nbytes / statistics.median(seen.warm) / 1e9,
+        ssd_no_read_ahead_gb_s=nbytes / statistics.median(seen.ssd_off) / 1e9,
         data_bytes=nbytes,
-        ssd_over_raw_per_round=tuple(round(x, 3) for x in ratios),
-        ssd_cpu_s=PassCpu(*(round(statistics.median(getattr(c, f) for c in ssd_cpu), 3)
+        ssd_over_raw_per_round=per_round(seen.raw, seen.ssd),
+        no_read_ahead_over_raw_per_round=per_round(seen.raw, seen.ssd_off),
+        read_ahead_gain_per_round=per_round(seen.ssd_off, seen.ssd),
+        ssd_cpu_s=PassCpu(*(round(statistics.median(getattr(c, f) for c in seen.ssd_cpu), 3)
                             for f in ("daemon", "client", "wall"))),
         device_busy={kind: None if None in shares else round(statistics.median(shares), 2)
-                     for kind, shares in busy.items()},
+                     for kind, shares in seen.busy.items()},
     )
+
+
+def per_round(baseline: list[float], measured: list[float]) -> tuple[float, ...]:
+    """Rate of ``measured`` over rate of ``baseline`` (seconds of the same bytes), per round, sorted."""
+    return tuple(sorted(round(b / m, 3) for b, m in zip(baseline, measured)))
+
+
+def start_ssd_node(stack: ExitStack, segments: Path, data_mib: int, *extra: str) -> SsdNode:
+    """A daemon with 96 MiB of DRAM and an SSD tier in ``segments``, stopped when ``stack`` closes."""
+    node = start_daemon("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
+                        "--ssd-dir", str(segments), "--ssd-capacity", f"{4 * data_mib}MiB",
+                        "--ssd-segment-size", "64MiB", "--ssd-demote-share", "1.0", *extra)
+    stack.callback(node.remove_files)
+    stack.callback(node.stop)
+    pool = stack.enter_context(KVPoolClient([node.address]))
+    return SsdNode(node, pool, segments)
 
 
 # -- part 2: hit rate ----------------------------------------------------------------
@@ -357,10 +429,14 @@ def main() -> int:
         f"| SSD tier | {reload.ssd_gb_s:.2f} |",
         f"| raw sequential read, same device | {reload.raw_gb_s:.2f} |",
         f"| SSD tier, page cache warm (no device I/O) | {reload.ssd_warm_gb_s:.2f} |",
+        f"| SSD tier, read-ahead off (`--ssd-read-ahead 0`) | {reload.ssd_no_read_ahead_gb_s:.2f} |",
         "",
         f"**SSD / raw = {reload.ssd_over_raw:.2f}** (median of rounds {reload.ssd_over_raw_per_round}; target >= 0.5); "
         f"DRAM / SSD = {reload.dram_gb_s / reload.ssd_gb_s:.2f}; SSD with a warm page cache / raw = "
-        f"{reload.ssd_warm_gb_s / reload.raw_gb_s:.2f} (the most the SSD path reaches without the device)",
+        f"{reload.ssd_warm_gb_s / reload.raw_gb_s:.2f} (the most the SSD path reaches without the device); "
+        f"read-ahead off: SSD / raw = {reload.no_read_ahead_over_raw:.2f} (rounds "
+        f"{reload.no_read_ahead_over_raw_per_round}); read-ahead on / off = {reload.read_ahead_gain:.2f} "
+        f"(rounds {reload.read_ahead_gain_per_round})",
         "",
         f"An SSD pass (medians): {reload.ssd_cpu_s.wall:.3f} s wall; CPU: daemon {reload.ssd_cpu_s.daemon:.3f} s, "
         f"client {reload.ssd_cpu_s.client:.3f} s. Device busy: {_share(reload.device_busy['ssd'])} of an SSD pass, "
@@ -377,7 +453,9 @@ def main() -> int:
     ]
     text = "\n".join(lines) + "\n"
     (args.out / "tiering.md").write_text(text)
-    payload = {"reload": {**asdict(reload), "ssd_over_raw": reload.ssd_over_raw},
+    payload = {"reload": {**asdict(reload), "ssd_over_raw": reload.ssd_over_raw,
+                          "no_read_ahead_over_raw": reload.no_read_ahead_over_raw,
+                          "read_ahead_gain": reload.read_ahead_gain},
                "hit_rate": [{**asdict(r), "hit_rate": r.hit_rate} for r in rates]}
     (args.out / "tiering.json").write_text(json.dumps(payload, indent=2))
     print(text)

@@ -153,7 +153,8 @@ class Daemon:
                         namespace_quota=cfg.namespace_quota,
                         generations=self._generations)
         self._store = BlockStore(dram, ssd, self.counters, promote_on_hit=cfg.ssd_promote_on_hit,
-                                 write_through=cfg.ssd_write_through, io_threads=cfg.ssd_io_threads)
+                                 write_through=cfg.ssd_write_through, io_threads=cfg.ssd_io_threads,
+                                 read_ahead=min(cfg.ssd_read_ahead, cfg.dram_capacity // 4))
         if ssd is not None:
             self._demoter = Demoter(self._store, cfg.ssd_demote_share)
             self._demoter.start()

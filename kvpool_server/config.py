@@ -98,6 +98,10 @@ class ServerConfig:
     ssd_demote_share: float = _opt(0.25, "coldest share of each DRAM size class copied to SSD ahead of eviction")
     ssd_write_through: bool = _opt(False, "acknowledge a put once its blocks are on SSD: they survive a crash; puts go at disk speed")
     ssd_promote_on_hit: bool = _opt(True, "copy a block served from SSD back into DRAM")
+    ssd_read_ahead: int = _opt(
+        32 * MiB, "bytes a client reading SSD records front to back is read ahead of, into DRAM "
+        "(at most a quarter of dram_capacity; needs ssd_promote_on_hit; 0: off)", unit="bytes"
+    )
     ssd_gc_live_ratio: float = _opt(0.5, "compact an SSD segment once its live share falls below this")
     ssd_flush_on_shutdown: bool = _opt(True, "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm")
     ssd_namespace_quota: int = _opt(
@@ -483,6 +487,8 @@ def _check_fields(report: _Report) -> None:
         report.fail("ssd_io_threads", "must be in 1..64")
     if not 0 < config.ssd_demote_share <= 1:
         report.fail("ssd_demote_share", "must be in (0, 1]")
+    if config.ssd_read_ahead < 0:
+        report.fail("ssd_read_ahead", "must be >= 0 (0: off)")
     if not 0 < config.ssd_gc_live_ratio < 1:
         report.fail("ssd_gc_live_ratio", "must be in (0, 1)")
 

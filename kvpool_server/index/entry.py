@@ -32,6 +32,7 @@ class BlockEntry:
     unlinked: bool = False  # gone from the index; memory freed on the last release
     last_access: int = 0  # tier-wide tick, compares recency across size classes
     depth: int = 0  # position in its prefix chain, if the writer said (0: head or unknown)
+    read_ahead: bool = False  # read ahead from SSD and not yet read by a client
 
     @property
     def readable(self) -> bool:

@@ -558,6 +558,11 @@ class SegmentLog:
         with self._meta_lock:
             return sorted(self._segments)
 
+    def size_of(self, segment_id: int) -> int | None:
+        """A segment's bytes, None if it is gone (no I/O)."""
+        segment = self._segments.get(segment_id)  # one dict read: atomic under the GIL
+        return None if segment is None else segment.size
+
     def segment_sizes(self) -> dict[int, int]:
         """Segment id -> bytes, for every segment on disk (no I/O)."""
         with self._meta_lock:

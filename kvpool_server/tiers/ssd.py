@@ -19,11 +19,12 @@ tombstones only would otherwise be copied forward forever, freeing nothing.
 A disk error pauses writes for ``retry_after_error_s``; a compaction that cannot
 copy a record forward keeps its segment, so no stored block is lost to it.
 
-Blocking: every method except ``contains``, ``length_of``, ``keys``, ``usage``,
-``failure`` and ``forget`` does file I/O: call it from a thread, never an event
-loop. ``_lock`` guards the index (dict operations only); ``_write_lock`` makes
-one writer at a time (appends, eviction, compaction). Reads run beside writes: a
-read that loses its segment to compaction retries at the record's new location.
+Blocking: every method except ``contains``, ``length_of``, ``location_of``,
+``log_range``, ``keys_between``, ``refresh``, ``keys``, ``usage``, ``failure`` and
+``forget`` does file I/O: call it from a thread, never an event loop. ``_lock``
+guards the index (dict operations only); ``_write_lock`` makes one writer at a time
+(appends, eviction, compaction). Reads run beside writes: a read that loses its
+segment to compaction retries at the record's new location.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
+from kvpool_server.tiers.readahead import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
 from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing, plan_spans
 from kvpool_server.tiers.usage import TierUsage
@@ -47,6 +49,7 @@ from kvpool_server.tiers.usage import TierUsage
 log = logging.getLogger("kvpool.ssd")
 
 _READ_RETRIES = 3  # a record can move at most this often while one read runs
+SEGMENT_STRIDE = 1 << 48  # log positions per segment (see log_range): more than any segment's bytes
 _QUOTA_VICTIM_SCAN = 4096  # how far down the eviction order to look for a namespace over its quota
 
 
@@ -102,7 +105,8 @@ class SsdTier:
         self._index: dict[StoreKey, _Record] = {}
         self._policy = policy_factory()
         self._live: defaultdict[int, int] = defaultdict(int)  # segment -> live record bytes
-        self._keys_in: defaultdict[int, set[StoreKey]] = defaultdict(set)  # segment -> its live keys
+        # segment -> offset -> key of its live records, in log order
+        self._keys_in: defaultdict[int, dict[int, StoreKey]] = defaultdict(dict)
         self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
         self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
         self._namespace_bytes: defaultdict[str, int] = defaultdict(int)  # namespace -> live record bytes
@@ -149,6 +153,41 @@ class SsdTier:
     def length_of(self, key: StoreKey) -> int | None:
         record = self._index.get(key)
         return None if record is None else record.length
+
+    def location_of(self, key: StoreKey) -> Location | None:
+        record = self._index.get(key)
+        return None if record is None else record.location
+
+    def log_range(self, location: Location) -> Stretch:
+        """A record's place in the log as one line: segment ``s`` spans positions from
+        ``s * SEGMENT_STRIDE``, and a sealed segment's end is the next one's start."""
+        start = location.segment_id * SEGMENT_STRIDE + location.offset
+        end = start + location.length
+        if (location.segment_id != self._log.active_segment_id
+                and self._log.size_of(location.segment_id) == location.offset + location.length):
+            end = (location.segment_id + 1) * SEGMENT_STRIDE
+        return Stretch(start, end)
+
+    def keys_between(self, stretch: Stretch) -> list[StoreKey]:
+        """The keys of the live records lying back to back in one segment from the one
+        at ``stretch.start`` to the one holding ``stretch.end``, in log order; the walk
+        stops at the first dead record and at the segment's end."""
+        segment_id, offset = divmod(stretch.start, SEGMENT_STRIDE)
+        end = min(stretch.end - segment_id * SEGMENT_STRIDE, SEGMENT_STRIDE)
+        keys: list[StoreKey] = []
+        with self._lock:
+            live = self._keys_in.get(segment_id, {})
+            while offset < end and (key := live.get(offset)) is not None:
+                keys.append(key)
+                offset += self._index[key].location.length
+        return keys
+
+    def refresh(self, keys: Sequence[StoreKey]) -> None:
+        """Make these keys the most recent in the eviction order, the last one most of all."""
+        with self._lock:
+            for key in keys:
+                if key in self._index:
+                    self._policy.touch(key)
 
     def keys(self) -> list[StoreKey]:
         with self._lock:
@@ -315,7 +354,7 @@ class SsdTier:
         """
         oldest = segment == self._oldest_segment(self._log.segment_sizes())
         with self._lock:
-            keys = list(self._keys_in.get(segment, ()))
+            keys = list(self._keys_in.get(segment, {}).values())  # in log order: stretches stay sequential
             tombstones = list(self._tombstones_in.get(segment, ()))
         for key in keys:
             if not self._move(key, segment):
@@ -324,8 +363,8 @@ class SsdTier:
             if key not in self._index and not self._append_tombstone(key):
                 return False
         with self._lock:
-            left = self._keys_in.pop(segment, set())
-            for key in left:  # unreadable (already counted): lost with the segment
+            left = self._keys_in.pop(segment, {})
+            for key in left.values():  # unreadable (already counted): lost with the segment
                 self._drop(key)
             self._live.pop(segment, None)
             self._tombstones_in.pop(segment, None)
@@ -483,12 +522,12 @@ class SsdTier:
 
     def _account(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] += record.location.length
-        self._keys_in[record.location.segment_id].add(key)
+        self._keys_in[record.location.segment_id][record.location.offset] = key
         self._namespace_bytes[key[0]] += record.location.length
 
     def _unaccount(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] -= record.location.length
-        self._keys_in[record.location.segment_id].discard(key)
+        self._keys_in[record.location.segment_id].pop(record.location.offset, None)
         self._namespace_bytes[key[0]] -= record.location.length
         if not self._namespace_bytes[key[0]]:
             del self._namespace_bytes[key[0]]

@@ -88,9 +88,29 @@ def test_blocks_evicted_from_dram_come_back_from_ssd_identical(daemon_factory, s
             assert_all_read_back(pool, blocks[start : start + 8])
         ssd, dram = tier(pool, node.address, "ssd"), tier(pool, node.address, "dram")
         counters = pool.stats(node.address).counters
-    assert dram.evictions >= 32 and ssd.hits >= 32 and ssd.promotions >= 32, f"dram {dram}, ssd {ssd}"
+    from_ssd = ssd.hits + counters.get("ssd_read_ahead_hits", 0)  # read ahead into DRAM, then read: from SSD too
+    assert dram.evictions >= 32 and from_ssd >= 32 and ssd.promotions >= 32, f"dram {dram}, ssd {ssd}"
     assert counters["dram_evictions_lost"] == 0, f"counters {dict(counters)}"
     assert ssd.corrupt_blocks == 0 and not ssd.failure, f"{ssd}"
+
+
+@pytest.mark.parametrize("read_ahead", ["1MiB", "0"])
+def test_a_prefix_reloaded_batch_by_batch_is_read_ahead_into_dram(daemon_factory, ssd_dir: Path,
+                                                                   read_ahead: str) -> None:
+    node = daemon_factory(*ssd_flags(ssd_dir, "--ssd-demote-share", "1.0", "--ssd-read-ahead", read_ahead))
+    blocks = keys(48)
+    with KVPoolClient([node.address]) as pool:
+        for start in range(0, len(blocks), 4):
+            put_demoted(pool, node.address, blocks[start : start + 4])
+        for start in range(0, 32, 2):  # blocks 0-31 left DRAM long ago: a reload of them, in order
+            assert_all_read_back(pool, blocks[start : start + 2])
+        counters = pool.stats(node.address).counters
+    ahead, taken = counters.get("ssd_read_ahead", 0), counters.get("ssd_read_ahead_hits", 0)
+    if read_ahead == "0":
+        assert ahead == taken == 0, f"read ahead with read-ahead off: {dict(counters)}"
+    else:  # the first two batches make the stream; a window is 4 blocks, one segment 7
+        assert taken >= 20 and ahead >= taken, f"{dict(counters)}"
+    assert counters["dram_evictions_lost"] == 0, f"{dict(counters)}"
 
 
 def test_lookup_exists_and_delete_see_both_tiers(daemon_factory, ssd_dir: Path) -> None:

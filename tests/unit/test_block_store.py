@@ -58,7 +58,7 @@ def wait_until(condition: Callable[[], bool], what: Callable[[], object], timeou
 class Harness:
     """A BlockStore over a fresh arena and SSD directory, and the helpers to drive and audit it."""
 
-    def __init__(self, directory: Path, promote_on_hit: bool = True) -> None:
+    def __init__(self, directory: Path, promote_on_hit: bool = True, read_ahead: int = 0) -> None:
         self.directory = directory
         self.counters = Counters()
         self.arena = SharedArena(str(directory), "arena", DRAM, prefault=False)
@@ -68,7 +68,8 @@ class Harness:
         self.ssd = SsdTier(self.ssd_config, self.counters, lambda: self.ssd_policy)
         self.dram = DramTier(self.arena, self.alloc, self.counters,
                              on_evict=count_lost_evictions(self.ssd, self.counters))
-        self.store = BlockStore(self.dram, self.ssd, self.counters, promote_on_hit=promote_on_hit, io_threads=2)
+        self.store = BlockStore(self.dram, self.ssd, self.counters, promote_on_hit=promote_on_hit, io_threads=2,
+                                read_ahead=read_ahead)
         self.keys: set[StoreKey] = set()
 
     def close(self) -> None:
@@ -137,7 +138,7 @@ class Harness:
 def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
-    def factory(**kwargs: bool) -> Harness:
+    def factory(**kwargs: bool | int) -> Harness:
         directory = tmp_path / f"store-{len(made)}"
         directory.mkdir()
         harness = Harness(directory, **kwargs)
@@ -396,6 +397,115 @@ def test_arena_only_read_of_a_block_deleted_during_promotion_is_left_unread(s: H
     s.assert_no_leak(held)
 
 
+# -- read-ahead -----------------------------------------------------------------------
+
+RECORD = record_size(k(0), BLOCK)  # four to a segment
+
+
+def gate_read_ahead(s: Harness) -> threading.Event:
+    """Hold every read-ahead's SSD read (``touch=False``) until the returned event is set."""
+    real, gate = s.ssd.read_many, threading.Event()
+
+    def gated(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        if not touch:
+            assert gate.wait(10), "the test never opened the gate"
+        return real(keys, targets, touch=touch)
+
+    s.ssd.read_many = gated  # type: ignore[method-assign]
+    return gate
+
+
+@pytest.fixture
+def ra(make: Callable[..., Harness]) -> Harness:
+    harness = make(read_ahead=3 * RECORD)
+    for i in range(12):  # segments of four records: 0-3, 4-7, 8-11
+        harness.put_ssd(i)
+    return harness
+
+
+def test_a_sequential_reader_finds_the_next_blocks_read_ahead_into_dram(ra: Harness) -> None:
+    assert ra.read([0, 1]) == [data_for(0), data_for(1)]
+    assert "ssd_read_ahead" not in ra.counters.snapshot(), "one read is not a stream"
+    assert ra.read([2, 3]) == [data_for(2), data_for(3)]
+    wait_until(lambda: ra.counters.get("ssd_read_ahead") == 3, ra.counters.snapshot)
+    assert ra.in_dram() == [0, 1, 2, 3, 4, 5, 6], "read ahead across the segment's end"
+    assert ra.read([4, 5]) == [data_for(4), data_for(5)]
+    snapshot = ra.counters.snapshot()
+    assert (snapshot["ssd_hits"], snapshot["ssd_read_ahead_hits"]) == (4, 2), snapshot
+    wait_until(lambda: ra.counters.get("ssd_read_ahead") == 4, ra.counters.snapshot)  # 7: up to the segment's end
+    assert ra.read([6, 7]) == [data_for(6), data_for(7)]
+    wait_until(lambda: ra.counters.get("ssd_read_ahead") == 7, ra.counters.snapshot)  # 8, 9, 10
+    assert ra.read([8, 9, 10, 11]) == [data_for(i) for i in range(8, 12)]  # 11: read ahead as 8-10 were taken
+    snapshot = ra.counters.snapshot()
+    assert (snapshot["ssd_hits"], snapshot["ssd_read_ahead_hits"]) == (4, 8), snapshot
+    ra.assert_no_leak()
+
+
+@pytest.mark.parametrize("window", [0, 3 * RECORD])
+def test_reads_out_of_order_or_with_read_ahead_off_read_nothing_ahead(make: Callable[..., Harness],
+                                                                         window: int) -> None:
+    s = make(read_ahead=window)
+    for i in range(12):
+        s.put_ssd(i)
+    reads = [[0, 1], [2, 3]] if not window else [[0, 1, 2, 3, 4, 5], [8, 9], [7], [11]]
+    for batch in reads:
+        assert s.read(batch) == [data_for(i) for i in batch]
+    time.sleep(0.05)  # a read-ahead would have started by now
+    assert "ssd_read_ahead" not in s.counters.snapshot(), s.counters.snapshot()
+    s.assert_no_leak()
+
+
+def test_a_get_of_blocks_being_read_ahead_waits_for_them_instead_of_reading_twice(ra: Harness) -> None:
+    gate = gate_read_ahead(ra)
+    ra.read([0, 1])
+    ra.read([2, 3])
+
+    async def get_while_read_ahead_runs() -> list[bytes | None]:
+        get = asyncio.ensure_future(ra.store.acquire([k(4), k(5)]))
+        await asyncio.sleep(0.05)
+        assert not get.done(), "the get did not wait for the read-ahead"
+        gate.set()
+        held = await get
+        try:
+            return [None if h is None else bytes(h.view) for h in held]
+        finally:
+            ra.store.release(held)
+
+    assert asyncio.run(get_while_read_ahead_runs()) == [data_for(4), data_for(5)]
+    snapshot = ra.counters.snapshot()
+    assert (snapshot["ssd_hits"], snapshot["ssd_read_ahead_hits"]) == (4, 2), snapshot
+    ra.assert_no_leak()
+
+
+def test_a_block_deleted_while_read_ahead_does_not_come_back(ra: Harness) -> None:
+    gate = gate_read_ahead(ra)
+    ra.read([0, 1])
+    ra.read([2, 3])
+    assert ra.store.delete(k(5))
+    gate.set()
+    wait_until(lambda: not ra.store._reading_ahead, lambda: ra.store._reading_ahead)
+    assert ra.in_dram() == [0, 1, 2, 3, 4, 6] and not ra.store.contains(k(5))
+    assert ra.read([4, 5, 6]) == [data_for(4), None, data_for(6)]
+    ra.assert_no_leak()
+
+
+def test_a_failed_read_ahead_leaves_no_slot_reserved(ra: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    real = ra.ssd.read_many
+
+    def failing_ahead(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+        if not touch:
+            raise RuntimeError("injected")
+        return real(keys, targets, touch=touch)
+
+    ra.ssd.read_many = failing_ahead  # type: ignore[method-assign]
+    ra.read([0, 1])
+    ra.read([2, 3])
+    wait_until(lambda: not ra.store._reading_ahead, lambda: ra.store._reading_ahead)
+    assert "SSD read-ahead failed" in caplog.text
+    assert ra.in_dram() == [0, 1, 2, 3] and ra.read([4]) == [data_for(4)], "served from SSD instead"
+    ra.assert_no_leak()
+
+
 # -- delete ---------------------------------------------------------------------------
 
 
@@ -562,11 +672,22 @@ def test_stop_flushes_dram_coldest_first(s: Harness) -> None:
     assert Demoter(s.store, share=0.25).stop(flush_within_s=0.0) == 0
     assert s.ssd.keys() == []
     assert Demoter(s.store, share=0.25).stop(flush_within_s=5.0) == 10
-    assert [key for key, _ in disk_keys(s.ssd_config.directory)] == [k(i) for i in (*range(1, 10), 0)]
+    assert list(s.ssd_policy.candidates()) == [k(i) for i in (*range(1, 10), 0)], "SSD evicts in DRAM's order"
     ssd = s.reopen_ssd()
     for i in range(10):
         target = bytearray(BLOCK)
         assert ssd.read_into(k(i), memoryview(target)) == checksum(data_for(i)) and target == data_for(i)
+    s.assert_no_leak()
+
+
+def test_demoted_chains_lie_head_to_tail_on_disk_and_leave_ssd_tail_first(s: Harness) -> None:
+    for i in reversed(range(16)):  # committed tail first, as a put does: 15 is the coldest
+        s.put(i)
+    assert Demoter(s.store, share=1.0).stop(flush_within_s=5.0) == 16
+    on_disk = [int(key[1][4:]) for key, _ in disk_keys(s.ssd_config.directory)]
+    # passes of a quarter of DRAM's blocks, coldest first, each written head to tail
+    assert on_disk == [12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3], on_disk
+    assert list(s.ssd_policy.candidates()) == [k(i) for i in reversed(range(16))], "SSD evicts tail first"
     s.assert_no_leak()
 
 

@@ -205,7 +205,9 @@ class Harness:
         live: dict[int, int] = {}
         for key, record in tier._index.items():
             live[record.location.segment_id] = live.get(record.location.segment_id, 0) + record.location.length
-            assert key in tier._keys_in[record.location.segment_id], f"{key} missing from its segment's key set"
+            assert tier._keys_in[record.location.segment_id].get(record.location.offset) == key, (
+                f"{key} missing from its segment's records")
+        assert sum(map(len, tier._keys_in.values())) == len(tier._index), "stale records in _keys_in"
         tracked = {s: n for s, n in tier._live.items() if n}
         assert tracked == live, f"live bytes per segment: tracked {tracked}, index says {live}"
         sizes = tier._log.segment_sizes()
