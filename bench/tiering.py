@@ -2,8 +2,9 @@
 
 Both parts run in one invocation, on loopback:
 
-1. Reload rate. One daemon with a small DRAM tier and an SSD tier in a directory
-   on local disk. The same blocks are read (batches of 32 blocks of 384 KiB):
+1. Reload rate. One daemon with a small DRAM tier (96 MiB) and an SSD tier in a
+   directory on local disk (default settings: 256 MiB segments, read-ahead on). The
+   same blocks are read (batches of 32 blocks of 384 KiB):
    - ``dram``: blocks resident in DRAM;
    - ``ssd``: blocks only on SSD, read in a pass larger than DRAM (each block is
      promoted into DRAM, as by default, and evicted again before the next pass),
@@ -313,7 +314,7 @@ def start_ssd_node(stack: ExitStack, segments: Path, data_mib: int, *extra: str)
     """A daemon with 96 MiB of DRAM and an SSD tier in ``segments``, stopped when ``stack`` closes."""
     node = start_daemon("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
                         "--ssd-dir", str(segments), "--ssd-capacity", f"{4 * data_mib}MiB",
-                        "--ssd-segment-size", "64MiB", "--ssd-demote-share", "1.0", *extra)
+                        "--ssd-demote-share", "1.0", *extra)
     stack.callback(node.remove_files)
     stack.callback(node.stop)
     pool = stack.enter_context(KVPoolClient([node.address]))
