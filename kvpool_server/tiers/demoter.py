@@ -105,14 +105,9 @@ class Demoter:
         assert ssd is not None
         if ssd.failure() is not None:
             return 0
-        entries = dram.pin_coldest(share, ssd.contains, limit)  # coldest first: a chain's tail before its head
+        entries = dram.pin_coldest(share, ssd.contains, limit)
         try:
-            # Written head to tail: the order an engine reloads a prefix in, so its reads go
-            # front to back on disk (and read-ahead follows them). SSD's eviction order is
-            # DRAM's again: tail first.
-            written = sum(self._store.write_down(entry) for entry in reversed(entries))
-            ssd.refresh([entry.key for entry in entries])
-            return written
+            return sum(self._store.write_down(entry) for entry in entries)
         finally:
             for entry in entries:
                 dram.release(entry)

@@ -20,8 +20,8 @@ A disk error pauses writes for ``retry_after_error_s``; a compaction that cannot
 copy a record forward keeps its segment, so no stored block is lost to it.
 
 Blocking: every method except ``contains``, ``length_of``, ``location_of``,
-``log_range``, ``keys_between``, ``refresh``, ``keys``, ``usage``, ``failure`` and
-``forget`` does file I/O: call it from a thread, never an event loop. ``_lock``
+``log_range``, ``keys_between``, ``keys_before``, ``keys``, ``usage``, ``failure``
+and ``forget`` does file I/O: call it from a thread, never an event loop. ``_lock``
 guards the index (dict operations only); ``_write_lock`` makes one writer at a time
 (appends, eviction, compaction). Reads run beside writes: a read that loses its
 segment to compaction retries at the record's new location.
@@ -105,8 +105,9 @@ class SsdTier:
         self._index: dict[StoreKey, _Record] = {}
         self._policy = policy_factory()
         self._live: defaultdict[int, int] = defaultdict(int)  # segment -> live record bytes
-        # segment -> offset -> key of its live records, in log order
+        # segment -> offset -> key of its live records, in log order; and by where each ends
         self._keys_in: defaultdict[int, dict[int, StoreKey]] = defaultdict(dict)
+        self._ends_in: defaultdict[int, dict[int, StoreKey]] = defaultdict(dict)
         self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
         self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
         self._namespace_bytes: defaultdict[str, int] = defaultdict(int)  # namespace -> live record bytes
@@ -182,12 +183,26 @@ class SsdTier:
                 offset += self._index[key].location.length
         return keys
 
-    def refresh(self, keys: Sequence[StoreKey]) -> None:
-        """Make these keys the most recent in the eviction order, the last one most of all."""
+    def keys_before(self, stretch: Stretch) -> list[StoreKey]:
+        """The keys of the live records lying back to back below ``stretch.end``, from the
+        one ending there down, for as many bytes as the stretch holds (the record crossing
+        its start included), walking on into the previous segment at a segment's start
+        (positions jump there, bytes do not); the walk stops at the first dead record."""
+        keys: list[StoreKey] = []
+        segment_id, offset = divmod(stretch.end, SEGMENT_STRIDE)
+        left = stretch.end - stretch.start
         with self._lock:
-            for key in keys:
-                if key in self._index:
-                    self._policy.touch(key)
+            while left > 0:
+                if offset == 0:  # the previous segment's last record ends here
+                    segment_id -= 1
+                    offset = self._log.size_of(segment_id) or 0
+                key = self._ends_in.get(segment_id, {}).get(offset)
+                if key is None:
+                    break
+                keys.append(key)
+                offset -= self._index[key].location.length
+                left -= self._index[key].location.length
+        return keys
 
     def keys(self) -> list[StoreKey]:
         with self._lock:
@@ -364,6 +379,7 @@ class SsdTier:
                 return False
         with self._lock:
             left = self._keys_in.pop(segment, {})
+            self._ends_in.pop(segment, None)
             for key in left.values():  # unreadable (already counted): lost with the segment
                 self._drop(key)
             self._live.pop(segment, None)
@@ -523,11 +539,13 @@ class SsdTier:
     def _account(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] += record.location.length
         self._keys_in[record.location.segment_id][record.location.offset] = key
+        self._ends_in[record.location.segment_id][record.location.offset + record.location.length] = key
         self._namespace_bytes[key[0]] += record.location.length
 
     def _unaccount(self, key: StoreKey, record: _Record) -> None:
         self._live[record.location.segment_id] -= record.location.length
         self._keys_in[record.location.segment_id].pop(record.location.offset, None)
+        self._ends_in[record.location.segment_id].pop(record.location.offset + record.location.length, None)
         self._namespace_bytes[key[0]] -= record.location.length
         if not self._namespace_bytes[key[0]]:
             del self._namespace_bytes[key[0]]

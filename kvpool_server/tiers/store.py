@@ -12,10 +12,10 @@ records lie back to back (the demoter writes them together), so they are read as
 sequential stretch, which the kernel's read-ahead keeps the device busy on. Other
 requests' reads run beside it on the other pool threads.
 
-With read-ahead on, a client reading a segment's records front to back (a long
-prefix reloaded batch by batch) makes the store read the records after them into
-DRAM on a pool thread while the reply is sent (:mod:`~kvpool_server.tiers.readahead`
-decides what), so the next batch finds them there. A read of blocks still being read
+With read-ahead on, a client reading SSD records in log order, up or down (a long
+prefix reloaded batch by batch), makes the store read the next ones into DRAM on a
+pool thread while the reply is sent (:mod:`~kvpool_server.tiers.readahead` decides
+what), so the next batch finds them there. A read of blocks still being read
 ahead waits for that read instead of reading them a second time.
 
 A delete and a promotion of the same key exclude each other for the few
@@ -358,7 +358,7 @@ class BlockStore:
         for read in ranges:
             ahead = self._planner.observe(read)
             if ahead is not None:
-                self._start_read_ahead(self.ssd.keys_between(ahead))
+                self._start_read_ahead(self.ssd.keys_before(ahead) if ahead.backward else self.ssd.keys_between(ahead))
 
     def _start_read_ahead(self, keys: list[StoreKey]) -> None:
         """Read ``keys`` ahead as one pool task. Stretches planned one after another are

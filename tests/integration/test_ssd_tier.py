@@ -100,15 +100,15 @@ def test_a_prefix_reloaded_batch_by_batch_is_read_ahead_into_dram(daemon_factory
     node = daemon_factory(*ssd_flags(ssd_dir, "--ssd-demote-share", "1.0", "--ssd-read-ahead", read_ahead))
     blocks = keys(48)
     with KVPoolClient([node.address]) as pool:
-        for start in range(0, len(blocks), 4):
-            put_demoted(pool, node.address, blocks[start : start + 4])
-        for start in range(0, 32, 2):  # blocks 0-31 left DRAM long ago: a reload of them, in order
+        for start in range(0, len(blocks), 16):  # a prompt's blocks: committed, so demoted, tail first
+            put_demoted(pool, node.address, blocks[start : start + 16])
+        for start in range(0, 32, 2):  # blocks 0-31 left DRAM long ago: a reload of them, head first
             assert_all_read_back(pool, blocks[start : start + 2])
         counters = pool.stats(node.address).counters
     ahead, taken = counters.get("ssd_read_ahead", 0), counters.get("ssd_read_ahead_hits", 0)
     if read_ahead == "0":
         assert ahead == taken == 0, f"read ahead with read-ahead off: {dict(counters)}"
-    else:  # the first two batches make the stream; a window is 4 blocks, one segment 7
+    else:  # per prompt, its first two batches make the stream (down the log); a window is 4 blocks
         assert taken >= 20 and ahead >= taken, f"{dict(counters)}"
     assert counters["dram_evictions_lost"] == 0, f"{dict(counters)}"
 

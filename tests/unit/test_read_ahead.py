@@ -43,6 +43,14 @@ def test_refills_only_once_less_than_half_a_window_is_left() -> None:
     assert planner.observe(Stretch(600, 800)) == Stretch(800, 1800), "only 400 left"
 
 
+def test_a_read_ending_where_the_last_started_reads_a_window_below_it() -> None:
+    planner = ReadAheadPlanner(WINDOW)
+    planner.observe(Stretch(5000, 5300))
+    assert planner.observe(Stretch(4700, 5000)) == Stretch(3700, 4700, backward=True)
+    assert planner.observe(Stretch(4400, 4700)) is None, "700 bytes still ahead below"
+    assert planner.observe(Stretch(4100, 4400)) == Stretch(3100, 4100, backward=True), "only 400 left"
+
+
 def test_interleaved_streams_are_followed_each() -> None:
     planner = ReadAheadPlanner(WINDOW)
     a, b = 0, 10 * SEGMENT_STRIDE
@@ -65,21 +73,24 @@ def test_bad_settings_are_refused() -> None:
         ReadAheadPlanner(0)
 
 
-@given(st.lists(st.integers(1, 700), min_size=1, max_size=60))
-def test_a_sequential_reader_is_always_read_ahead_of(sizes: list[int]) -> None:
-    """Read-ahead starts at the reader, never runs more than a window ahead of it, and
-    keeps more than half a window ahead after every read but the first."""
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=60), st.booleans())
+def test_a_sequential_reader_is_always_read_ahead_of(sizes: list[int], backward: bool) -> None:
+    """Read-ahead starts at the reader, runs in its direction, and keeps more than half
+    a window ahead of it after every read but the first."""
     planner = ReadAheadPlanner(WINDOW)
-    position, ahead_end = 0, 0
+    step = -1 if backward else 1
+    position = ahead_end = 100_000
     for n, size in enumerate(sizes):
-        ahead = planner.observe(Stretch(position, position + size))
-        position += size
+        read = Stretch(position - size, position) if backward else Stretch(position, position + size)
+        ahead = planner.observe(read)
+        position += step * size
         if ahead is not None:
             assert n > 0, "the first read planned a read-ahead"
-            assert ahead == Stretch(position, position + WINDOW), (ahead, position)
-            ahead_end = ahead.end
+            expected = Stretch(position - WINDOW, position, True) if backward else Stretch(position, position + WINDOW)
+            assert ahead == expected, (ahead, position)
+            ahead_end = ahead.start if backward else ahead.end
         if n > 0:
-            assert ahead_end - position > WINDOW // 2, (ahead_end, position)
+            assert step * (ahead_end - position) > WINDOW // 2, (ahead_end, position)
 
 
 # -- SSD tier: log positions ----------------------------------------------------------
@@ -128,3 +139,13 @@ def test_keys_between_stop_at_a_dead_record(tier: SsdTier) -> None:
     assert tier.forget(k(4))
     start = stretch_of(tier, 3).start
     assert tier.keys_between(Stretch(start, start + 3 * RECORD)) == [k(3)]
+    end = stretch_of(tier, 5).end
+    assert tier.keys_before(Stretch(end - 3 * RECORD, end, True)) == [k(5)]
+
+
+def test_keys_before_walk_down_into_the_segment_before(tier: SsdTier) -> None:
+    end = stretch_of(tier, 4).end
+    assert tier.keys_before(Stretch(end - 1, end, True)) == [k(4)], "the record holding the start is in"
+    assert tier.keys_before(Stretch(end - 3 * RECORD, end, True)) == [k(4), k(3), k(2)]
+    assert tier.keys_before(Stretch(0, end, True)) == [k(i) for i in (4, 3, 2, 1, 0)], "stops at the log's start"
+    assert tier.keys_before(Stretch(end - RECORD, end - 1, True)) == [], "not where a record ends"
