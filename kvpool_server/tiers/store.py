@@ -406,8 +406,9 @@ class BlockStore:
         except Exception as exc:  # only a guess ahead of reads: a failure costs the reads their speed
             self._drop_slots(reads[finished:])
             log.error("SSD read-ahead failed", extra={"blocks": len(reads), "error": repr(exc)})
-        self._counters.add("ssd_read_ahead", read)
-        self._counters.add("ssd_promotions", read)  # copied up out of SSD, as a client's promotion is
+        if read:
+            self._counters.add("ssd_read_ahead", read)
+            self._counters.add("ssd_promotions", read)  # copied up out of SSD, as a client's promotion is
 
     async def _take_read_ahead(
         self, keys: Sequence[StoreKey], held: list[HeldBlock | None], misses: list[int], touch: bool
