@@ -20,11 +20,11 @@ A disk error pauses writes for ``retry_after_error_s``; a compaction that cannot
 copy a record forward keeps its segment, so no stored block is lost to it.
 
 Blocking: every method except ``contains``, ``length_of``, ``location_of``,
-``log_range``, ``keys_between``, ``keys_before``, ``keys``, ``usage``, ``failure``
-and ``forget`` does file I/O: call it from a thread, never an event loop. ``_lock``
-guards the index (dict operations only); ``_write_lock`` makes one writer at a time
-(appends, eviction, compaction). Reads run beside writes: a read that loses its
-segment to compaction retries at the record's new location.
+``log_range``, ``keys_between``, ``keys_before``, ``touch``, ``keys``, ``usage``,
+``failure`` and ``forget`` does file I/O: call it from a thread, never an event
+loop. ``_lock`` guards the index (dict operations only); ``_write_lock`` makes one
+writer at a time (appends, eviction, compaction). Reads run beside writes: a read
+that loses its segment to compaction retries at the record's new location.
 """
 
 from __future__ import annotations
@@ -203,6 +203,14 @@ class SsdTier:
                 offset -= self._index[key].location.length
                 left -= self._index[key].location.length
         return keys
+
+    def touch(self, keys: Sequence[StoreKey]) -> None:
+        """Refresh the recency of keys read from elsewhere (blocks read ahead into DRAM),
+        the last one most of all."""
+        with self._lock:
+            for key in keys:
+                if key in self._index:
+                    self._policy.touch(key)
 
     def keys(self) -> list[StoreKey]:
         with self._lock:

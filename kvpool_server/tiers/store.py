@@ -336,12 +336,15 @@ class BlockStore:
     # -- read-ahead -------------------------------------------------------------
 
     def _note_read_ahead_hits(self, entries: Sequence[BlockEntry | None]) -> None:
-        """Count clients' first reads of read-ahead blocks, and keep their streams going."""
+        """Count clients' first reads of read-ahead blocks, refresh them on SSD as a read
+        from there would (tail first), and keep their streams going."""
         hits = [e for e in entries if e is not None and e.read_ahead]
         if not hits:
             return
         for entry in hits:
             entry.read_ahead = False
+        assert self.ssd is not None
+        self.ssd.touch([entry.key for entry in reversed(hits)])
         self._counters.add("ssd_read_ahead_hits", len(hits))
         self._follow([entry.key for entry in hits])
 

@@ -441,6 +441,16 @@ def test_a_sequential_reader_finds_the_next_blocks_read_ahead_into_dram(ra: Harn
     ra.assert_no_leak()
 
 
+def test_blocks_taken_from_read_ahead_are_fresh_on_ssd_as_if_read_from_there(ra: Harness) -> None:
+    ra.read([0, 1])
+    ra.read([2, 3])
+    wait_until(lambda: ra.counters.get("ssd_read_ahead") == 3, ra.counters.snapshot)
+    assert list(ra.ssd_policy.candidates())[-4:] == [k(1), k(0), k(3), k(2)], "not touched by the read-ahead itself"
+    ra.read([4, 5])
+    assert list(ra.ssd_policy.candidates())[-2:] == [k(5), k(4)], "taken: most recent, the head last"
+    ra.assert_no_leak()
+
+
 @pytest.mark.parametrize("window", [0, 3 * RECORD])
 def test_reads_out_of_order_or_with_read_ahead_off_read_nothing_ahead(make: Callable[..., Harness],
                                                                          window: int) -> None:
