@@ -402,17 +402,33 @@ def test_arena_only_read_of_a_block_deleted_during_promotion_is_left_unread(s: H
 RECORD = record_size(k(0), BLOCK)  # four to a segment
 
 
-def gate_read_ahead(s: Harness) -> threading.Event:
-    """Hold every read-ahead's SSD read (``touch=False``) until the returned event is set."""
-    real, gate = s.ssd.read_many, threading.Event()
+def before_read_ahead(s: Harness, action: Callable[[], None]) -> None:
+    """Run ``action`` before every read-ahead's SSD read (the reads with ``touch=False``)."""
+    real = s.ssd.read_many
 
-    def gated(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+    def read_many(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
         if not touch:
-            assert gate.wait(10), "the test never opened the gate"
+            action()
         return real(keys, targets, touch=touch)
 
-    s.ssd.read_many = gated  # type: ignore[method-assign]
+    s.ssd.read_many = read_many  # type: ignore[method-assign]
+
+
+def gate_read_ahead(s: Harness) -> threading.Event:
+    """Hold every read-ahead's SSD read until the returned event is set."""
+    gate = threading.Event()
+
+    def wait() -> None:
+        assert gate.wait(10), "the test never opened the gate"
+
+    before_read_ahead(s, wait)
     return gate
+
+
+def start_stream(s: Harness) -> None:
+    """Read blocks 0-1, then 2-3: a stream, whose read-ahead starts with block 4."""
+    s.read([0, 1])
+    s.read([2, 3])
 
 
 @pytest.fixture
@@ -442,8 +458,7 @@ def test_a_sequential_reader_finds_the_next_blocks_read_ahead_into_dram(ra: Harn
 
 
 def test_blocks_taken_from_read_ahead_are_fresh_on_ssd_as_if_read_from_there(ra: Harness) -> None:
-    ra.read([0, 1])
-    ra.read([2, 3])
+    start_stream(ra)
     wait_until(lambda: ra.counters.get("ssd_read_ahead") == 3, ra.counters.snapshot)
     assert list(ra.ssd_policy.candidates())[-4:] == [k(1), k(0), k(3), k(2)], "not touched by the read-ahead itself"
     ra.read([4, 5])
@@ -482,8 +497,7 @@ def test_a_reader_walking_the_log_down_is_read_ahead_of_too(make: Callable[..., 
 
 def test_a_get_of_blocks_being_read_ahead_waits_for_them_instead_of_reading_twice(ra: Harness) -> None:
     gate = gate_read_ahead(ra)
-    ra.read([0, 1])
-    ra.read([2, 3])
+    start_stream(ra)
 
     async def get_while_read_ahead_runs() -> list[bytes | None]:
         get = asyncio.ensure_future(ra.store.acquire([k(4), k(5)]))
@@ -504,8 +518,7 @@ def test_a_get_of_blocks_being_read_ahead_waits_for_them_instead_of_reading_twic
 
 def test_a_block_deleted_while_read_ahead_does_not_come_back(ra: Harness) -> None:
     gate = gate_read_ahead(ra)
-    ra.read([0, 1])
-    ra.read([2, 3])
+    start_stream(ra)
     assert ra.store.delete(k(5))
     gate.set()
     wait_until(lambda: not ra.store._reading_ahead, lambda: ra.store._reading_ahead)
@@ -515,16 +528,11 @@ def test_a_block_deleted_while_read_ahead_does_not_come_back(ra: Harness) -> Non
 
 
 def test_a_failed_read_ahead_leaves_no_slot_reserved(ra: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    real = ra.ssd.read_many
+    def fail() -> None:
+        raise RuntimeError("injected")
 
-    def failing_ahead(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
-        if not touch:
-            raise RuntimeError("injected")
-        return real(keys, targets, touch=touch)
-
-    ra.ssd.read_many = failing_ahead  # type: ignore[method-assign]
-    ra.read([0, 1])
-    ra.read([2, 3])
+    before_read_ahead(ra, fail)
+    start_stream(ra)
     wait_until(lambda: not ra.store._reading_ahead, lambda: ra.store._reading_ahead)
     assert "SSD read-ahead failed" in caplog.text
     assert ra.in_dram() == [0, 1, 2, 3] and ra.read([4]) == [data_for(4)], "served from SSD instead"
