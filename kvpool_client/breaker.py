@@ -82,6 +82,8 @@ class CircuitBreaker:
         then True once (that caller carries the probe and must report it with
         :meth:`success` or :meth:`failure`), False for everyone else meanwhile.
         """
+        if node_id not in self._circuits:  # closed: no lock on every request (a dict read is atomic)
+            return True
         with self._lock:
             circuit = self._circuits.get(node_id)
             if circuit is None:
@@ -96,6 +98,8 @@ class CircuitBreaker:
 
     def success(self, node_id: str) -> None:
         """The node answered: close its circuit."""
+        if node_id not in self._circuits:  # closed already, the common case
+            return
         with self._lock:
             self._circuits.pop(node_id, None)
 
