@@ -91,7 +91,8 @@ def plan_ratio_round(endpoints: dict[str, Endpoint | None], systems: list[str], 
     for system, batch, clients in report.ratio_shapes(systems):
         server = endpoints.get(system)
         address, pid = (server.address, server.pid) if server else ("", None)
-        specs.append(CellSpec(system, "get", report.RATIO_BLOCK, batch, clients, address, duration_s, os.urandom(8), pid))
+        specs.append(CellSpec(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, address, duration_s,
+                              os.urandom(8), pid))
     return specs[::-1] if index % 2 else specs
 
 

@@ -15,6 +15,12 @@ page-aligned destination buffers. Every system's bytes are checked once,
 untimed. Prints a table and the ratios (targets: shm >= 0.5x memcpy at 384 KiB;
 ucx >= 2x tcp at 1 MiB and above; 4 clients >= 1.6x one); writes
 ``transports.json`` to ``--out``.
+
+A ratio of two cells of the full pass compares them minutes apart, and this
+shared VM drifts by more than the targets' margins in that time. So after the full
+pass, ``--rounds`` rounds measure only the cells the targets compare, every other
+round in reverse order, and each target is reported as the median of its per-round
+ratios (two cells seconds apart), beside its full-pass value.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from bench.drivers import RedisDriver, SocketDriver
+from bench.report import Ratio, ratio_lines
 from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
@@ -57,6 +65,28 @@ class Cell:
     batches: int
 
 
+Shape = tuple[str, int, int]  # (system, block, clients)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    name: str
+    top: Shape
+    bottom: Shape
+    target: float | None  # None: a reference
+
+
+TARGETS = (
+    TargetSpec("shm / memcpy, 384 KiB x32, 1 client", ("shm", 384 * KiB, 1), ("memcpy", 384 * KiB, 1), 0.5),
+    TargetSpec("ucx / tcp, 2 MiB x32, 1 client", ("ucx", 2 * MiB, 1), ("tcp", 2 * MiB, 1), 2.0),
+    *(TargetSpec(f"{system}: 4 clients / 1, 384 KiB x32", (system, 384 * KiB, 4), (system, 384 * KiB, 1), 1.6)
+      for system in ("tcp", "ucx", "shm")),
+    # What two cores allow four processes at all: each copies its own cache-cold bytes.
+    TargetSpec("memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)", ("memcpy", 384 * KiB, 4),
+               ("memcpy", 384 * KiB, 1), None),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     system: str
@@ -71,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per cell")
     parser.add_argument("--working-set", default=64, type=int, help="MiB each client reads (cache-cold)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the targets' cells (0: none)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     return parser.parse_args(argv)
 
@@ -206,6 +237,29 @@ def ratios(cells: list[Cell], systems: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def target_shapes(systems: tuple[str, ...]) -> list[Shape]:
+    """The cells the targets compare, among ``systems``, each once, in a fixed order."""
+    shapes = [shape for spec in TARGETS for shape in (spec.top, spec.bottom) if shape[0] in systems]
+    return list(dict.fromkeys(shapes))
+
+
+def target_ratios(cells: list[Cell]) -> list[float | None]:
+    """Each target's ratio among ``cells`` (None: a cell it needs is not there)."""
+    by = {(c.system, c.block, c.clients): c.gbps for c in cells}
+    return [by[spec.top] / by[spec.bottom] if spec.top in by and by.get(spec.bottom) else None for spec in TARGETS]
+
+
+def targets(cells: list[Cell], rounds: list[list[Cell]]) -> tuple[list[Ratio], list[Ratio]]:
+    """The targets from the full pass, and as medians of the rounds' ratios."""
+    full = [Ratio(spec.name, value, spec.target) for spec, value in zip(TARGETS, target_ratios(cells))]
+    per_round = [target_ratios(r) for r in rounds]
+    medians = []
+    for i, spec in enumerate(TARGETS):
+        values = tuple(round(r[i], 3) for r in per_round if r[i] is not None)
+        medians.append(Ratio(spec.name, statistics.median(values) if values else None, spec.target, values))
+    return full, medians
+
+
 def _line(c: Cell) -> str:
     return f"{c.system:>6} {c.block // KiB:>5} KiB x{BATCH} {c.clients} client(s): {c.gbps:6.2f} GB/s"
 
@@ -220,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ucx = ("--ucx-port", "0") if missing is None else ()
     daemon = start_daemon("--dram-capacity", str(capacity), "--slab-size", "4MiB", "--metrics-port", "-1", *ucx)
     cells: list[Cell] = []
+    rounds: list[list[Cell]] = []
     try:
         # Redis gets twice the arena: its per-key overhead must not evict the working sets.
         with socket_server() as raw, redis_server(maxmemory=f"{2 * capacity >> 20}mb", install=True) as redis:
@@ -232,14 +287,26 @@ def main(argv: list[str] | None = None) -> int:
                     for system in systems:
                         cells.append(run_cell(system, addresses.get(system, daemon.address), block, clients, args))
                         print(_line(cells[-1]), flush=True)
+            shapes = target_shapes(systems)
+            for index in range(args.rounds):
+                print(f"round {index + 1} of {args.rounds}", flush=True)
+                rounds.append([])
+                for system, block, clients in shapes[::-1] if index % 2 else shapes:
+                    rounds[-1].append(run_cell(system, addresses.get(system, daemon.address), block, clients, args))
+                    print(_line(rounds[-1][-1]), flush=True)
     finally:
         daemon.stop()
         daemon.remove_files()
-    print("\n".join(["", *ratios(cells, systems)]))
+    full, medians = targets(cells, rounds)
+    print("\n".join(["", *ratios(cells, systems), "", "Targets, full pass:", ratio_lines(full)]))
+    if rounds:
+        print(f"Targets, median of {len(rounds)} interleaved rounds:\n{ratio_lines(medians)}")
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"cpus": os.cpu_count(), "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH,
             "systems": list(systems), "load_avg_at_end": os.getloadavg()[0]}  # fmt: skip
-    (args.out / "transports.json").write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells]}, indent=1))
+    out = {"meta": meta, "cells": [asdict(c) for c in cells], "rounds": [[asdict(c) for c in r] for r in rounds],
+           "targets": {"full_pass": [asdict(r) for r in full], "rounds": [asdict(r) for r in medians]}}
+    (args.out / "transports.json").write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -1,0 +1,57 @@
+"""The transports benchmark's target ratios: from one pass, and as medians of interleaved rounds."""
+
+from __future__ import annotations
+
+from bench.transports import TARGETS, Cell, target_ratios, target_shapes, targets
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def cells(gbps: dict[tuple[str, int, int], float]) -> list[Cell]:
+    return [Cell(system, block, clients, value, 1) for (system, block, clients), value in gbps.items()]
+
+
+def every_target_cell(value: float) -> dict[tuple[str, int, int], float]:
+    return {shape: value for shape in target_shapes(("memcpy", "tcp", "ucx", "shm"))}
+
+
+def test_each_shape_is_measured_once_and_only_for_systems_present() -> None:
+    shapes = target_shapes(("memcpy", "tcp", "shm"))
+    assert len(shapes) == len(set(shapes))
+    assert {system for system, _, _ in shapes} == {"memcpy", "tcp", "shm"}  # no ucx cell without ucx
+    assert ("ucx", 2 * MiB, 1) in target_shapes(("memcpy", "tcp", "ucx", "shm"))
+
+
+def test_a_ratio_is_its_two_cells_and_none_when_one_is_missing() -> None:
+    gbps = every_target_cell(1.0) | {("ucx", 2 * MiB, 1): 5.0, ("tcp", 2 * MiB, 1): 2.5}
+    del gbps[("shm", 384 * KiB, 4)]
+    by_name = dict(zip((spec.name for spec in TARGETS), target_ratios(cells(gbps))))
+    assert by_name["ucx / tcp, 2 MiB x32, 1 client"] == 2.0, by_name
+    assert by_name["shm: 4 clients / 1, 384 KiB x32"] is None, by_name
+
+
+def test_rounds_give_the_median_of_per_round_ratios_beside_the_full_pass() -> None:
+    full = every_target_cell(1.0)
+    rounds = [every_target_cell(1.0) | {("ucx", 2 * MiB, 1): ratio} for ratio in (1.5, 2.5, 2.1)]
+    from_pass, medians = targets(cells(full), [cells(r) for r in rounds])
+    ucx = next(i for i, spec in enumerate(TARGETS) if spec.top == ("ucx", 2 * MiB, 1))
+    assert from_pass[ucx].value == 1.0 and from_pass[ucx].rounds == ()
+    assert medians[ucx].value == 2.1 and medians[ucx].rounds == (1.5, 2.5, 2.1), medians[ucx]
+    assert medians[ucx].verdict == "ok"
+    ceiling = next(r for r in medians if r.target is None)
+    assert ceiling.verdict == "(reference)", ceiling
+
+
+def test_the_block_benchmark_reads_memcpy_references_from_its_copy_cells() -> None:
+    from bench import report
+    from bench.cells import Cell as BlockCell
+
+    def cell(system: str, batch: int, clients: int, gbps: float) -> BlockCell:
+        return BlockCell(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, gbps=gbps)
+
+    measured = [cell("memcpy", 32, 1, 4.0), cell("memcpy", 32, 4, 6.0), cell("socket", 32, 1, 2.0)]
+    by_name = {r.name: r for r in report.ratios(measured)}
+    memcpy = by_name["384 KiB memcpy batch-32: 4 clients / 1 client"]
+    assert memcpy.value == 1.5 and memcpy.verdict == "(reference)", memcpy
+    assert by_name["384 KiB raw socket batch-32: 4 clients / 1 client"].value is None  # its 4-client cell is missing
+    assert "target" not in report.ratio_lines([memcpy]), report.ratio_lines([memcpy])
