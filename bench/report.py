@@ -31,7 +31,7 @@ class Ratio:
         return "ok" if self.value >= self.target else "BELOW TARGET"
 
 
-Shape = tuple[str, int, int]  # (system, batch, clients) of a 384 KiB get
+Shape = tuple[str, int, int]  # a cell: (system, batch, clients) of a 384 KiB get; transports.py: (system, block, clients)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bench.drivers import RedisDriver, SocketDriver
-from bench.report import Ratio, ratio_lines
+from bench.report import Ratio, RatioSpec, Shape, ratio_lines
 from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
@@ -65,24 +65,14 @@ class Cell:
     batches: int
 
 
-Shape = tuple[str, int, int]  # (system, block, clients)
-
-
-@dataclass(frozen=True, slots=True)
-class TargetSpec:
-    name: str
-    top: Shape
-    bottom: Shape
-    target: float | None  # None: a reference
-
-
+# Each target compares two (system, block, clients) cells.
 TARGETS = (
-    TargetSpec("shm / memcpy, 384 KiB x32, 1 client", ("shm", 384 * KiB, 1), ("memcpy", 384 * KiB, 1), 0.5),
-    TargetSpec("ucx / tcp, 2 MiB x32, 1 client", ("ucx", 2 * MiB, 1), ("tcp", 2 * MiB, 1), 2.0),
-    *(TargetSpec(f"{system}: 4 clients / 1, 384 KiB x32", (system, 384 * KiB, 4), (system, 384 * KiB, 1), 1.6)
+    RatioSpec("shm / memcpy, 384 KiB x32, 1 client", ("shm", 384 * KiB, 1), ("memcpy", 384 * KiB, 1), 0.5),
+    RatioSpec("ucx / tcp, 2 MiB x32, 1 client", ("ucx", 2 * MiB, 1), ("tcp", 2 * MiB, 1), 2.0),
+    *(RatioSpec(f"{system}: 4 clients / 1, 384 KiB x32", (system, 384 * KiB, 4), (system, 384 * KiB, 1), 1.6)
       for system in ("tcp", "ucx", "shm")),
     # What two cores allow four processes at all: each copies its own cache-cold bytes.
-    TargetSpec("memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)", ("memcpy", 384 * KiB, 4),
+    RatioSpec("memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)", ("memcpy", 384 * KiB, 4),
                ("memcpy", 384 * KiB, 1), None),
 )
 
