@@ -73,7 +73,7 @@ TARGETS = (
       for system in ("tcp", "ucx", "shm")),
     # What two cores allow four processes at all: each copies its own cache-cold bytes.
     RatioSpec("memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)", ("memcpy", 384 * KiB, 4),
-               ("memcpy", 384 * KiB, 1), None),
+              ("memcpy", 384 * KiB, 1), None),
 )
 
 

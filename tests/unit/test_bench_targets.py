@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bench import report
+from bench.cells import Cell as BlockCell
 from bench.transports import TARGETS, Cell, target_ratios, target_shapes, targets
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -43,9 +45,6 @@ def test_rounds_give_the_median_of_per_round_ratios_beside_the_full_pass() -> No
 
 
 def test_the_block_benchmark_reads_memcpy_references_from_its_copy_cells() -> None:
-    from bench import report
-    from bench.cells import Cell as BlockCell
-
     def cell(system: str, batch: int, clients: int, gbps: float) -> BlockCell:
         return BlockCell(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, gbps=gbps)
 
