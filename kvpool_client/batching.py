@@ -62,6 +62,16 @@ def group(keys: Sequence[BlockKey], assignments: Iterable[tuple[int, Member]]) -
     return list(jobs.values())
 
 
+def one_frame_job(member: Member, keys: Sequence[BlockKey]) -> Job | None:
+    """The job of ``keys`` all sent to ``member``, as :func:`group` makes it; None when they
+    need several frames (namespaces or hash sizes differ)."""
+    first = keys[0]
+    namespace, size = first.namespace, len(first.hash)
+    if len(keys) > 1 and any(k.namespace != namespace or len(k.hash) != size for k in keys):
+        return None
+    return Job(member, namespace, list(range(len(keys))), [k.hash for k in keys], [k.depth for k in keys])
+
+
 def plan(keys: Sequence[BlockKey], router: Router) -> list[Job]:
     """Group ``keys`` by their first reader, namespace and hash size, keeping the caller's order.
 
@@ -87,7 +97,7 @@ def chunk(job: Job, limits: WireLimits, sizes: Sequence[int] | None = None) -> l
             pieces.append(_slice(job, start, end))
             start, payload = end, 0
         payload += size
-    pieces.append(_slice(job, start, len(job.indices)))
+    pieces.append(_slice(job, start, len(job.indices)) if start else job)  # a job that fits is its own piece
     return pieces
 
 

@@ -125,10 +125,10 @@ def direct_job(
         member = order[0]
     if member is None or (limits := cached_limits(member)) is None:
         return None
-    jobs = batching.group(keys, ((i, member) for i in range(len(keys))))
-    if len(jobs) != 1 or len(batching.chunk(jobs[0], limits, sizes)) != 1:
+    job = batching.one_frame_job(member, keys)
+    if job is None or len(batching.chunk(job, limits, sizes)) != 1:
         return None  # several namespaces or hash sizes, or over the frame limits
-    return jobs[0], limits
+    return job, limits
 
 
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:

@@ -294,7 +294,7 @@ def decode_message(header: FrameHeader, meta: bytes | bytearray | memoryview, li
     """
     if len(meta) != header.meta_len:
         raise ProtocolError(f"meta is {len(meta)} bytes, header says {header.meta_len}")
-    reader = _Reader(bytes(meta))
+    reader = _Reader(meta if type(meta) is bytes else bytes(meta))
     message = _decode_body(header, reader, limits)
     reader.expect_end()
     if payload_length(message) != header.payload_len:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import tracemalloc
 from datetime import timedelta
@@ -246,7 +245,7 @@ FREE_FORM = (ErrorResponse, PingRequest, PingResponse, HelloRequest, HelloRespon
 def test_truncated_meta_is_rejected_at_every_cut_point(message):
     header, meta = split(encode(message))
     for cut in range(len(meta)):
-        for claimed in (header, dataclasses.replace(header, meta_len=cut)):
+        for claimed in (header, header._replace(meta_len=cut)):
             with pytest.raises(ProtocolError):
                 decode_message(claimed, meta[:cut], LIMITS)
                 pytest.fail(f"{message!r} cut at {cut}/{len(meta)} (meta_len {claimed.meta_len}) decoded")
@@ -256,7 +255,7 @@ def test_truncated_meta_is_rejected_at_every_cut_point(message):
 def test_trailing_meta_bytes_are_rejected(message, extra):
     header, meta = split(encode(message))
     with pytest.raises(ProtocolError, match="trailing"):
-        decode_message(dataclasses.replace(header, meta_len=len(meta) + len(extra)), meta + extra, LIMITS)
+        decode_message(header._replace(meta_len=len(meta) + len(extra)), meta + extra, LIMITS)
 
 
 @pytest.mark.parametrize("message, claimed", [
@@ -267,7 +266,7 @@ def test_trailing_meta_bytes_are_rejected(message, extra):
 def test_payload_len_must_match_the_lengths_in_meta(message, claimed):
     header, meta = split(encode(message))
     with pytest.raises(ProtocolError, match="header says"):
-        decode_message(dataclasses.replace(header, payload_len=claimed), meta, LIMITS)
+        decode_message(header._replace(payload_len=claimed), meta, LIMITS)
 
 
 @pytest.mark.parametrize("meta, reason", [
