@@ -91,8 +91,13 @@ def main() -> None:
     print(f"384 KiB gets, medians of {args.rounds} alternating rounds; us per get, new/base in brackets")
     for cell in runs["base"][0]:
         base_m, new_m = ([statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new"))
-        wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({n / b:.2f})" for b, n in zip(base_m, new_m))
+        wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({_ratio(n, b)})" for b, n in zip(base_m, new_m))
         print(f"{cell:8s} wall {wall} | client CPU {client} | daemon CPU {daemon}")
+
+
+def _ratio(new: float, base: float) -> str:
+    """``new / base``; n/a when the base spent nothing measurable (a shm get the daemon never sees)."""
+    return f"{new / base:.2f}" if base else " n/a"
 
 
 if __name__ == "__main__":
