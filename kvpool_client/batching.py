@@ -24,6 +24,7 @@ from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, LocateR
 
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
+_DEFAULT_BLOCK_LIMIT = WireLimits().max_block_size  # a node's limit until its own is known
 
 
 @dataclass(slots=True)
@@ -140,7 +141,7 @@ def check_block_sizes(views: Sequence[memoryview], limits_for: Callable[[int], i
 def block_limit(owners: Iterable[Member], known: Mapping[str, WireLimits]) -> int:
     """The largest block every owner with known limits accepts (the default limit if none is known)."""
     sizes = [known[m.node_id].max_block_size for m in owners if m.node_id in known]
-    return min(sizes) if sizes else WireLimits().max_block_size
+    return min(sizes) if sizes else _DEFAULT_BLOCK_LIMIT
 
 
 def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[memoryview | None]:
@@ -198,8 +199,7 @@ class RequestFactory:
 
 def expected_sizes(targets: Sequence[memoryview | None]) -> list[int]:
     """Bytes a get may receive per key: the target's size, or the largest block if none."""
-    largest = WireLimits().max_block_size
-    return [len(t) if t is not None else largest for t in targets]
+    return [len(t) if t is not None else _DEFAULT_BLOCK_LIMIT for t in targets]
 
 
 def scatter(into: list[Any], job: Job, values: Sequence[Any]) -> None:

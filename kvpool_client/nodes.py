@@ -129,6 +129,8 @@ class NodeRecord(Generic[C]):
 
     def serves(self, member: Member) -> bool:
         """Whether this record still fits ``member`` (same control and data addresses)."""
+        if member is self.member:  # the usual case: the same placement as last time
+            return True
         return (self.address, self.member.data_address) == (member.address, member.data_address)
 
     def answers_to(self, address: str) -> bool:
