@@ -12,7 +12,9 @@ from kvpool_client.batching import (
     RequestFactory,
     chunk,
     expected_sizes,
+    group,
     leading_ok,
+    one_frame_job,
     plan,
     scatter,
     source_views,
@@ -21,6 +23,8 @@ from kvpool_client.batching import (
 from kvpool_client.errors import ErrorCode, UsageError
 from kvpool_client.exchange import Send
 from kvpool_client.keys import BlockKey
+from kvpool_client.operations import direct_job
+from kvpool_client.placement_source import Placement
 from kvpool_client.routing import KeyPlacement, Member, StaticRouter
 from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits, encode
 
@@ -92,6 +96,50 @@ def test_plan_of_nothing_is_nothing() -> None:
 def test_plan_rejects_what_is_not_a_block_key() -> None:
     with pytest.raises(UsageError, match="key 1 is a bytes"):
         plan([key(NS1, b"a"), b"raw-hash"], TableRouter())  # type: ignore[list-item]
+
+
+# -- one frame: a read one node answers ----------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.sampled_from([NS1, NS2]), st.sampled_from([16, 32]), st.integers(0, 9)), min_size=1),
+)
+def test_one_frame_job_is_the_one_job_group_makes(picks: list[tuple[str, int, int]]) -> None:
+    keys = [BlockKey(ns, bytes([tag]) * size, depth=tag) for ns, size, tag in picks]
+    grouped = group(keys, ((i, A) for i in range(len(keys))))
+    job = one_frame_job(A, keys)
+    if len(grouped) > 1:
+        assert job is None, f"{len(grouped)} frames, but one job: {job}"
+    else:
+        assert job == grouped[0], f"{job} != {grouped[0]}"
+
+
+ONE_OWNER_EACH = Placement(TableRouter(), write_quorum=1)
+
+
+def test_a_read_of_one_node_in_one_frame_is_direct() -> None:
+    keys = [key(NS1, b"a0"), key(NS1, b"a1")]
+    found = direct_job(keys, ONE_OWNER_EACH, lambda m: WireLimits(), [100, 100])
+    assert found is not None and summary([found[0]]) == [("a", NS1, [0, 1])], f"{found}"
+
+
+@pytest.mark.parametrize(
+    ("keys", "limits", "why"),
+    [
+        ([key(NS1, b"a0"), key(NS1, b"b1")], WireLimits(), "two nodes"),
+        ([key(NS1, b"a0"), key(NS2, b"a1")], WireLimits(), "two namespaces"),
+        ([key(NS1, b"a0"), key(NS1, b"a1", size=16)], WireLimits(), "two hash sizes"),
+        ([key(NS1, b"a0"), key(NS1, b"a1")], WireLimits(max_keys=1), "over the node's limits"),
+    ],
+)
+def test_a_read_that_needs_several_frames_is_planned(keys: list[BlockKey], limits: WireLimits, why: str) -> None:
+    found = direct_job(keys, ONE_OWNER_EACH, lambda m: limits, [100] * len(keys))
+    assert found is None, f"{why}: direct job {found}"
+
+
+def test_a_read_of_a_node_whose_limits_are_unknown_is_planned() -> None:
+    assert direct_job([key(NS1, b"a0")], ONE_OWNER_EACH, lambda m: None) is None
 
 
 # -- chunk ----------------------------------------------------------------------------

@@ -327,6 +327,15 @@ def test_a_garbled_header_is_a_protocol_error() -> None:
         gen.send(bytearray(bad))
 
 
+def test_a_header_that_comes_in_pieces_is_put_together() -> None:
+    gen = exchange.exists(ExistsRequest(25, NS, H[:1]), LIMITS)
+    start(gen)
+    frame = encode(StatusResponse(25, Op.EXISTS, [OK]))
+    assert next_step(gen, None) == ReceiveUpTo(len(frame))
+    assert next_step(gen, frame[:3]) == ReceiveUpTo(len(frame) - 3), "a short first receive asks for the rest"
+    assert next_step(gen, frame[3:]) == Done([OK])
+
+
 # -- through run_sync / run_async over an in-memory byte pipe -----------------------
 
 

@@ -236,6 +236,15 @@ def test_header_at_the_limits_is_accepted():
     assert (header.meta_len, header.payload_len) == (LIMITS.max_meta, LIMITS.max_payload), f"{header}"
 
 
+def test_the_meta_limit_follows_the_key_limit():
+    small, large = WireLimits(max_keys=16), WireLimits(max_keys=4096)
+    assert small.max_meta < large.max_meta, (small.max_meta, large.max_meta)
+    assert small == WireLimits(max_keys=16) and small != large, "limits compare by their settings"
+    assert decode_header(raw_header(meta_len=large.max_meta), large).meta_len == large.max_meta
+    with pytest.raises(ProtocolError):
+        decode_header(raw_header(meta_len=large.max_meta), small)
+
+
 # Error text and tokens are free-form (any cut is valid); pings and hello answers have no meta to cut.
 FREE_FORM = (ErrorResponse, PingRequest, PingResponse, HelloRequest, HelloResponse)
 
