@@ -79,7 +79,11 @@ class KvpoolDriver:
 
 
 class RedisDriver:
-    """redis-py with the hiredis parser: SET/GET for one block, MSET/MGET for a batch."""
+    """redis-py with the hiredis parser: SET/GET for one block, MSET/MGET for a batch.
+
+    A get copies each value into its destination, where kvpool's gets land: an engine
+    wants the block in its own tensor, not in a new ``bytes`` object.
+    """
 
     stores = True
 
@@ -103,7 +107,11 @@ class RedisDriver:
         values = [self._redis.get(request[0])] if len(request) == 1 else self._redis.mget(request)
         if any(v is None for v in values):
             raise BenchError(f"redis get missed {sum(v is None for v in values)}/{len(request)} keys")
-        return values
+        for target, value in zip(targets, values, strict=True):
+            if len(value) != target.nbytes:
+                raise BenchError(f"redis returned {len(value)} bytes for a {target.nbytes}-byte block")
+            target[:] = np.frombuffer(value, dtype=np.uint8)
+        return targets
 
     def forget(self, refs: list[BlockRef]) -> None:
         for start in range(0, len(refs), _DELETE_CHUNK):
