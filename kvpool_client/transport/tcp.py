@@ -72,17 +72,7 @@ class TcpConnection:
         self._deadline = time.monotonic() + self._timeout
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
-        if len(buffers) == 1 and type(buffers[0]) is bytes:  # a request without payload: sent whole at once
-            self._arm(socket.SO_SNDTIMEO, "send")
-            try:
-                sent = self._sock.sendmsg(buffers)
-            except OSError as exc:
-                raise _socket_error(exc, self.address, "send") from exc
-            if sent == len(buffers[0]):
-                return
-        else:
-            sent = 0
-        pending = advance([memoryview(b).cast("B") for b in buffers if len(b)], sent)
+        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
         while pending:
             self._arm(socket.SO_SNDTIMEO, "send")
             try:
@@ -95,16 +85,13 @@ class TcpConnection:
         pending = [t for t in targets if len(t)]
         while pending:
             self._arm(socket.SO_RCVTIMEO, "receive")
-            batch = pending[:IOV_MAX]
             try:
                 # MSG_WAITALL: one syscall for a whole block instead of one per arriving chunk.
-                received = self._sock.recvmsg_into(batch, 0, socket.MSG_WAITALL)[0]
+                received = self._sock.recvmsg_into(pending[:IOV_MAX], 0, socket.MSG_WAITALL)[0]
             except OSError as exc:
                 raise _socket_error(exc, self.address, "receive") from exc
             if received == 0:
                 raise NodeUnavailable(f"{self.address} closed the connection")
-            if len(batch) == len(pending) and received == sum(map(len, batch)):
-                return  # the usual end: MSG_WAITALL filled every target
             pending = advance(pending, received)
 
     def recv_exactly(self, nbytes: int) -> bytearray:
