@@ -205,7 +205,7 @@ def run_meta(
         "seconds": round(seconds, 1),
         "quick": args.quick,
         "duration_s": duration_s,
-        "cpus": os.cpu_count(),
+        "cpus": os.cpu_count() or 1,
         "python": platform.python_version(),
         "commit": commit.stdout.strip(),
         "dram_capacity": args.dram_capacity,
@@ -221,10 +221,11 @@ def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any], rounds: li
     plots = report.write_plots(out, cells)
     print(report.markdown_table(cells))
     print("\nRatios (this run, from the cells above):")
-    print(report.ratio_lines(report.ratios(cells)))
+    print(report.ratio_lines(report.ratios(cells, meta["cpus"])))
     if rounds:
         print(f"\nRatios over {len(rounds)} interleaved rounds of only the cells they compare (median):")
-        print(report.ratio_lines(report.round_ratios(rounds)))
+        print(report.ratio_lines(report.round_ratios(rounds, meta["cpus"])))
+    print(report.CEILING_NOTE)
     print(f"\nWrote {out / 'blocks.json'}, {out / 'blocks.md'}, " + ", ".join(str(p) for p in plots))
 
 

@@ -21,6 +21,7 @@ class Ratio:
     value: float | None  # None: a cell it needs is missing; over rounds, their median
     target: float | None  # None: a reference, measured beside the targets (e.g. the machine's ceiling)
     rounds: tuple[float, ...] = ()  # one value per interleaved round, when measured so
+    ceiling: float | None = None  # a scaling ratio's CPU ceiling (see cpu_ceiling); over rounds, their median
 
     @property
     def verdict(self) -> str:
@@ -81,28 +82,55 @@ def find(cells: Sequence[Cell], system: str, op: str, block: int, batch: int, cl
     return None
 
 
-def ratios(cells: Sequence[Cell]) -> list[Ratio]:
-    """Every target ratio, from ``cells`` only."""
+def ratios(cells: Sequence[Cell], cpus: int) -> list[Ratio]:
+    """Every target ratio, from ``cells`` only; scaling ratios with their ceiling on ``cpus`` cores."""
+
+    def cell(shape: Shape) -> Cell | None:
+        system, batch, clients = shape
+        return find(cells, system, read_op(system), RATIO_BLOCK, batch, clients)
 
     def gbps(shape: Shape) -> float | None:
-        system, batch, clients = shape
-        cell = find(cells, system, read_op(system), RATIO_BLOCK, batch, clients)
-        return cell.gbps if cell is not None else None
+        found = cell(shape)
+        return found.gbps if found is not None else None
 
-    return [Ratio(spec.name, _div(gbps(spec.top), gbps(spec.bottom)), spec.target) for spec in RATIO_SPECS]
+    def ceiling(spec: RatioSpec) -> float | None:
+        scaling = spec.top[:2] == spec.bottom[:2] and spec.bottom[2] == 1
+        return cpu_ceiling(cell(spec.bottom), spec.top[2], cpus) if scaling else None
+
+    return [
+        Ratio(spec.name, _div(gbps(spec.top), gbps(spec.bottom)), spec.target, ceiling=ceiling(spec))
+        for spec in RATIO_SPECS
+    ]
 
 
-def round_ratios(rounds: Sequence[Sequence[Cell]]) -> list[Ratio]:
+def cpu_ceiling(one: Cell | None, clients: int, cpus: int) -> float | None:
+    """How far ``clients`` clients could scale over ``one`` (a one-client cell) on ``cpus`` cores.
+
+    One client kept ``ops/s x CPU per op`` cores busy, its own and the server's. If
+    each op cost as much CPU with more clients, ``cpus`` cores would do ``cpus`` /
+    that many times as much (and no more than ``clients`` times). More processes than
+    cores tend to make each op cost more (switches, colder caches), rarely less, so a
+    scaling target above this figure asks for cheaper ops, not for more parallelism.
+    """
+    if one is None or one.ops_per_s is None or one.client_cpu_us is None:
+        return None
+    busy = one.ops_per_s * (one.client_cpu_us + (one.server_cpu_us or 0.0)) / 1e6
+    return min(float(clients), cpus / busy) if busy > 0 else None
+
+
+def round_ratios(rounds: Sequence[Sequence[Cell]], cpus: int) -> list[Ratio]:
     """Every target ratio per round of interleaved cells, and their median.
 
     Both cells of a ratio were measured within seconds of each other in each round,
     so a noisy stretch of the machine falls on both instead of on one of them.
     """
-    per_round = [ratios(cells) for cells in rounds]
+    per_round = [ratios(cells, cpus) for cells in rounds]
     merged = []
     for i, spec in enumerate(RATIO_SPECS):
-        values = tuple(r[i].value for r in per_round if r[i].value is not None)
-        merged.append(Ratio(spec.name, statistics.median(values) if values else None, spec.target, values))
+        values = tuple(v for r in per_round if (v := r[i].value) is not None)
+        ceilings = [c for r in per_round if (c := r[i].ceiling) is not None]
+        median = statistics.median(values) if values else None
+        merged.append(Ratio(spec.name, median, spec.target, values, statistics.median(ceilings) if ceilings else None))
     return merged
 
 
@@ -139,12 +167,20 @@ def markdown_table(cells: Sequence[Cell]) -> str:
     return "\n".join(lines)
 
 
+CEILING_NOTE = (
+    "CPU ceiling: the scaling the machine's cores allow if every op costs the CPU (client and server) "
+    "it cost with one client; a target above it needs cheaper ops, not more parallelism."
+)
+
+
 def ratio_lines(values: Sequence[Ratio]) -> str:
     lines = []
     for r in values:
         rounds = f" (rounds: {', '.join(f'{v:.2f}' for v in r.rounds)})" if r.rounds else ""
         goal = f" (target >= {r.target})" if r.target is not None else ""
-        lines.append(f"- {r.name}: {_num(r.value, 2) if r.value is not None else 'n/a'}{rounds}{goal} {r.verdict}")
+        ceiling = f"; CPU ceiling {r.ceiling:.2f}" if r.ceiling is not None else ""
+        value = _num(r.value, 2) if r.value is not None else "n/a"
+        lines.append(f"- {r.name}: {value}{rounds}{goal} {r.verdict}{ceiling}")
     return "\n".join(lines)
 
 
@@ -159,8 +195,11 @@ def write_json(path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: 
     document = {
         "meta": meta,
         "cells": [asdict(c) for c in cells],
-        "ratios": rows(ratios(cells)),
-        "ratio_rounds": {"cells": [[asdict(c) for c in r] for r in rounds], "ratios": rows(round_ratios(rounds))},
+        "ratios": rows(ratios(cells, meta["cpus"])),
+        "ratio_rounds": {
+            "cells": [[asdict(c) for c in r] for r in rounds],
+            "ratios": rows(round_ratios(rounds, meta["cpus"])),
+        },
     }
     path.write_text(json.dumps(document, indent=2))
 
@@ -185,11 +224,13 @@ def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any], roun
         "",
         "From the cells above:",
         "",
-        ratio_lines(ratios(cells)),
+        ratio_lines(ratios(cells, meta["cpus"])),
+        "",
+        CEILING_NOTE,
     ]
     if rounds:
         text += ["", f"Over {len(rounds)} rounds of only the cells they compare, interleaved (median):", ""]
-        text.append(ratio_lines(round_ratios(rounds)))
+        text.append(ratio_lines(round_ratios(rounds, meta["cpus"])))
     if errors:
         text += ["", "## Missing cells", "", *errors]
     path.write_text("\n".join(text) + "\n")

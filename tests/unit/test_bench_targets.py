@@ -49,8 +49,31 @@ def test_the_block_benchmark_reads_memcpy_references_from_its_copy_cells() -> No
         return BlockCell(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, gbps=gbps)
 
     measured = [cell("memcpy", 32, 1, 4.0), cell("memcpy", 32, 4, 6.0), cell("socket", 32, 1, 2.0)]
-    by_name = {r.name: r for r in report.ratios(measured)}
+    by_name = {r.name: r for r in report.ratios(measured, cpus=2)}
     memcpy = by_name["384 KiB memcpy batch-32: 4 clients / 1 client"]
     assert memcpy.value == 1.5 and memcpy.verdict == "(reference)", memcpy
     assert by_name["384 KiB raw socket batch-32: 4 clients / 1 client"].value is None  # its 4-client cell is missing
     assert "target" not in report.ratio_lines([memcpy]), report.ratio_lines([memcpy])
+
+
+def test_a_scaling_ratio_carries_the_ceiling_its_one_client_cell_leaves() -> None:
+    def cell(system: str, batch: int, clients: int, ops: float, client_us: float, server_us: float | None) -> BlockCell:
+        return BlockCell(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, gbps=ops / 1000,
+                         ops_per_s=ops, client_cpu_us=client_us, server_cpu_us=server_us)  # fmt: skip
+
+    measured = [
+        cell("kvpool", 1, 1, 4000, 150, 200),  # 4000/s x 350 us = 1.4 cores busy
+        cell("kvpool", 1, 4, 5000, 200, 180),
+        cell("memcpy", 32, 1, 400, 1000, None),  # 0.4 cores: four clients could all run at once
+        cell("memcpy", 32, 4, 1200, 1000, None),
+        cell("redis", 1, 1, 3000, 250, 120),
+    ]
+    by_name = {r.name: r for r in report.ratios(measured, cpus=2)}
+    single = by_name["384 KiB kvpool single get: 4 clients / 1 client"]
+    assert single.value == 1.25 and single.ceiling is not None and abs(single.ceiling - 2 / 1.4) < 1e-9, single
+    assert "CPU ceiling 1.43" in report.ratio_lines([single]), report.ratio_lines([single])
+    assert by_name["384 KiB memcpy batch-32: 4 clients / 1 client"].ceiling == 4.0  # capped at the clients
+    assert by_name["384 KiB get, 1 client: kvpool single / Redis GET"].ceiling is None  # not a scaling ratio
+    assert by_name["384 KiB kvpool batch-32 get: 4 clients / 1 client"].ceiling is None  # no one-client cell
+    medians = {r.name: r for r in report.round_ratios([measured, measured], cpus=4)}
+    assert medians[single.name].ceiling == 4 / 1.4, medians[single.name]
