@@ -20,7 +20,10 @@ A ratio of two cells of the full pass compares them minutes apart, and this
 shared VM drifts by more than the targets' margins in that time. So after the full
 pass, ``--rounds`` rounds measure only the cells the targets compare, every other
 round in reverse order, and each target is reported as the median of its per-round
-ratios (two cells seconds apart), beside its full-pass value.
+ratios (two cells seconds apart), beside its full-pass value. Each scaling target also
+shows its CPU ceiling: the machine's cores over the cores its one-client cell kept
+busy (clients and server), which is what four clients could reach if each get cost
+what it cost alone.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bench.drivers import RedisDriver, SocketDriver
-from bench.report import Ratio, RatioSpec, Shape, ratio_lines
+from bench.machine import process_cpu_ns
+from bench.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines
 from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
@@ -63,6 +67,13 @@ class Cell:
     clients: int
     gbps: float  # aggregate over the clients
     batches: int
+    client_cores: float | None = None  # cores the clients kept busy while timed, all their threads
+    server_cores: float | None = None  # cores the serving process kept busy meanwhile (None: no server)
+
+    @property
+    def cores(self) -> float | None:
+        """Cores the cell kept busy, clients and server; None when not measured."""
+        return None if self.client_cores is None else self.client_cores + (self.server_cores or 0.0)
 
 
 # Each target compares two (system, block, clients) cells.
@@ -112,16 +123,27 @@ def worker(job: Job, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None
     for index in range(batches):  # warm: connections, and every page mapped (a long-lived client's state)
         fetch(index)
     barrier.wait()
-    started, done = time.perf_counter(), 0
+    started, done, cpu = time.perf_counter(), 0, time.process_time_ns()
     while time.perf_counter() - started < job.duration_s:
         fetch(done % batches)
         done += 1
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time_ns() - cpu
     fetch(1 % batches)  # untimed check of what a get returns
     expected = data[(1 % batches) * BATCH * job.block :][: BATCH * job.block]
     ok = np.array_equal(np.concatenate(targets), expected)
     close()
-    results.put((done * BATCH * job.block, elapsed, done, ok))
+    results.put(Outcome(done * BATCH * job.block, elapsed, done, cpu, ok))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one client measured."""
+
+    nbytes: int
+    seconds: float
+    batches: int
+    cpu_ns: int  # the client process's CPU time while timed
+    ok: bool  # the checked get returned the expected bytes
 
 
 def page_aligned(nbytes: int) -> np.ndarray:
@@ -192,21 +214,29 @@ def _redis_fetcher(job: Job, blocks: list[np.ndarray], targets: list[np.ndarray]
     return get, close
 
 
-def run_cell(system: str, address: str, block: int, clients: int, args: argparse.Namespace) -> Cell:
+def run_cell(
+    system: str, address: str, block: int, clients: int, args: argparse.Namespace, server_pid: int | None
+) -> Cell:
+    """One cell; ``server_pid``: the process serving it (None for memcpy), whose CPU time is sampled."""
     ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    barrier, results = ctx.Barrier(clients + 1), ctx.Queue()  # this process joins: it starts the server's clock
     jobs = [Job(system, address, block, args.working_set * MiB, args.duration, i) for i in range(clients)]
     procs = [ctx.Process(target=worker, args=(job, barrier, results)) for job in jobs]
     for proc in procs:
         proc.start()
-    outcomes = [results.get(timeout=120 + args.duration) for _ in procs]
+    barrier.wait(timeout=120)
+    server_ns = process_cpu_ns(server_pid) if server_pid is not None else 0
+    outcomes: list[Outcome] = [results.get(timeout=120 + args.duration) for _ in procs]
+    server_ns = process_cpu_ns(server_pid) - server_ns if server_pid is not None else 0  # a check get included
     for proc in procs:
         proc.join(30)
-    if not all(ok for *_, ok in outcomes):
+    if not all(o.ok for o in outcomes):
         raise RuntimeError(f"{system}: a get returned wrong bytes")
-    total = sum(nbytes for nbytes, *_ in outcomes)
-    elapsed = max(seconds for _, seconds, *_ in outcomes)
-    return Cell(system, block, clients, total / elapsed / 1e9, sum(n for _, _, n, _ in outcomes))
+    elapsed = max(o.seconds for o in outcomes)
+    gbps = sum(o.nbytes for o in outcomes) / elapsed / 1e9
+    client_cores = sum(o.cpu_ns for o in outcomes) / 1e9 / elapsed
+    server_cores = server_ns / 1e9 / elapsed if server_pid is not None else None
+    return Cell(system, block, clients, gbps, sum(o.batches for o in outcomes), client_cores, server_cores)
 
 
 def ratios(cells: list[Cell], systems: tuple[str, ...]) -> list[str]:
@@ -237,19 +267,35 @@ def target_ratios(cells: list[Cell]) -> list[float | None]:
     return [by[spec.top] / by[spec.bottom] if spec.top in by and by.get(spec.bottom) else None for spec in TARGETS]
 
 
-def targets(cells: list[Cell], rounds: list[list[Cell]]) -> tuple[list[Ratio], list[Ratio]]:
-    """The targets from the full pass, and as medians of the rounds' ratios."""
-    full = [Ratio(spec.name, value, spec.target) for spec, value in zip(TARGETS, target_ratios(cells))]
-    per_round = [target_ratios(r) for r in rounds]
+def target_ceilings(cells: list[Cell], cpus: int) -> list[float | None]:
+    """Each scaling target's CPU ceiling on ``cpus`` cores (None: not a scaling target, or not measured)."""
+    by = {(c.system, c.block, c.clients): c for c in cells}
+    ceilings: list[float | None] = []
+    for spec in TARGETS:
+        one = by.get(spec.bottom)
+        busy = one.cores if one is not None and spec.top[:2] == spec.bottom[:2] and spec.bottom[2] == 1 else None
+        ceilings.append(min(float(spec.top[2]), cpus / busy) if busy else None)
+    return ceilings
+
+
+def targets(cells: list[Cell], rounds: list[list[Cell]], cpus: int) -> tuple[list[Ratio], list[Ratio]]:
+    """The targets from the full pass, and as medians of the rounds' ratios (and ceilings)."""
+    values_and_ceilings = zip(target_ratios(cells), target_ceilings(cells, cpus))
+    full = [Ratio(spec.name, value, spec.target, ceiling=top) for spec, (value, top) in zip(TARGETS, values_and_ceilings)]
+    per_round = [(target_ratios(r), target_ceilings(r, cpus)) for r in rounds]
     medians = []
     for i, spec in enumerate(TARGETS):
-        values = tuple(round(r[i], 3) for r in per_round if r[i] is not None)
-        medians.append(Ratio(spec.name, statistics.median(values) if values else None, spec.target, values))
+        values = tuple(round(v, 3) for r, _ in per_round if (v := r[i]) is not None)
+        ceilings = [c for _, r in per_round if (c := r[i]) is not None]
+        median = statistics.median(values) if values else None
+        medians.append(Ratio(spec.name, median, spec.target, values, statistics.median(ceilings) if ceilings else None))
     return full, medians
 
 
 def _line(c: Cell) -> str:
-    return f"{c.system:>6} {c.block // KiB:>5} KiB x{BATCH} {c.clients} client(s): {c.gbps:6.2f} GB/s"
+    cores = f", cores busy: clients {c.client_cores:.2f}" if c.client_cores is not None else ""
+    cores += f" server {c.server_cores:.2f}" if c.server_cores is not None else ""
+    return f"{c.system:>6} {c.block // KiB:>5} KiB x{BATCH} {c.clients} client(s): {c.gbps:6.2f} GB/s{cores}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,28 +315,35 @@ def main(argv: list[str] | None = None) -> int:
             if redis is None:
                 print("redis left out: redis-server is not installed and apt-get could not install it", flush=True)
                 systems = tuple(s for s in systems if s != "redis")
-            addresses = {"socket": raw.address, "redis": redis.address if redis is not None else ""}
+            # Each system's (address, serving process); memcpy has no server.
+            servers = {"memcpy": ("", None), "socket": (raw.address, raw.pid)}
+            servers |= {"redis": (redis.address, redis.pid)} if redis is not None else {}
+            servers |= {name: (daemon.address, daemon.process.pid) for name in ("tcp", "ucx", "shm")}
             for clients in CLIENTS:
                 for block in BLOCK_SIZES:
                     for system in systems:
-                        cells.append(run_cell(system, addresses.get(system, daemon.address), block, clients, args))
+                        address, pid = servers[system]
+                        cells.append(run_cell(system, address, block, clients, args, pid))
                         print(_line(cells[-1]), flush=True)
             shapes = target_shapes(systems)
             for index in range(args.rounds):
                 print(f"round {index + 1} of {args.rounds}", flush=True)
                 rounds.append([])
                 for system, block, clients in shapes[::-1] if index % 2 else shapes:
-                    rounds[-1].append(run_cell(system, addresses.get(system, daemon.address), block, clients, args))
+                    address, pid = servers[system]
+                    rounds[-1].append(run_cell(system, address, block, clients, args, pid))
                     print(_line(rounds[-1][-1]), flush=True)
     finally:
         daemon.stop()
         daemon.remove_files()
-    full, medians = targets(cells, rounds)
+    cpus = os.cpu_count() or 1
+    full, medians = targets(cells, rounds, cpus)
     print("\n".join(["", *ratios(cells, systems), "", "Targets, full pass:", ratio_lines(full)]))
     if rounds:
         print(f"Targets, median of {len(rounds)} interleaved rounds:\n{ratio_lines(medians)}")
+    print(CEILING_NOTE)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpus": os.cpu_count(), "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH,
+    meta = {"cpus": cpus, "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH,
             "systems": list(systems), "load_avg_at_end": os.getloadavg()[0]}  # fmt: skip
     out = {"meta": meta, "cells": [asdict(c) for c in cells], "rounds": [[asdict(c) for c in r] for r in rounds],
            "targets": {"full_pass": [asdict(r) for r in full], "rounds": [asdict(r) for r in medians]}}

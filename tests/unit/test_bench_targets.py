@@ -35,7 +35,7 @@ def test_a_ratio_is_its_two_cells_and_none_when_one_is_missing() -> None:
 def test_rounds_give_the_median_of_per_round_ratios_beside_the_full_pass() -> None:
     full = every_target_cell(1.0)
     rounds = [every_target_cell(1.0) | {("ucx", 2 * MiB, 1): ratio} for ratio in (1.5, 2.5, 2.1)]
-    from_pass, medians = targets(cells(full), [cells(r) for r in rounds])
+    from_pass, medians = targets(cells(full), [cells(r) for r in rounds], cpus=2)
     ucx = next(i for i, spec in enumerate(TARGETS) if spec.top == ("ucx", 2 * MiB, 1))
     assert from_pass[ucx].value == 1.0 and from_pass[ucx].rounds == ()
     assert medians[ucx].value == 2.1 and medians[ucx].rounds == (1.5, 2.5, 2.1), medians[ucx]
@@ -77,3 +77,21 @@ def test_a_scaling_ratio_carries_the_ceiling_its_one_client_cell_leaves() -> Non
     assert by_name["384 KiB kvpool batch-32 get: 4 clients / 1 client"].ceiling is None  # no one-client cell
     medians = {r.name: r for r in report.round_ratios([measured, measured], cpus=4)}
     assert medians[single.name].ceiling == 4 / 1.4, medians[single.name]
+
+
+def test_a_transport_scaling_target_carries_the_ceiling_of_its_one_client_cell() -> None:
+    measured = [
+        Cell("tcp", 384 * KiB, 1, 3.0, 10, client_cores=0.6, server_cores=0.7),  # 1.3 cores busy
+        Cell("tcp", 384 * KiB, 4, 4.0, 10, client_cores=1.2, server_cores=0.7),
+        Cell("memcpy", 384 * KiB, 1, 6.0, 10, client_cores=1.0),  # no server
+        Cell("memcpy", 384 * KiB, 4, 10.0, 10, client_cores=2.0),
+        Cell("ucx", 2 * MiB, 1, 6.0, 10, client_cores=0.9, server_cores=0.9),
+    ]
+    full, medians = targets(measured, [measured, measured], cpus=2)
+    by_name = {r.name: r for r in full}
+    tcp = by_name["tcp: 4 clients / 1, 384 KiB x32"]
+    assert tcp.ceiling is not None and abs(tcp.ceiling - 2 / 1.3) < 1e-9, tcp
+    assert by_name["memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)"].ceiling == 2.0
+    assert by_name["ucx / tcp, 2 MiB x32, 1 client"].ceiling is None  # not a scaling target
+    assert by_name["shm: 4 clients / 1, 384 KiB x32"].ceiling is None  # not measured
+    assert {r.name: r for r in medians}[tcp.name].ceiling == tcp.ceiling
