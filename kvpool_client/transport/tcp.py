@@ -10,6 +10,8 @@ import asyncio
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from kvpool_client.errors import NodeUnavailable, RequestTimeout
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
@@ -21,6 +23,9 @@ SOCKET_BUFFER_BYTES = 4 << 20
 # How far a call's kernel timeout may miss the request's deadline before it is set
 # again: re-arming before every call cost two syscalls per request.
 ARM_SLACK_S = 0.005
+
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -101,24 +106,21 @@ class TcpConnection:
 
     def recv_some(self, target: memoryview) -> int:
         """Receive between 1 and ``len(target)`` bytes into ``target``."""
+        return self._receive(self._sock.recv_into, target)
+
+    def recv_upto(self, nbytes: int) -> bytes:
+        return self._receive(self._sock.recv, nbytes)
+
+    def _receive(self, call: Callable[[R], T], arg: R) -> T:
+        """``call(arg)``, a receive of at least one byte, under the deadline."""
         self._arm(socket.SO_RCVTIMEO, "receive")
         try:
-            received = self._sock.recv_into(target)
+            received = call(arg)
         except OSError as exc:
             raise _socket_error(exc, self.address, "receive") from exc
         if not received:
             raise NodeUnavailable(f"{self.address} closed the connection")
         return received
-
-    def recv_upto(self, nbytes: int) -> bytes:
-        self._arm(socket.SO_RCVTIMEO, "receive")
-        try:
-            data = self._sock.recv(nbytes)
-        except OSError as exc:
-            raise _socket_error(exc, self.address, "receive") from exc
-        if not data:
-            raise NodeUnavailable(f"{self.address} closed the connection")
-        return data
 
     def reusable(self) -> bool:
         return reusable(self._sock)
