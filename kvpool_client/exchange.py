@@ -92,14 +92,15 @@ class AsyncConnection(Protocol):
     async def recv_into(self, targets: list[memoryview]) -> None: ...
 
 
-def run_sync(connection: SyncConnection, exchange: Exchange[T]) -> T:
-    """Drive ``exchange`` over a blocking connection."""
+def run_sync(connection: SyncConnection, exchange: Exchange[T], step: Step | None = None) -> T:
+    """Drive ``exchange`` over a blocking connection; ``step``: the step it yielded already, if started."""
     reply: Any = None
     while True:
-        try:
-            step = exchange.send(reply)
-        except StopIteration as done:
-            return done.value
+        if step is None:
+            try:
+                step = exchange.send(reply)
+            except StopIteration as done:
+                return done.value
         # Dispatched inline, not in a helper: this loop runs three times per request.
         reply = None
         if isinstance(step, Send):
@@ -110,16 +111,18 @@ def run_sync(connection: SyncConnection, exchange: Exchange[T]) -> T:
             connection.recv_into(step.targets)
         else:
             reply = connection.recv_exactly(step.nbytes)
+        step = None
 
 
-async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
-    """Drive ``exchange`` over an asyncio connection."""
+async def run_async(connection: AsyncConnection, exchange: Exchange[T], step: Step | None = None) -> T:
+    """Drive ``exchange`` over an asyncio connection; ``step``: the step it yielded already, if started."""
     reply: Any = None
     while True:
-        try:
-            step = exchange.send(reply)
-        except StopIteration as done:
-            return done.value
+        if step is None:
+            try:
+                step = exchange.send(reply)
+            except StopIteration as done:
+                return done.value
         reply = None
         if isinstance(step, Send):
             await connection.send(step.buffers)
@@ -129,6 +132,7 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
             await connection.recv_into(step.targets)
         else:
             reply = await connection.recv_exactly(step.nbytes)
+        step = None
 
 
 # -- exchanges ----------------------------------------------------------------
