@@ -108,7 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def worker(job: Job, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None:
-    """One client: load its working set, wait for the others, then get batches for the duration."""
+    """One client: load its working set, wait for the others, then get batches for the duration.
+
+    Its connections stay open until the parent has read the server's CPU time: a
+    server thread that ends with its connection takes its CPU time along.
+    """
     batches = max(1, job.working_set // (job.block * BATCH))
     data = page_aligned(batches * BATCH * job.block)
     if job.system == "socket":  # the server sends its copy of this client's region
@@ -131,8 +135,9 @@ def worker(job: Job, barrier: mp.synchronize.Barrier, results: mp.Queue) -> None
     fetch(1 % batches)  # untimed check of what a get returns
     expected = data[(1 % batches) * BATCH * job.block :][: BATCH * job.block]
     ok = np.array_equal(np.concatenate(targets), expected)
-    close()
     results.put(Outcome(done * BATCH * job.block, elapsed, done, cpu, ok))
+    barrier.wait()  # the parent has sampled the server
+    close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +224,7 @@ def run_cell(
 ) -> Cell:
     """One cell; ``server_pid``: the process serving it (None for memcpy), whose CPU time is sampled."""
     ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(clients + 1), ctx.Queue()  # this process joins: it starts the server's clock
+    barrier, results = ctx.Barrier(clients + 1), ctx.Queue()  # this process joins: it reads the server's clock
     jobs = [Job(system, address, block, args.working_set * MiB, args.duration, i) for i in range(clients)]
     procs = [ctx.Process(target=worker, args=(job, barrier, results)) for job in jobs]
     for proc in procs:
@@ -228,6 +233,7 @@ def run_cell(
     server_ns = process_cpu_ns(server_pid) if server_pid is not None else 0
     outcomes: list[Outcome] = [results.get(timeout=120 + args.duration) for _ in procs]
     server_ns = process_cpu_ns(server_pid) - server_ns if server_pid is not None else 0  # a check get included
+    barrier.wait(timeout=60)  # the clients may close their connections now
     for proc in procs:
         proc.join(30)
     if not all(o.ok for o in outcomes):
