@@ -286,8 +286,8 @@ def target_ceilings(cells: list[Cell], cpus: int) -> list[float | None]:
 
 def targets(cells: list[Cell], rounds: list[list[Cell]], cpus: int) -> tuple[list[Ratio], list[Ratio]]:
     """The targets from the full pass, and as medians of the rounds' ratios (and ceilings)."""
-    values_and_ceilings = zip(target_ratios(cells), target_ceilings(cells, cpus))
-    full = [Ratio(spec.name, value, spec.target, ceiling=top) for spec, (value, top) in zip(TARGETS, values_and_ceilings)]
+    pairs = zip(TARGETS, target_ratios(cells), target_ceilings(cells, cpus))
+    full = [Ratio(spec.name, value, spec.target, ceiling=ceiling) for spec, value, ceiling in pairs]
     per_round = [(target_ratios(r), target_ceilings(r, cpus)) for r in rounds]
     medians = []
     for i, spec in enumerate(TARGETS):

@@ -233,7 +233,9 @@ def test_shm_rereads_copy_known_locations_until_a_block_goes(node: DaemonProcess
         assert locates() == before + 1, "the deleted block's location was not trusted"
 
 
-def test_shm_rereads_need_no_connection_until_their_locations_expire(daemon_factory: Callable[..., DaemonProcess]) -> None:
+def test_shm_rereads_need_no_connection_until_their_locations_expire(
+    daemon_factory: Callable[..., DaemonProcess],
+) -> None:
     """A same-node get of known blocks copies them without a data connection: the node's death
     fails nothing it still maps (the dead arena's bytes never change), until the locations expire."""
     daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB")
