@@ -271,26 +271,17 @@ class AsyncKVPoolClient:
         return list(zip(pieces, outcomes))
 
     async def _exchange(self, node: _AsyncNode, exchange: Exchange[T]) -> T | KVPoolError:
-        """Run one exchange within the request timeout; a failure is returned, and reported to the breaker.
-
-        The connection is taken at the exchange's first I/O step: a same-node get of
-        blocks whose places the client knows copies them without one.
-        """
+        """Run one exchange within the request timeout; a failure is returned, and reported to the breaker."""
         timeout = self.config.request_timeout_s
         try:
-            try:
-                step = next(exchange)
-            except StopIteration as done:
-                self.breaker.success(node.member.node_id)  # the node's arena served it
-                return done.value
             try:
                 async with asyncio.timeout(timeout):
                     connection = await node.acquire()
                     try:
                         if isinstance(connection, AsyncUcxConnection):  # one hand-off to the ucx engine
-                            result = await connection.run(exchange, step)
+                            result = await connection.run(exchange)
                         else:
-                            result = await run_async(connection, exchange, step)
+                            result = await run_async(connection, exchange)
                     except BaseException:
                         connection.close()
                         raise

@@ -332,24 +332,12 @@ class KVPoolClient:
         return results
 
     def _exchange(self, node: _Node, exchange: Exchange[T]) -> T | KVPoolError:
-        """Run one exchange on a pooled connection; a failure is returned, and reported to the breaker.
-
-        The connection is taken at the exchange's first I/O step: a same-node get of
-        blocks whose places the client knows copies them without one.
-        """
+        """Run one exchange on a pooled connection; a failure is returned, and reported to the breaker."""
         try:
-            try:
-                step = next(exchange)
-            except StopIteration as done:
-                self.breaker.success(node.member.node_id)  # the node's arena served it
-                return done.value
             connection = node.acquire()
             connection.start_request()
             try:
-                if isinstance(connection, UcxConnection):
-                    result = connection.run(exchange, step)
-                else:
-                    result = run_sync(connection, exchange, step)
+                result = connection.run(exchange) if isinstance(connection, UcxConnection) else run_sync(connection, exchange)
             except BaseException:
                 connection.close()
                 raise

@@ -92,15 +92,14 @@ class AsyncConnection(Protocol):
     async def recv_into(self, targets: list[memoryview]) -> None: ...
 
 
-def run_sync(connection: SyncConnection, exchange: Exchange[T], step: Step | None = None) -> T:
-    """Drive ``exchange`` over a blocking connection; ``step``: the step it yielded already, if started."""
+def run_sync(connection: SyncConnection, exchange: Exchange[T]) -> T:
+    """Drive ``exchange`` over a blocking connection."""
     reply: Any = None
     while True:
-        if step is None:
-            try:
-                step = exchange.send(reply)
-            except StopIteration as done:
-                return done.value
+        try:
+            step = exchange.send(reply)
+        except StopIteration as done:
+            return done.value
         # Dispatched inline, not in a helper: this loop runs three times per request.
         reply = None
         if isinstance(step, Send):
@@ -111,18 +110,16 @@ def run_sync(connection: SyncConnection, exchange: Exchange[T], step: Step | Non
             connection.recv_into(step.targets)
         else:
             reply = connection.recv_exactly(step.nbytes)
-        step = None
 
 
-async def run_async(connection: AsyncConnection, exchange: Exchange[T], step: Step | None = None) -> T:
-    """Drive ``exchange`` over an asyncio connection; ``step``: the step it yielded already, if started."""
+async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
+    """Drive ``exchange`` over an asyncio connection."""
     reply: Any = None
     while True:
-        if step is None:
-            try:
-                step = exchange.send(reply)
-            except StopIteration as done:
-                return done.value
+        try:
+            step = exchange.send(reply)
+        except StopIteration as done:
+            return done.value
         reply = None
         if isinstance(step, Send):
             await connection.send(step.buffers)
@@ -132,7 +129,6 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T], step: St
             await connection.recv_into(step.targets)
         else:
             reply = await connection.recv_exactly(step.nbytes)
-        step = None
 
 
 # -- exchanges ----------------------------------------------------------------

@@ -32,7 +32,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
-from kvpool_client.exchange import Exchange, Step, run_async
+from kvpool_client.exchange import Exchange, run_async
 from kvpool_client.transport.tcp import parse_address
 
 if TYPE_CHECKING:
@@ -201,12 +201,9 @@ class UcxConnection:
     def start_request(self) -> None:
         self._channel.deadline = time.monotonic() + self._timeout
 
-    def run(self, exchange: Exchange[T], step: Step | None = None) -> T:
-        """Drive a whole exchange on the engine: one hand-off per request instead of one per I/O step.
-
-        ``step``: the step the exchange yielded already, if it was started.
-        """
-        return self._call(run_async(self._channel, exchange, step))
+    def run(self, exchange: Exchange[T]) -> T:
+        """Drive a whole exchange on the engine: one hand-off per request instead of one per I/O step."""
+        return self._call(run_async(self._channel, exchange))
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
         self._call(self._channel.send(buffers))
@@ -247,12 +244,9 @@ class AsyncUcxConnection:
         channel = await engine.run_async(engine.open(address, connect_timeout, None))
         return cls(engine, address, channel)
 
-    async def run(self, exchange: Exchange[T], step: Step | None = None) -> T:
-        """Drive a whole exchange on the engine: one hand-off per request instead of one per I/O step.
-
-        ``step``: the step the exchange yielded already, if it was started.
-        """
-        return await self._engine.run_async(run_async(self._channel, exchange, step))
+    async def run(self, exchange: Exchange[T]) -> T:
+        """Drive a whole exchange on the engine: one hand-off per request instead of one per I/O step."""
+        return await self._engine.run_async(run_async(self._channel, exchange))
 
     async def send(self, buffers: Sequence[bytes | memoryview]) -> None:
         await self._engine.run_async(self._channel.send(buffers))

@@ -441,22 +441,3 @@ def test_run_async_get() -> None:
     )
     assert statuses == [OK] and bytes(filled[0]) == b"hello", (statuses, filled)
     assert conn.sync.sent == [encode(GetRequest(4, NS, H[:1]))] and conn.sync.unread == 0
-
-
-@pytest.mark.parametrize("driver", ["sync", "async"])
-def test_an_exchange_started_by_the_caller_runs_on_from_the_step_it_yielded(driver: str) -> None:
-    """The clients take a connection only at an exchange's first I/O step, which they hand on."""
-    request = GetRequest(5, NS, H[:1])
-    frame = encode(GetResponse(5, [OK], [3], [xxh(b"abc")])) + b"abc"
-    gen = exchange.get(request, [None], LIMITS, verify=True)
-    first = next(gen)
-    assert isinstance(first, Send), first
-    if driver == "sync":
-        conn = ScriptedConnection(frame)
-        statuses, filled = run_sync(conn, gen, first)
-    else:
-        aconn = AsyncScriptedConnection(frame)
-        statuses, filled = asyncio.run(run_async(aconn, gen, first))  # type: ignore[arg-type]
-        conn = aconn.sync
-    assert statuses == [OK] and bytes(filled[0]) == b"abc", (statuses, filled)
-    assert conn.sent == [encode(request)] and conn.unread == 0, (conn.sent, conn.unread)
