@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from kvpool_client import AsyncKVPoolClient, BlockKey, CircuitState, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.etcd import free_port
@@ -244,6 +244,7 @@ def test_shm_rereads_notice_a_dead_node_at_once(daemon_factory: Callable[..., Da
         assert c.get(keys).ok  # learns where the blocks lie
         daemon.stop(signal.SIGKILL)
         assert set(c.get(keys).statuses) <= NODE_DOWN
+        assert c.breaker.state(daemon.address) is CircuitState.OPEN
 
 
 def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
