@@ -42,6 +42,11 @@ class RatioSpec:
     bottom: Shape
     target: float | None  # None: a reference
 
+    @property
+    def scaling(self) -> bool:
+        """Whether this is one shape with more clients over the same with one client."""
+        return self.top[:2] == self.bottom[:2] and self.bottom[2] == 1
+
 
 # The targets the daemon and client are tuned against.
 RATIO_SPECS = (
@@ -94,8 +99,7 @@ def ratios(cells: Sequence[Cell], cpus: int) -> list[Ratio]:
         return found.gbps if found is not None else None
 
     def ceiling(spec: RatioSpec) -> float | None:
-        scaling = spec.top[:2] == spec.bottom[:2] and spec.bottom[2] == 1
-        return cpu_ceiling(cell(spec.bottom), spec.top[2], cpus) if scaling else None
+        return cpu_ceiling(cell(spec.bottom), spec.top[2], cpus) if spec.scaling else None
 
     return [
         Ratio(spec.name, _div(gbps(spec.top), gbps(spec.bottom)), spec.target, ceiling=ceiling(spec))
@@ -103,19 +107,24 @@ def ratios(cells: Sequence[Cell], cpus: int) -> list[Ratio]:
     ]
 
 
-def cpu_ceiling(one: Cell | None, clients: int, cpus: int) -> float | None:
-    """How far ``clients`` clients could scale over ``one`` (a one-client cell) on ``cpus`` cores.
+def scaling_ceiling(busy: float | None, clients: int, cpus: int) -> float | None:
+    """How far ``clients`` clients could scale over one that kept ``busy`` cores busy (its own
+    and the server's CPU) on ``cpus`` cores; None when ``busy`` was not measured.
 
-    One client kept ``ops/s x CPU per op`` cores busy, its own and the server's. If
-    each op cost as much CPU with more clients, ``cpus`` cores would do ``cpus`` /
-    that many times as much (and no more than ``clients`` times). More processes than
+    If each op cost as much CPU with more clients, ``cpus`` cores would do ``cpus`` /
+    ``busy`` times as much (and no more than ``clients`` times). More processes than
     cores tend to make each op cost more (switches, colder caches), rarely less, so a
     scaling target above this figure asks for cheaper ops, not for more parallelism.
     """
+    return min(float(clients), cpus / busy) if busy else None
+
+
+def cpu_ceiling(one: Cell | None, clients: int, cpus: int) -> float | None:
+    """:func:`scaling_ceiling` of ``one``, a one-client cell: it kept ``ops/s x CPU per op`` cores busy."""
     if one is None or one.ops_per_s is None or one.client_cpu_us is None:
         return None
     busy = one.ops_per_s * (one.client_cpu_us + (one.server_cpu_us or 0.0)) / 1e6
-    return min(float(clients), cpus / busy) if busy > 0 else None
+    return scaling_ceiling(busy, clients, cpus)
 
 
 def round_ratios(rounds: Sequence[Sequence[Cell]], cpus: int) -> list[Ratio]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from bench.drivers import RedisDriver, SocketDriver
 from bench.machine import process_cpu_ns
-from bench.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines
+from bench.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines, scaling_ceiling
 from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
@@ -276,12 +276,8 @@ def target_ratios(cells: list[Cell]) -> list[float | None]:
 def target_ceilings(cells: list[Cell], cpus: int) -> list[float | None]:
     """Each scaling target's CPU ceiling on ``cpus`` cores (None: not a scaling target, or not measured)."""
     by = {(c.system, c.block, c.clients): c for c in cells}
-    ceilings: list[float | None] = []
-    for spec in TARGETS:
-        one = by.get(spec.bottom)
-        busy = one.cores if one is not None and spec.top[:2] == spec.bottom[:2] and spec.bottom[2] == 1 else None
-        ceilings.append(min(float(spec.top[2]), cpus / busy) if busy else None)
-    return ceilings
+    ones = [by.get(spec.bottom) if spec.scaling else None for spec in TARGETS]
+    return [scaling_ceiling(one.cores if one else None, spec.top[2], cpus) for spec, one in zip(TARGETS, ones)]
 
 
 def targets(cells: list[Cell], rounds: list[list[Cell]], cpus: int) -> tuple[list[Ratio], list[Ratio]]:
