@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # kvpool's two entry points on a fresh machine; each installs what it needs first.
 #   deploy/dev.sh demo   start a local kvpool on 127.0.0.1 and run a demo workload
-#   deploy/dev.sh test   run the whole test suite
+#   deploy/dev.sh test   run the whole test suite: the project's venv, then each environment of
+#                        tests/environments.py (oldest dependencies, engines); with arguments,
+#                        only pytest in the project's venv, with those arguments
+#   deploy/dev.sh test-env NAME [pytest args]  one environment of tests/environments.py
+#   deploy/dev.sh proto [--check]  regenerate kvpool_client/proto from proto/
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
 #   deploy/dev.sh validate  check the Helm chart and deploy/k8s/ (deploy/validate.sh)
 set -euo pipefail
@@ -12,16 +16,27 @@ PYTHON="${PYTHON:-python3}"
 
 ensure_venv() {
   local stamp="$VENV/.kvpool-installed"
+  local want
+  want=$(cat pyproject.toml deploy/constraints.txt | sha256sum | cut -c1-16)
   if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
   fi
   # Reinstall only when the dependencies changed.
-  if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
+  if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    # torch is pinned to 2.13.0 (CPU) in the extras; anything looser pulls a CUDA build.
-    "$VENV/bin/python" -m pip install --quiet -e ".[torch,dev,bench]"
-    touch "$stamp"
+    # The constraints pin torch to the CPU build; anything looser pulls a CUDA build.
+    "$VENV/bin/python" -m pip install --quiet -c deploy/constraints.txt -e ".[dev,bench]"
+    echo "$want" > "$stamp"
   fi
+}
+
+# Every test environment of tests/environments.py, one after the other; fails if any failed.
+run_environments() {
+  local status=0 name
+  for name in $("$VENV/bin/python" tests/environments.py list); do
+    "$VENV/bin/python" tests/environments.py run "$name" -q "$@" || status=$?
+  done
+  return "$status"
 }
 
 ensure_debian_packages() {
@@ -52,7 +67,22 @@ case "${1:-}" in
     ensure_debian_packages etcd-server
     ensure_deploy_tools
     ensure_venv
-    exec "$VENV/bin/python" -m pytest -q "${@:2}"
+    if (($# > 1)); then
+      exec "$VENV/bin/python" -m pytest -q "${@:2}"
+    fi
+    status=0
+    "$VENV/bin/python" -m pytest -q || status=$?
+    run_environments || status=$?
+    exit "$status"
+    ;;
+  test-env)
+    ensure_debian_packages etcd-server
+    ensure_venv
+    exec "$VENV/bin/python" tests/environments.py run "${@:2}"
+    ;;
+  proto)
+    ensure_venv
+    exec "$("$VENV/bin/python" tests/environments.py python oldest)" proto/generate.py "${@:2}"
     ;;
   bench)
     ensure_debian_packages redis-server
@@ -65,7 +95,7 @@ case "${1:-}" in
     exec bash deploy/validate.sh "${@:2}"
     ;;
   *)
-    echo "usage: deploy/dev.sh demo|test|bench|validate [args...]" >&2
+    echo "usage: deploy/dev.sh demo|test|test-env|proto|bench|validate [args...]" >&2
     exit 2
     ;;
 esac

@@ -18,11 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool_client.membership.cluster import ensure_config
-from kvpool_client.membership.etcd import EtcdStore
 from kvpool_client.membership.records import ClusterConfig
 from kvpool_server.alloc.arena import ARENA_PREFIX
 from kvpool_server.membership.local_etcd import LocalEtcd
+
+# The interpreter that runs daemons: the one with the server's dependencies. Engine and
+# compatibility test suites run clients in environments without them (tests/environments.py
+# sets it). KVPOOL_TEST_* variables are the test tooling's, never a daemon setting.
+SERVER_PYTHON_ENV = "KVPOOL_TEST_SERVER_PYTHON"
+_TOOLING_PREFIX = "KVPOOL_TEST_"
 
 
 @dataclass
@@ -78,13 +82,14 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
     announce = workdir / "announce.json"
     log_path = workdir / "daemon.log"
     argv = [
-        sys.executable, "-m", "kvpool_server.app",
+        os.environ.get(SERVER_PYTHON_ENV, sys.executable), "-m", "kvpool_server.app",
         "--host", "127.0.0.1", "--grpc-port", "0", "--data-port", "0",
         "--announce-file", str(announce), "--log-format", "text",
         *args,
     ]
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith(_TOOLING_PREFIX)}
+        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env={**child_env, **(env or {})})
     deadline = time.monotonic() + timeout
     while not announce.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -102,6 +107,9 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
 
 def write_cluster_config(endpoint: str, cluster: str, config: ClusterConfig) -> None:
     """Write ``config`` as the cluster's config unless one exists (blocking; for tools and tests)."""
+    # Imported here: only etcd clusters need the etcd client (the server's dependencies).
+    from kvpool_client.membership.cluster import ensure_config
+    from kvpool_client.membership.etcd import EtcdStore
 
     async def write() -> None:
         async with EtcdStore(endpoint) as store:

@@ -1,9 +1,12 @@
 """Generate the Python gRPC code for proto/kvpool/v1/*.proto into kvpool_client/proto/.
 
-Usage: python proto/generate.py [--check]
+Usage: deploy/dev.sh proto [--check]
 
-``--check`` regenerates into a temporary folder and exits 1 if the committed code
-differs, so CI catches a .proto edited without regenerating.
+It runs in the test environment "oldest" (tests/environments.py), whose grpcio-tools 1.78
+writes protobuf 6.31.1 gencode: the generated code then runs on every protobuf runtime the
+client accepts (6.31.1 and later, 7.x included) and needs grpcio >= 1.78.0. ``--check``
+regenerates into a temporary folder and exits 1 if the committed code differs, so CI
+catches a .proto edited without regenerating.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as fresh:
         stale = [p.name for p in generate(Path(fresh)) if not _same(p, OUT_DIR / p.name)]
     if stale:
-        print(f"stale generated code: {stale}; run: python proto/generate.py", file=sys.stderr)
+        print(f"stale generated code: {stale}; run: deploy/dev.sh proto", file=sys.stderr)
         return 1
     print("generated protobuf code matches proto/")
     return 0

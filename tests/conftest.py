@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.support.daemon import DaemonProcess, start_daemon
+
+# Engine suites import their engine, so they run in its own environment (tests/environments.py).
+collect_ignore = [] if os.environ.get("KVPOOL_TEST_ENVIRONMENT") else ["engines"]
 
 
 @pytest.fixture

@@ -83,8 +83,8 @@ build_wheelhouse() {
     rm -rf "$source" && mkdir -p "$source"
     git archive "$KVPOOL_IMAGE_REF" | tar -x -C "$source"
   fi
-  local spec="$source"
-  [[ "$UCX" == 0 ]] || spec="$source[ucx]"
+  local spec="$source[server]"
+  [[ "$UCX" == 0 ]] || spec="$source[server,ucx]"
   echo "wheelhouse: $spec (${KVPOOL_IMAGE_REF:-working tree}) and its dependencies for Python $want ..."
   "$VENV/bin/python" -m pip wheel --quiet --no-cache-dir --wheel-dir "$CONTEXT/wheels" "$spec" pip
   install -m 0755 deploy/image/healthcheck.py "$CONTEXT/wheels/kvpool-healthcheck"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kvpool_client.admin.exits import CliError, ExitCode
-from kvpool_client.membership.etcd import channel_target
+from kvpool_client.membership.endpoints import channel_target
 from kvpool_client.membership.records import check_name
 from kvpool_client.wire.frames import MAX_HASH_BYTES
 

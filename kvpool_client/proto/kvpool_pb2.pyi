@@ -24,7 +24,7 @@ class SetStateRequest(_message.Message):
     HANDOFF_FIELD_NUMBER: _ClassVar[int]
     state: str
     handoff: bool
-    def __init__(self, state: _Optional[str] = ..., handoff: _Optional[bool] = ...) -> None: ...
+    def __init__(self, state: _Optional[str] = ..., handoff: bool = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -50,7 +50,7 @@ class SharedArena(_message.Message):
     arena_id: int
     capacity_bytes: int
     verify_checksums: bool
-    def __init__(self, arena_path: _Optional[str] = ..., generations_offset: _Optional[int] = ..., arena_id: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_checksums: _Optional[bool] = ...) -> None: ...
+    def __init__(self, arena_path: _Optional[str] = ..., generations_offset: _Optional[int] = ..., arena_id: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_checksums: bool = ...) -> None: ...
 
 class WireLimits(_message.Message):
     __slots__ = ("max_keys", "max_block_size", "max_payload")

@@ -5,7 +5,7 @@ import warnings
 
 from kvpool_client.proto import kvpool_pb2 as kvpool_dot_v1_dot_kvpool__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class KVPoolStub:
+class KVPoolStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -71,7 +71,7 @@ class KVPoolStub:
                 _registered_method=True)
 
 
-class KVPoolServicer:
+class KVPoolServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def GetServerInfo(self, request, context):
@@ -168,7 +168,7 @@ def add_KVPoolServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class KVPool:
+class KVPool(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
