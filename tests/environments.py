@@ -72,6 +72,8 @@ ENVIRONMENTS = {
         # The oldest protobuf and grpcio the client claims (pyproject.toml), and the protoc
         # that generates kvpool_client/proto (proto/generate.py runs here).
         Environment("oldest", "tests/compat/oldest.txt", _CLIENT_TESTS),
+        # vLLM 0.33 with a CPU torch: its scheduler and connector code, never a model.
+        Environment("vllm", "tests/engines/vllm/lock.txt", ("tests/engines/vllm",)),
     )
 }
 

@@ -1,0 +1,149 @@
+"""vLLM's per-layer KV cache tensors as the bytes of one pool block per vLLM block.
+
+A pool block holds one vLLM block of every layer, layer after layer, each layer's part
+exactly as that layer's tensor holds it (whatever the attention backend's dimension order
+inside a block: the layout is in the namespace, so bytes are never reinterpreted). A layer
+tensor indexes blocks in dimension 0 (``(num_blocks, ...)``, one region per block) or in
+dimension 1 under a leading K/V dimension (``(2, num_blocks, ...)``, two regions).
+
+Where every region of a block follows the previous one in memory (a block-major CPU
+cache), the block is one slice of the cache: the client reads into it and writes from it
+directly. Otherwise a save gathers the regions into a staging buffer (pinned host memory
+for a GPU cache) and a load scatters them back: one copy each way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpool_client.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Where one layer's (or one half's) part of block ``b`` lies: ``raw[offset + b * stride:][:nbytes]``."""
+
+    raw: torch.Tensor  # the tensor's whole storage as uint8
+    offset: int
+    stride: int
+    nbytes: int
+
+    def of(self, block_id: int) -> torch.Tensor:
+        start = self.offset + block_id * self.stride
+        return self.raw[start : start + self.nbytes]
+
+
+def _regions(name: str, cache: torch.Tensor, num_blocks: int) -> list[Region]:
+    """The regions of one layer's tensor, in block-byte order.
+
+    Raises:
+        UsageError: no dimension that indexes ``num_blocks`` blocks, or a block's part is not
+            one dense span of memory.
+    """
+    size = cache.element_size()
+    raw = torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
+    if cache.dim() >= 2 and cache.shape[0] == num_blocks:
+        parts = [cache]
+    elif cache.dim() >= 3 and cache.shape[0] == 2 and cache.shape[1] == num_blocks:
+        parts = [cache[0], cache[1]]  # K, V
+    else:
+        raise UsageError(f"KV cache of layer {name}: shape {tuple(cache.shape)} indexes no {num_blocks} blocks")
+    regions = []
+    for part in parts:
+        block = part[0]
+        span = 1 + sum((n - 1) * s for n, s in zip(block.shape, block.stride(), strict=True))
+        if span != block.numel() or min(block.stride(), default=1) < 1:
+            raise UsageError(f"KV cache of layer {name}: a block is not one dense span (strides {part.stride()})")
+        regions.append(Region(raw, part.storage_offset() * size, part.stride(0) * size, block.numel() * size))
+    return regions
+
+
+class BlockLayers:
+    """The engine's KV cache tensors, read and written one pool block per vLLM block.
+
+    Args:
+        kv_caches: layer name -> that layer's KV cache tensor (what ``register_kv_caches`` gets).
+        layer_names: the layers in block-byte order (the KV cache group's order).
+        num_blocks: blocks per layer.
+
+    Raises:
+        UsageError: a layer is missing, on another device, or not a paged block tensor.
+    """
+
+    def __init__(self, kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], num_blocks: int) -> None:
+        missing = [n for n in layer_names if n not in kv_caches]
+        if missing or not layer_names:
+            raise UsageError(f"no KV cache registered for layers {missing or '(none)'}")
+        tensors = [kv_caches[n] for n in layer_names]
+        if len({t.device for t in tensors}) != 1:
+            raise UsageError("KV cache layers live on different devices")
+        self.device = tensors[0].device
+        self.num_blocks = num_blocks
+        self.regions = [r for name, t in zip(layer_names, tensors, strict=True) for r in _regions(name, t, num_blocks)]
+        self.block_nbytes = sum(r.nbytes for r in self.regions)
+        self.direct = self.device.type == "cpu" and _adjacent(self.regions)
+
+    def check(self, block_ids: Sequence[int]) -> None:
+        """Raises UsageError: a block id out of range."""
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise UsageError(f"block ids {bad[:4]} out of range 0..{self.num_blocks - 1}")
+
+    def view(self, block_id: int) -> torch.Tensor:
+        """Block ``block_id`` as one uint8 slice of the cache (only when :attr:`direct`)."""
+        first = self.regions[0]
+        start = first.offset + block_id * first.stride
+        return first.raw[start : start + self.block_nbytes]
+
+    def gather(self, block_id: int, out: torch.Tensor) -> None:
+        """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`)."""
+        at = 0
+        for region in self.regions:
+            out[at : at + region.nbytes].copy_(region.of(block_id), non_blocking=True)
+            at += region.nbytes
+
+    def scatter(self, block_id: int, src: torch.Tensor) -> None:
+        """Copy ``src`` (a pool block's bytes) into block ``block_id`` of every layer."""
+        at = 0
+        for region in self.regions:
+            region.of(block_id).copy_(src[at : at + region.nbytes], non_blocking=True)
+            at += region.nbytes
+
+    def synchronize(self) -> None:
+        """Wait for the copies :meth:`gather` and :meth:`scatter` queued on a GPU."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+
+def _adjacent(regions: Sequence[Region]) -> bool:
+    """Whether every block's regions follow one another in one storage, at one block stride."""
+    first = regions[0]
+    at = first.offset
+    for region in regions:
+        same = region.raw.untyped_storage().data_ptr() == first.raw.untyped_storage().data_ptr()
+        if not same or region.offset != at or region.stride != first.stride:
+            return False
+        at += region.nbytes
+    return first.stride >= at - first.offset
+
+
+class StagingBuffers:
+    """Reusable block-sized host buffers (pinned when the cache is on a GPU)."""
+
+    def __init__(self, layers: BlockLayers) -> None:
+        self._layers = layers
+        self._spare: list[torch.Tensor] = []
+
+    def take(self, count: int) -> list[torch.Tensor]:
+        buffers = [self._spare.pop() for _ in range(min(count, len(self._spare)))]
+        pinned = self._layers.device.type == "cuda"
+        while len(buffers) < count:
+            buffers.append(torch.empty(self._layers.block_nbytes, dtype=torch.uint8, pin_memory=pinned))
+        return buffers
+
+    def give_back(self, buffers: Sequence[Any]) -> None:
+        self._spare.extend(buffers)

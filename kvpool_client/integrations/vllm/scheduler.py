@@ -1,0 +1,244 @@
+"""The scheduler side's plan: which blocks each step loads from the pool and saves to it.
+
+It runs in vLLM's scheduler and must never block it. A request's pool lookup (one batched
+``lookup`` of its vLLM block hashes) runs on a thread; until it answers, the request's
+match is "not known yet" (None), and vLLM asks again at its next step. Hits load
+asynchronously: vLLM parks the request until the worker reports the load finished.
+
+Saves: each step saves the request's full blocks that its prefill or decode completed and
+the pool was not known to hold. A request that had saves keeps its blocks after it
+finishes until the worker reports its saves done, so no block is reused under a save.
+Nothing here imports vLLM; requests are read through the attributes vLLM's ``Request`` has.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kvpool_client.keys import BlockKey, Namespace
+
+log = logging.getLogger("kvpool.vllm")
+
+# A block the pool lists but that failed to load (wrong size, corrupt, its node died) is not
+# offered again for a while: otherwise vLLM would retry the same failing load forever.
+UNLOADABLE_TTL_S = 30.0
+UNLOADABLE_MAX = 65536
+
+
+class EngineRequest(Protocol):
+    """What the plan reads of vLLM's ``Request``."""
+
+    request_id: str
+    block_hashes: Sequence[bytes]
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """Blocks of one request to move: ``keys[i]`` to or from vLLM block ``block_ids[i]``."""
+
+    req_id: str
+    keys: tuple[BlockKey, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the worker does this step (the connector metadata's content).
+
+    Attributes:
+        loads: blocks to fetch into freshly allocated vLLM blocks.
+        saves: blocks to store once this step's forward pass wrote them.
+        preempted: requests whose blocks vLLM frees now: their saves must end first.
+        finishing: finished requests whose blocks vLLM holds until the worker reports
+            their saves done (``finished_sending``).
+    """
+
+    loads: list[TransferJob] = field(default_factory=list)
+    saves: list[TransferJob] = field(default_factory=list)
+    preempted: frozenset[str] = frozenset()
+    finishing: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request in a step, as the scheduler output describes it.
+
+    Attributes:
+        computed_tokens: tokens computed before this step.
+        scheduled_tokens: tokens this step computes.
+        block_ids: blocks allocated this step (all of them for a new or resumed request).
+        replaces: whether ``block_ids`` replace the request's blocks (new or resumed).
+    """
+
+    req_id: str
+    computed_tokens: int
+    scheduled_tokens: int
+    block_ids: tuple[int, ...]
+    replaces: bool
+
+
+@dataclass(slots=True)
+class _Lookup:
+    first_block: int
+    keys: list[BlockKey]
+    answer: Future[int]
+
+
+@dataclass(slots=True)
+class _Tracked:
+    request: Any  # vLLM's Request
+    block_ids: list[int] = field(default_factory=list)
+    saved: int = 0  # leading blocks stored, being stored, or known to be in the pool
+    had_saves: bool = False
+
+
+class SchedulerPlan:
+    """Lookups and per-step transfer plans for vLLM's scheduler.
+
+    Args:
+        lookup: how many leading keys the pool holds (blocking; runs on ``executor``).
+        executor: where lookups run.
+        namespace: the namespace of every key (the worker's, on TP rank 0).
+        block_size: tokens per vLLM block.
+    """
+
+    def __init__(self, lookup: Callable[[list[BlockKey]], int], executor: Executor,
+                 namespace: Namespace, block_size: int) -> None:
+        self._lookup = lookup
+        self._executor = executor
+        self._namespace = namespace.id
+        self._block_size = block_size
+        self._lookups: dict[str, _Lookup] = {}
+        self._matches: dict[str, tuple[int, list[BlockKey]]] = {}  # req -> (first block, keys held)
+        self._tracked: dict[str, _Tracked] = {}
+        self._loads: list[TransferJob] = []
+        self._saves: list[TransferJob] = []
+        self._finishing: set[str] = set()
+        self._loading: dict[str, dict[int, BlockKey]] = {}  # request -> vLLM block -> key loading into it
+        self._unloadable: OrderedDict[BlockKey, float] = OrderedDict()  # key -> when it failed
+
+    def keys(self, request: EngineRequest, start: int, stop: int) -> list[BlockKey]:
+        """Keys of the request's blocks ``start..stop-1`` (vLLM's hashes in this namespace)."""
+        hashes = request.block_hashes[start:stop]
+        return [BlockKey(self._namespace, bytes(h), start + i) for i, h in enumerate(hashes)]
+
+    def matched_tokens(self, request: EngineRequest, computed_tokens: int) -> tuple[int | None, bool]:
+        """vLLM's ``get_num_new_matched_tokens``: pool tokens after ``computed_tokens``.
+
+        Returns (None, False) while the lookup runs; (tokens, True) for a hit, loaded
+        asynchronously; (0, False) for none. The last prompt token is never matched: vLLM
+        must compute at least one.
+        """
+        first = computed_tokens // self._block_size
+        last = min(len(request.block_hashes), (request.num_tokens - 1) // self._block_size)
+        if last <= first:
+            return 0, False
+        pending = self._lookups.get(request.request_id)
+        if pending is None or pending.first_block != first:
+            keys = self._loadable(self.keys(request, first, last))
+            if not keys:
+                return 0, False
+            self._lookups[request.request_id] = _Lookup(first, keys, self._executor.submit(self._lookup, keys))
+            return None, False
+        if not pending.answer.done():
+            return None, False
+        del self._lookups[request.request_id]
+        hits = _hits(pending)
+        tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        tracked.saved = max(tracked.saved, first + hits)  # the pool has these: no save
+        if not hits:
+            return 0, False
+        self._matches[request.request_id] = (first, pending.keys[:hits])
+        return hits * self._block_size, True
+
+    def after_alloc(self, request: EngineRequest, block_ids: Sequence[int], external_tokens: int) -> None:
+        """vLLM's ``update_state_after_alloc``: turn a match into a load into ``block_ids``."""
+        tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        tracked.block_ids = list(block_ids)
+        match = self._matches.pop(request.request_id, None)
+        if external_tokens <= 0 or match is None:
+            return
+        first, keys = match
+        count = external_tokens // self._block_size
+        targets = tuple(block_ids[first : first + count])
+        self._loads.append(TransferJob(request.request_id, tuple(keys[:count]), targets))
+        self._loading[request.request_id] = dict(zip(targets, keys, strict=False))
+
+    def worker_output(self, loaded: Iterable[str], failed_blocks: Iterable[int]) -> None:
+        """vLLM's ``update_connector_output``: remember the keys whose loads failed."""
+        failed = set(failed_blocks)
+        now = time.monotonic()
+        for req_id in loaded:
+            for block_id, key in self._loading.pop(req_id, {}).items():
+                if block_id in failed:
+                    self._unloadable[key] = now
+                    self._unloadable.move_to_end(key)
+        while len(self._unloadable) > UNLOADABLE_MAX:
+            self._unloadable.popitem(last=False)
+
+    def _loadable(self, keys: list[BlockKey]) -> list[BlockKey]:
+        """``keys`` up to the first one whose load failed lately."""
+        horizon = time.monotonic() - UNLOADABLE_TTL_S
+        for index, key in enumerate(keys):
+            failed_at = self._unloadable.get(key)
+            if failed_at is not None:
+                if failed_at >= horizon:
+                    return keys[:index]
+                del self._unloadable[key]
+        return keys
+
+    def build(self, scheduled: Sequence[ScheduledRequest], preempted: Sequence[str]) -> StepPlan:
+        """This step's plan: loads decided since the last one, and saves of newly full blocks."""
+        for step in scheduled:
+            tracked = self._tracked.get(step.req_id)
+            if tracked is None:
+                continue
+            if step.replaces:
+                tracked.block_ids = list(step.block_ids)
+            else:
+                tracked.block_ids.extend(step.block_ids)
+            full = (step.computed_tokens + step.scheduled_tokens) // self._block_size
+            self._save(tracked, full)
+        plan = StepPlan(self._loads, self._saves, frozenset(preempted), frozenset(self._finishing))
+        self._loads, self._saves, self._finishing = [], [], set()
+        return plan
+
+    def finished(self, request: EngineRequest, block_ids: Sequence[int]) -> bool:
+        """vLLM's ``request_finished``: save the rest; True: hold the blocks until the worker reports."""
+        self._lookups.pop(request.request_id, None)
+        self._matches.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
+        tracked = self._tracked.pop(request.request_id, None)
+        if tracked is None:
+            return False
+        tracked.block_ids = list(block_ids)
+        self._save(tracked, len(block_ids))
+        if tracked.had_saves:
+            self._finishing.add(request.request_id)
+        return tracked.had_saves
+
+    def _save(self, tracked: _Tracked, full_blocks: int) -> None:
+        request = tracked.request
+        stop = min(full_blocks, len(request.block_hashes), len(tracked.block_ids))
+        if stop <= tracked.saved:
+            return
+        keys = self.keys(request, tracked.saved, stop)
+        self._saves.append(TransferJob(request.request_id, tuple(keys), tuple(tracked.block_ids[tracked.saved : stop])))
+        tracked.saved = stop
+        tracked.had_saves = True
+
+
+def _hits(lookup: _Lookup) -> int:
+    """The lookup's answer; a failed lookup is a miss (vLLM computes), and says why once."""
+    try:
+        return min(lookup.answer.result(), len(lookup.keys))
+    except Exception as exc:  # the pool being down must only cost hits
+        log.warning("kvpool lookup failed, computing instead: %s", exc)
+        return 0

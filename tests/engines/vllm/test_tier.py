@@ -1,0 +1,95 @@
+"""KVPoolTier as the secondary tier of vLLM's OffloadingConnector (TieringOffloadingSpec), against real daemons.
+
+vLLM's scheduler, tiering manager, primary tier and tier loading are its own; the GPU <-> CPU
+copies of its worker side (CUDA only) are done by bench.vllm.offloading.PrimaryTierCopier.
+Engine A's chunks cascade to the pool; engine B (its own primary tier, empty) promotes them
+from the pool instead of computing them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.vllm.harness import block_bytes, model_dir
+from bench.vllm.offloading import TieredEngine, offloading_config
+from tests.support.daemon import DaemonProcess
+
+PROMPT = list(range(3000, 3100))  # 6 full blocks
+
+
+@pytest.fixture
+def tiered(tmp_path: Path) -> Any:
+    made: list[TieredEngine] = []
+
+    def make(tier: dict[str, Any], name: str) -> TieredEngine:
+        engine = TieredEngine(model_dir(tmp_path), offloading_config(tier), engine_id=name)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def store_prompt(engine: TieredEngine) -> None:
+    engine.add("A", PROMPT)
+    engine.run(engine.idle)
+
+
+def test_chunks_cascade_to_the_pool_and_another_engine_promotes_them_byte_exact(
+    daemon: DaemonProcess, tiered: Callable[..., TieredEngine]
+) -> None:
+    a = tiered({"nodes": daemon.address}, "a")
+    store_prompt(a)
+    b = tiered({"nodes": daemon.address}, "b")
+    request = b.add("B", PROMPT)
+    hashes = list(request.block_hashes)
+    first = None
+    while first is None:
+        output = b.step()
+        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
+        first = new[0].num_computed_tokens if new else None
+    assert first == 96, "B starts after the six blocks the pool held"
+    assert len(b.loaded_rows) == 6
+    want = {block_bytes(h, b.block_nbytes).numpy().tobytes() for h in hashes[:6]}
+    got = {row.tobytes() for row in b.loaded_rows.values()}
+    assert got == want, "the promoted rows hold exactly what engine A's blocks held"
+    b.run(b.idle)
+
+
+def test_a_pool_that_dies_turns_promotions_into_misses(
+    daemon: DaemonProcess, tiered: Callable[..., TieredEngine]
+) -> None:
+    a = tiered({"nodes": daemon.address, "request_timeout_s": 2}, "a")
+    store_prompt(a)
+    daemon.process.send_signal(signal.SIGKILL)
+    daemon.process.wait(10)
+    b = tiered({"nodes": daemon.address, "request_timeout_s": 2}, "b")
+    b.add("B", PROMPT)
+    first = None
+    while first is None:
+        output = b.step()
+        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
+        first = new[0].num_computed_tokens if new else None
+    assert first == 0 and not b.loaded_rows, "nothing promoted from a dead pool: B computes all"
+    b.run(b.idle)
+
+
+def test_models_do_not_share_chunks(daemon: DaemonProcess, tiered: Callable[..., TieredEngine]) -> None:
+    a = tiered({"nodes": daemon.address}, "a")
+    store_prompt(a)
+    other = tiered({"nodes": daemon.address, "model_id": "another-model"}, "o")
+    assert other.tier.namespace != a.tier.namespace
+    other.add("B", PROMPT)
+    first = None
+    while first is None:
+        output = other.step()
+        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
+        first = new[0].num_computed_tokens if new else None
+    assert first == 0
+    assert not other.loaded_rows
