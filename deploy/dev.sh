@@ -7,6 +7,7 @@
 #   deploy/dev.sh test-env NAME [pytest args]  one environment of tests/environments.py
 #   deploy/dev.sh proto [--check]  regenerate kvpool_client/proto from proto/
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
+#   deploy/dev.sh bench-vllm  the vLLM connector's benchmark (bench/vllm/connector.py), in the vllm environment
 #   deploy/dev.sh validate  check the Helm chart and deploy/k8s/ (deploy/validate.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,13 +90,18 @@ case "${1:-}" in
     ensure_venv
     exec "$VENV/bin/python" bench/blocks.py "${@:2}"
     ;;
+  bench-vllm)
+    ensure_venv
+    KVPOOL_TEST_SERVER_PYTHON="$VENV/bin/python" exec "$("$VENV/bin/python" tests/environments.py python vllm)" \
+      bench/vllm/connector.py "${@:2}"
+    ;;
   validate)
     ensure_deploy_tools
     ensure_venv
     exec bash deploy/validate.sh "${@:2}"
     ;;
   *)
-    echo "usage: deploy/dev.sh demo|test|test-env|proto|bench|validate [args...]" >&2
+    echo "usage: deploy/dev.sh demo|test|test-env|proto|bench|bench-vllm|validate [args...]" >&2
     exit 2
     ;;
 esac

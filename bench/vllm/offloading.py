@@ -33,30 +33,16 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from bench.vllm.harness import attention_spec, block_bytes, vllm_config
 
-TIER = {"type": "KVPoolTier", "module_path": "kvpool_client.integrations.vllm.tier"}
-
-
-def offloading_config(tier: dict[str, Any], block_size: int = 16, cpu_blocks: int = 64,
-                      block_bytes_: int = 8192) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` of the offloading connector with kvpool as its secondary tier."""
-    return {
-        "kv_connector": "OffloadingConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "spec_name": "TieringOffloadingSpec",
-            "cpu_bytes_to_use": cpu_blocks * block_bytes_,
-            "block_size": block_size,
-            "tier_poll_interval_s": 0,
-            "secondary_tiers": [dict(TIER, **tier)],
-        },
-    }
+# The test's CPU tier: 64 chunks of one 16-token block; no poll thread (steps drive the tiers).
+TEST_SIZES = {"cpu_bytes_to_use": 64 * 8192, "block_size": 16, "tier_poll_interval_s": 0}
 
 
 class TieredEngine:
     """A real ``Scheduler`` with the offloading connector, and the stand-in worker copies."""
 
     def __init__(self, model: Path, kv_transfer: dict[str, Any], engine_id: str, num_blocks: int = 128) -> None:
-        kv_transfer = dict(kv_transfer, engine_id=engine_id)
+        extra = {**kv_transfer["kv_connector_extra_config"], **TEST_SIZES}
+        kv_transfer = dict(kv_transfer, engine_id=engine_id, kv_connector_extra_config=extra)
         config = vllm_config(model, kv_transfer, layout="LBHNC")  # the offloading connector's layout
         spec = attention_spec()
         names = [f"model.layers.{i}.self_attn.attn" for i in range(2)]

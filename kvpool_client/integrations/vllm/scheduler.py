@@ -87,8 +87,7 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class _Lookup:
     first_block: int
-    keys: list[BlockKey]
-    answer: Future[int]
+    answer: Future[tuple[list[BlockKey], int]]  # the keys asked about, and how many lead
 
 
 @dataclass(slots=True)
@@ -124,10 +123,14 @@ class SchedulerPlan:
         self._loading: dict[str, dict[int, BlockKey]] = {}  # request -> vLLM block -> key loading into it
         self._unloadable: OrderedDict[BlockKey, float] = OrderedDict()  # key -> when it failed
 
-    def keys(self, request: EngineRequest, start: int, stop: int) -> list[BlockKey]:
-        """Keys of the request's blocks ``start..stop-1`` (vLLM's hashes in this namespace)."""
-        hashes = request.block_hashes[start:stop]
+    def _keys(self, hashes: Sequence[bytes], start: int) -> list[BlockKey]:
+        """Keys of blocks ``start, start+1, ...`` with ``hashes`` (vLLM's hashes in this namespace)."""
         return [BlockKey(self._namespace, bytes(h), start + i) for i, h in enumerate(hashes)]
+
+    def _ask(self, hashes: Sequence[bytes], start: int) -> tuple[list[BlockKey], int]:
+        """On the lookup thread: the keys, then how many of them lead in the pool."""
+        keys = self._keys(hashes, start)
+        return keys, self._lookup(keys)
 
     def matched_tokens(self, request: EngineRequest, computed_tokens: int) -> tuple[int | None, bool]:
         """vLLM's ``get_num_new_matched_tokens``: pool tokens after ``computed_tokens``.
@@ -142,21 +145,20 @@ class SchedulerPlan:
             return 0, False
         pending = self._lookups.get(request.request_id)
         if pending is None or pending.first_block != first:
-            keys = self._loadable(self.keys(request, first, last))
-            if not keys:
-                return 0, False
-            self._lookups[request.request_id] = _Lookup(first, keys, self._executor.submit(self._lookup, keys))
+            # The keys are built on the lookup thread too: the scheduler's thread only hands over.
+            hashes = request.block_hashes[first:last]
+            self._lookups[request.request_id] = _Lookup(first, self._executor.submit(self._ask, hashes, first))
             return None, False
         if not pending.answer.done():
             return None, False
         del self._lookups[request.request_id]
-        hits = _hits(pending)
+        keys = self._loadable(_held(pending))
         tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
-        tracked.saved = max(tracked.saved, first + hits)  # the pool has these: no save
-        if not hits:
+        tracked.saved = max(tracked.saved, first + len(keys))  # the pool has these: no save
+        if not keys:
             return 0, False
-        self._matches[request.request_id] = (first, pending.keys[:hits])
-        return hits * self._block_size, True
+        self._matches[request.request_id] = (first, keys)
+        return len(keys) * self._block_size, True
 
     def after_alloc(self, request: EngineRequest, block_ids: Sequence[int], external_tokens: int) -> None:
         """vLLM's ``update_state_after_alloc``: turn a match into a load into ``block_ids``."""
@@ -229,16 +231,17 @@ class SchedulerPlan:
         stop = min(full_blocks, len(request.block_hashes), len(tracked.block_ids))
         if stop <= tracked.saved:
             return
-        keys = self.keys(request, tracked.saved, stop)
+        keys = self._keys(request.block_hashes[tracked.saved : stop], tracked.saved)
         self._saves.append(TransferJob(request.request_id, tuple(keys), tuple(tracked.block_ids[tracked.saved : stop])))
         tracked.saved = stop
         tracked.had_saves = True
 
 
-def _hits(lookup: _Lookup) -> int:
-    """The lookup's answer; a failed lookup is a miss (vLLM computes), and says why once."""
+def _held(lookup: _Lookup) -> list[BlockKey]:
+    """The keys the pool holds, in order; a failed lookup is a miss (vLLM computes), with the reason logged."""
     try:
-        return min(lookup.answer.result(), len(lookup.keys))
+        keys, hits = lookup.answer.result()
     except Exception as exc:  # the pool being down must only cost hits
         log.warning("kvpool lookup failed, computing instead: %s", exc)
-        return 0
+        return []
+    return keys[:hits]

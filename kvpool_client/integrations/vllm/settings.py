@@ -116,7 +116,7 @@ class ConnectorSettings:
                 overrides["auth_token"] = read_token(str(extra["auth_token_file"]))
             client = ClientConfig.from_env(env, **overrides)
         except UsageError as exc:
-            raise UsageError(f"{SETTING}: {exc} (set 'nodes' or 'etcd_endpoints')") from None
+            raise UsageError(f"{SETTING}: {exc.args[0]}") from None
         except (TypeError, ValueError) as exc:
             raise UsageError(f"{SETTING}: {exc}") from None
         threads = extra.get("lookup_threads", 1)

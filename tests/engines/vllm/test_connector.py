@@ -6,7 +6,6 @@ KV cache, empty local prefix cache) loads instead of computing, byte for byte.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from collections.abc import Callable
@@ -21,21 +20,11 @@ from bench.vllm.harness import Engine, attention_spec, block_bytes, model_dir, v
 from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.errors import UsageError
 from kvpool_client.integrations.vllm.settings import CacheShape
+from tests.engines.vllm.readme import connector_config
 from tests.support.daemon import DaemonProcess
 
-ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 16
 PROMPT = list(range(1000, 1100))  # 6 full blocks and 4 tokens
-
-
-def readme_kv_transfer_config(nodes: str) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` block of the README, pointed at ``nodes``."""
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"--kv-transfer-config '(\{.*?\})'", text)
-    assert match, "the README has no --kv-transfer-config block"
-    config = json.loads(match[1])
-    config["kv_connector_extra_config"]["nodes"] = nodes
-    return dict(config)
 
 
 @pytest.fixture
@@ -89,7 +78,7 @@ def first_schedule(engine: Engine, req_id: str, tokens: list[int],
 def test_a_shared_prefix_is_loaded_byte_exact_and_only_new_tokens_computed(
     daemon: DaemonProcess, engines: Callable[..., Engine], layout: str, mla: bool
 ) -> None:
-    config = readme_kv_transfer_config(daemon.address)
+    config = connector_config(daemon.address)
     a = engines(config, layout, mla)
     assert a.layers.direct == (layout == "BLHNC"), "block-major caches are read and written in place"
     compute(a, "A", PROMPT)
@@ -110,7 +99,7 @@ def test_a_shared_prefix_is_loaded_byte_exact_and_only_new_tokens_computed(
 def test_a_load_from_a_killed_daemon_reports_its_blocks_and_they_are_recomputed(
     daemon: DaemonProcess, engines: Callable[..., Engine]
 ) -> None:
-    config = readme_kv_transfer_config(daemon.address)
+    config = connector_config(daemon.address)
     compute(engines(config), "A", PROMPT)
     c = engines(config)
     before: dict[int, torch.Tensor] = {}
@@ -141,7 +130,7 @@ def test_a_load_from_a_killed_daemon_reports_its_blocks_and_they_are_recomputed(
 def test_a_block_of_the_wrong_size_is_a_miss_never_a_load(
     daemon: DaemonProcess, engines: Callable[..., Engine]
 ) -> None:
-    config = readme_kv_transfer_config(daemon.address)
+    config = connector_config(daemon.address)
     d = engines(config)
     namespace = d.connector._plan._namespace  # what the engine's keys are in
     request = d.add("D", PROMPT)
@@ -155,14 +144,14 @@ def test_a_block_of_the_wrong_size_is_a_miss_never_a_load(
 
 
 def test_another_model_never_sees_the_blocks(daemon: DaemonProcess, engines: Callable[..., Engine]) -> None:
-    config = readme_kv_transfer_config(daemon.address)
+    config = connector_config(daemon.address)
     compute(engines(config), "A", PROMPT)
     other = dict(config, kv_connector_extra_config={**config["kv_connector_extra_config"], "model_id": "other"})
     assert first_schedule(engines(other), "E", PROMPT) == (0, len(PROMPT))
 
 
 def test_a_pool_down_at_start_only_costs_hits(engines: Callable[..., Engine]) -> None:
-    config = readme_kv_transfer_config("127.0.0.1:9")  # nothing listens on the discard port
+    config = connector_config("127.0.0.1:9")  # nothing listens on the discard port
     e = engines(config)
     assert first_schedule(e, "F", PROMPT) == (0, len(PROMPT))
     e.run(e.idle)
@@ -188,7 +177,7 @@ def test_a_wrong_pool_configuration_stops_vllm_at_start_naming_the_setting(
 ) -> None:
     monkeypatch.delenv("KVPOOL_NODES", raising=False)
     monkeypatch.delenv("KVPOOL_ETCD_ENDPOINTS", raising=False)
-    config = readme_kv_transfer_config("unused")
+    config = connector_config("unused")
     config["kv_connector_extra_config"] = extra
     with pytest.raises(UsageError, match=re.escape(names)):
         engines(config)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bench.vllm.harness import block_bytes, model_dir
-from bench.vllm.offloading import TieredEngine, offloading_config
+from bench.vllm.offloading import TieredEngine
+from tests.engines.vllm.readme import tier_config
 from tests.support.daemon import DaemonProcess
 
 PROMPT = list(range(3000, 3100))  # 6 full blocks
@@ -27,7 +28,7 @@ def tiered(tmp_path: Path) -> Any:
     made: list[TieredEngine] = []
 
     def make(tier: dict[str, Any], name: str) -> TieredEngine:
-        engine = TieredEngine(model_dir(tmp_path), offloading_config(tier), engine_id=name)
+        engine = TieredEngine(model_dir(tmp_path), tier_config(**tier), engine_id=name)
         made.append(engine)
         return engine
 

@@ -1,0 +1,276 @@
+"""What the vLLM connector costs on top of the SDK, as ratios measured in one run.
+
+- Lookups: matched-token answers per second for prompts of 1,000 stored blocks, through
+  the connector's scheduler side (``get_num_new_matched_tokens`` until it answers: the
+  thread hand-off included) against the SDK's ``lookup`` of the same keys.
+- Loads and saves: a 32-block prefix into and out of vLLM's per-layer KV tensors (made by
+  vLLM's own allocator) through the connector's worker side (``WorkerTransfers``: the
+  transfer thread, staging and completion reports included), against the SDK's batched
+  get and put of the same bytes into and out of 64-byte aligned torch buffers, and
+  against memcpy of those bytes. Two model shapes (Qwen2.5-0.5B, Llama-3-8B; bf16, 16-token
+  blocks) and two cache layouts: vLLM's default layer-major ``LBNHC`` (a block is 2 x layers
+  regions: one staging copy each way) and block-major ``BLHNC`` (a block is one slice:
+  no copy in Python).
+
+Rounds interleave the systems; each ratio is the median of its per-round ratios.
+Runs in the vllm test environment (deploy/dev.sh bench-vllm), against one local daemon.
+
+    python bench/vllm/connector.py [--rounds 5] [--quick] [--out bench/results/vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.servers import kvpool_daemon  # noqa: E402
+from bench.vllm.harness import attention_spec, model_dir, vllm_config  # noqa: E402
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
+from kvpool_client.integrations.vllm.blocks import BlockLayers  # noqa: E402
+from kvpool_client.integrations.vllm.scheduler import SchedulerPlan, TransferJob  # noqa: E402
+from kvpool_client.integrations.vllm.worker import WorkerTransfers  # noqa: E402
+from kvpool_client.keys import Namespace  # noqa: E402
+
+PREFIX_BLOCKS = 32
+LOOKUP_BLOCKS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    name: str
+    layers: int
+    kv_heads: int
+    head_size: int
+    block_size: int = 16
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_size * self.block_size * 2  # K and V, bf16
+
+
+SHAPES = (ModelShape("Qwen2.5-0.5B", 24, 2, 64), ModelShape("Llama-3-8B", 32, 8, 128))
+LAYOUTS = ("LBNHC", "BLHNC")
+TRANSPORTS = ("tcp", "shm")  # gets over the socket, or copied out of the node's arena (same node)
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    name: str
+    value: float  # median over rounds
+    rounds: tuple[float, ...]
+    unit: str
+    target: float | None = None
+
+
+class _Request:
+    """What the scheduler plan reads of vLLM's Request."""
+
+    def __init__(self, req_id: str, hashes: list[bytes], block_size: int) -> None:
+        self.request_id = req_id
+        self.block_hashes = hashes
+        self.num_tokens = len(hashes) * block_size + 1
+
+
+def _hashes(tag: str, count: int) -> list[bytes]:
+    return [f"{tag}-{i}".encode().ljust(32, b".") for i in range(count)]
+
+
+def _timed(run: Callable[[], object], repeat: int) -> float:
+    """Seconds per call of ``run`` (best-of is not used: medians come from rounds)."""
+    start = time.perf_counter()
+    for _ in range(repeat):
+        run()
+    return (time.perf_counter() - start) / repeat
+
+
+# -- lookups ------------------------------------------------------------------
+
+
+STEP_S = 0.001  # what a scheduler step takes besides the connector (a GPU step takes longer)
+POLL_S = 0.0002  # how often the benchmark asks the worker side whether a transfer ended
+
+
+def lookup_round(client: KVPoolClient, namespace: Namespace, hashes: list[bytes], repeat: int) -> tuple[float, float]:
+    """(connector lookups/s, SDK lookups/s) for one round.
+
+    The connector's figure is the scheduler's view: ``repeat`` waiting requests asked at
+    each step (one step every :data:`STEP_S`) until every one has its answer.
+    """
+    # The SDK's caller builds the keys from the hashes too, as the connector does.
+    sdk = 1 / _timed(lambda: client.lookup([BlockKey(namespace.id, h) for h in hashes]), repeat)
+    with ThreadPoolExecutor(1) as pool:
+        plan = SchedulerPlan(client.lookup, pool, namespace, 16)
+        waiting = [_Request(f"r{i}", hashes, 16) for i in range(repeat)]
+        start = time.perf_counter()
+        while waiting:
+            waiting = [r for r in waiting if plan.matched_tokens(r, 0)[0] is None]
+            time.sleep(STEP_S)
+        connector = repeat / (time.perf_counter() - start)
+    return connector, sdk
+
+
+# -- loads and saves ----------------------------------------------------------
+
+
+class Cache:
+    """vLLM-allocated per-layer KV tensors of one model shape and layout, with its transfers."""
+
+    def __init__(self, client: KVPoolClient, shape: ModelShape, layout: str, work: Path) -> None:
+        from bench.vllm.harness import _allocate  # vLLM's planner and allocator
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+        config = vllm_config(model_dir(work), {"kv_connector": "KVPoolConnector",
+                                               "kv_connector_module_path": "unused", "kv_role": "kv_both"},
+                             shape.block_size, layout)
+        spec = attention_spec(shape.block_size, shape.kv_heads, shape.head_size)
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.layers)]
+        blocks = 2 * PREFIX_BLOCKS
+        groups = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        caches = _allocate(config, groups, spec, names, blocks)
+        self.layers = BlockLayers(caches, names, blocks)
+        assert self.layers.block_nbytes == shape.block_nbytes, (self.layers.block_nbytes, shape.block_nbytes)
+        for tensor in {id(t.untyped_storage()): t for t in caches.values()}.values():
+            torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).random_(0, 256)
+        self.transfers = WorkerTransfers(client, self.layers)
+        self.namespace = f"bench-{shape.name}-{layout}"
+        self._serial = 0
+
+    def keys(self) -> list[BlockKey]:
+        self._serial += 1
+        return [BlockKey(self.namespace, h) for h in _hashes(f"k{self._serial}", PREFIX_BLOCKS)]
+
+    def save(self, keys: list[BlockKey]) -> None:
+        req = f"s{self._serial}"
+        self.transfers.start_saves([TransferJob(req, tuple(keys), tuple(range(PREFIX_BLOCKS)))], [req])
+        while not (self.transfers.finished({req})[0] or set()) & {req}:
+            time.sleep(POLL_S)
+
+    def load(self, keys: list[BlockKey]) -> None:
+        req = f"l{self._serial}"
+        self.transfers.start_loads([TransferJob(req, tuple(keys), tuple(range(PREFIX_BLOCKS, 2 * PREFIX_BLOCKS)))])
+        while req not in (self.transfers.finished(())[1] or set()):
+            time.sleep(POLL_S)
+        errors = self.transfers.load_errors()
+        assert not errors, f"load errors: {sorted(errors)}"
+
+
+def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor], copies: list[torch.Tensor],
+                   repeat: int) -> dict[str, float]:
+    """GB/s of one round: connector save and load, SDK put and get, memcpy, of 32 blocks each.
+
+    Each repeat uses fresh keys (a put of a stored key moves no bytes) and deletes them after.
+    """
+    seconds: dict[str, float] = dict.fromkeys(("connector save", "connector load", "SDK put", "SDK get", "memcpy"), 0.0)
+    for _ in range(repeat):
+        keys, sdk_keys = cache.keys(), cache.keys()
+        seconds["connector save"] += _timed(lambda: cache.save(keys), 1)
+        seconds["connector load"] += _timed(lambda: cache.load(keys), 1)
+        seconds["SDK put"] += _timed(lambda: client.put(sdk_keys, flat).raise_for_errors(), 1)
+        seconds["SDK get"] += _timed(lambda: client.get(sdk_keys, flat).raise_for_errors(), 1)
+        seconds["memcpy"] += _timed(lambda: [d.copy_(s) for d, s in zip(copies, flat, strict=True)], 1)
+        client.delete(keys + sdk_keys)
+    nbytes = repeat * PREFIX_BLOCKS * cache.layers.block_nbytes
+    return {name: nbytes / spent / 1e9 for name, spent in seconds.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="2 rounds, fewer lookups")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vllm")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    lookups = 20 if args.quick else 100
+    repeat = 2 if args.quick else 8
+    figures: list[Figure] = []
+    with kvpool_daemon("2GiB", "4MiB") as daemon, tempfile.TemporaryDirectory() as work:
+        clients = {t: KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=t)) for t in TRANSPORTS}
+        try:
+            client = clients["tcp"]
+            namespace = Namespace("bench", "bf16", "lookup")
+            hashes = _hashes("lookup", LOOKUP_BLOCKS)
+            client.put([BlockKey(namespace.id, h) for h in hashes], [bytes(64)] * LOOKUP_BLOCKS).raise_for_errors()
+            lookup_round(client, namespace, hashes, lookups)  # warm-up: connections, threads
+            per_round = [lookup_round(client, namespace, hashes, lookups) for _ in range(rounds)]
+            figures += _lookup_figures(per_round)
+            for shape in SHAPES:
+                figures += _transfers(clients, shape, Path(work), rounds, repeat)
+        finally:
+            for each in clients.values():
+                each.close()
+    _report(figures, args.out, rounds)
+    return 0
+
+
+def _transfers(clients: dict[str, KVPoolClient], shape: ModelShape, work: Path, rounds: int,
+               repeat: int) -> list[Figure]:
+    """Interleaved rounds of every (layout, transport) cell of one model shape."""
+    cells = [(layout, transport) for layout in LAYOUTS for transport in TRANSPORTS]
+    caches = {cell: Cache(clients[cell[1]], shape, cell[0], work) for cell in cells}
+    flat = [torch.empty(shape.block_nbytes, dtype=torch.uint8).random_(0, 256) for _ in range(PREFIX_BLOCKS)]
+    copies = [torch.zeros_like(t) for t in flat]  # touched: memcpy pays no page faults
+    results: dict[tuple[str, str], list[dict[str, float]]] = {cell: [] for cell in cells}
+    try:
+        for cell in cells:  # warm-up: staging buffers, connections
+            transfer_round(clients[cell[1]], caches[cell], flat, copies, 1)
+        for _ in range(rounds):
+            for cell in cells:
+                results[cell].append(transfer_round(clients[cell[1]], caches[cell], flat, copies, repeat))
+    finally:
+        for cache in caches.values():
+            cache.transfers.close()
+    label = f"{shape.name} ({shape.block_nbytes // 1024} KiB blocks)"
+    return [f for (layout, transport), r in results.items() for f in _transfer_figures(f"{label}, {layout}, {transport}", r)]
+
+
+def _lookup_figures(per_round: list[tuple[float, float]]) -> list[Figure]:
+    connector = tuple(c for c, _ in per_round)
+    sdk = tuple(s for _, s in per_round)
+    ratio = tuple(c / s for c, s in per_round)
+    return [
+        Figure(f"{LOOKUP_BLOCKS}-block lookups/s, connector", statistics.median(connector), connector, "/s"),
+        Figure(f"{LOOKUP_BLOCKS}-block lookups/s, SDK", statistics.median(sdk), sdk, "/s"),
+        Figure(f"{LOOKUP_BLOCKS}-block lookups: connector / SDK", statistics.median(ratio), ratio, "x"),
+    ]
+
+
+def _transfer_figures(label: str, rounds: list[dict[str, float]]) -> list[Figure]:
+    figures = []
+    for name in rounds[0]:
+        values = tuple(r[name] for r in rounds)
+        figures.append(Figure(f"{label}: {name}", statistics.median(values), values, "GB/s"))
+    for top, bottom, target in (("connector load", "SDK get", 0.8), ("connector save", "SDK put", 0.8),
+                                ("connector load", "memcpy", None)):
+        values = tuple(r[top] / r[bottom] for r in rounds)
+        figures.append(Figure(f"{label}: {top} / {bottom}", statistics.median(values), values, "x", target))
+    return figures
+
+
+def _report(figures: list[Figure], out: Path, rounds: int) -> None:
+    lines = [f"# vLLM connector benchmark ({rounds} interleaved rounds, medians; destinations: torch, 64-byte aligned)",
+             "", "| figure | median | rounds | target |", "|---|---|---|---|"]
+    for f in figures:
+        verdict = "" if f.target is None else (">= %.1f %s" % (f.target, "ok" if f.value >= f.target else "BELOW"))
+        lines.append(f"| {f.name} | {f.value:.3g} {f.unit} | {', '.join(f'{v:.3g}' for v in f.rounds)} | {verdict} |")
+    text = "\n".join(lines)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "connector.md").write_text(text + "\n")
+    (out / "connector.json").write_text(json.dumps([asdict(f) for f in figures], indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The vLLM integration's settings: what kv_connector_extra_config accepts, and errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpool_client.errors import UsageError
+from kvpool_client.integrations.vllm.settings import ConnectorSettings, model_field
+
+
+def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None:
+    settings = ConnectorSettings.parse({"nodes": "10.0.0.5:7700,10.0.0.6:7700", "replicas": 2, "model_id": "qwen"},
+                                       env={"KVPOOL_REQUEST_TIMEOUT_S": "4"})
+    assert settings.client.nodes == ("10.0.0.5:7700", "10.0.0.6:7700")
+    assert (settings.client.replicas, settings.client.request_timeout_s, settings.model_id) == (2, 4.0, "qwen")
+    assert ConnectorSettings.parse({}, env={"KVPOOL_NODES": "127.0.0.1:1"}).client.nodes == ("127.0.0.1:1",)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"node": "127.0.0.1:1"}, "unknown key 'node' (did you mean 'nodes'?)"),
+    ({"zzz": 1, "nodes": "127.0.0.1:1"}, "unknown key 'zzz'; known: nodes"),
+    ({}, "kv_connector_extra_config: no kvpool nodes given"),
+    ({"nodes": "127.0.0.1:1", "transport": "pigeon"}, "kv_connector_extra_config: transport must be one of"),
+    ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "lookup_threads must be an int >= 1"),
+    ({"nodes": "127.0.0.1:1", "model_id": ""}, "model_id must be a non-empty string"),
+    ({"nodes": "127.0.0.1:1", "auth_token_file": "/no/such/token"}, "kv_connector_extra_config: cannot read the token"),
+])
+def test_a_bad_setting_is_refused_with_its_name(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        ConnectorSettings.parse(extra, env={})
+    assert message in str(caught.value), str(caught.value)
+
+
+def test_the_token_file_is_read(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-32-characters-xx\n")
+    settings = ConnectorSettings.parse({"nodes": "127.0.0.1:1", "auth_token_file": str(token)}, env={})
+    assert settings.client.auth_token == b"s3cret-token-of-32-characters-xx"
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-0.5B-Instruct"),
+    ("/models/llama-3-8b/", "llama-3-8b"),
+    ("./local model@v2", "local_model_v2"),
+])
+def test_a_model_name_becomes_a_namespace_field(model: str, field: str) -> None:
+    assert model_field(model) == field
