@@ -171,8 +171,9 @@ class Engine:
         self.scheduler.update_from_output(output, self._model_output(output, transfers))
         return output
 
-    def run(self, done: Callable[[], bool], timeout_s: float = 30.0) -> int:
-        """Step until ``done()``; returns the steps taken.
+    def run(self, done: Callable[[], bool], timeout_s: float = 30.0,
+            after_forward: Callable[[Any], None] | None = None) -> int:
+        """Step until ``done()`` (``after_forward`` as in :meth:`step`); returns the steps taken.
 
         Raises:
             TimeoutError: not done in time.
@@ -182,7 +183,7 @@ class Engine:
         while not done():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not done after {steps} steps: {self.scheduler.requests}")
-            self.step()
+            self.step(after_forward)
             steps += 1
             time.sleep(0.001)  # a step with nothing to do returns at once: let transfers run
         return steps

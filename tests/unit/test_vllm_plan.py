@@ -22,6 +22,7 @@ class Request:
         self.request_id = req_id
         self.block_hashes = [f"{req_id}-{i}".encode() for i in range(blocks)]
         self.num_tokens = blocks * BS + tail
+        self.num_computed_tokens = 0
 
 
 class Pool:
@@ -79,15 +80,20 @@ def test_the_last_token_is_never_matched(plan: SchedulerPlan, pool: Pool) -> Non
 
 
 def test_a_miss_loads_nothing_and_every_computed_block_is_saved_once(plan: SchedulerPlan) -> None:
-    request = Request("a", 3)
+    request = Request("a", 2, tail=3)  # 11 prompt tokens
     assert answer(plan, request) == (0, False)
-    plan.after_alloc(request, [7, 8, 9, 5], 0)
-    first = plan.build([ScheduledRequest("a", 0, 6, (7, 8, 9, 5), True)], [])
+    plan.after_alloc(request, [7, 8, 9], 0)
+    first = plan.build([ScheduledRequest("a", 0, 6, (7, 8, 9), True)], [])
     assert [(j.req_id, j.block_ids) for j in first.saves] == [("a", (7,))], "one block is full after 6 tokens"
-    second = plan.build([ScheduledRequest("a", 6, 7, (), False)], [])
-    assert [j.block_ids for j in second.saves] == [(8, 9)]
-    assert plan.finished(request, [7, 8, 9, 5]) is True, "its saves may be running: hold its blocks"
-    assert plan.build([], []).finishing == frozenset({"a"})
+    second = plan.build([ScheduledRequest("a", 6, 5, (), False)], [])
+    assert [j.block_ids for j in second.saves] == [(8,)]
+    # The 12th token is sampled: its block now has a hash, but its last token has no KV.
+    request.block_hashes.append(b"a-2")
+    request.num_computed_tokens = 11
+    assert plan.finished(request, [7, 8, 9]) is True, "its saves may be running: hold its blocks"
+    last = plan.build([], [])
+    assert last.saves == [], "a block whose KV is not all computed is never saved"
+    assert last.finishing == frozenset({"a"})
 
 
 def test_blocks_the_pool_has_are_not_saved_again(plan: SchedulerPlan, pool: Pool) -> None:

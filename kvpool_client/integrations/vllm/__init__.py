@@ -1,12 +1,10 @@
-"""kvpool in vLLM: a KV connector (``KVPoolConnector``).
+"""kvpool in vLLM 0.33, two ways (docs/vllm.md):
 
-Turned on with one ``--kv-transfer-config`` block::
+- :mod:`.connector`: ``KVPoolConnector``, a KV connector (``KVConnectorBase_V1``);
+- :mod:`.tier`: ``KVPoolTier``, a secondary tier of vLLM's ``OffloadingConnector``.
 
-    {"kv_connector": "KVPoolConnector",
-     "kv_connector_module_path": "kvpool_client.integrations.vllm.connector",
-     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-     "kv_connector_extra_config": {"nodes": "10.0.0.5:7700"}}
-
-The modules here other than :mod:`.connector` do not import vLLM: they hold the logic
-(settings, block bytes, the scheduler's and the worker's plans) and are tested alone.
+Only those two modules import vLLM. The others hold the logic and are tested without it:
+:mod:`.settings` (``kv_connector_extra_config`` and namespaces), :mod:`.scheduler` (the
+connector's per-step plan), :mod:`.blocks` (per-layer KV tensors as pool blocks) and
+:mod:`.worker` (the transfers).
 """

@@ -37,6 +37,7 @@ class EngineRequest(Protocol):
     request_id: str
     block_hashes: Sequence[bytes]
     num_tokens: int
+    num_computed_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +222,8 @@ class SchedulerPlan:
         if tracked is None:
             return False
         tracked.block_ids = list(block_ids)
-        self._save(tracked, len(block_ids))
+        # Blocks whose KV is computed: the last sampled token has a hash, never KV.
+        self._save(tracked, request.num_computed_tokens // self._block_size)
         if tracked.had_saves:
             self._finishing.add(request.request_id)
         return tracked.had_saves

@@ -67,7 +67,9 @@ class WorkerTransfers:
     def finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str] | None, set[str] | None]:
         """vLLM's ``get_finished``: requests whose saves ended, and requests whose loads ended."""
         with self._lock:
-            self._finished.update(finished_req_ids)
+            # A request reaches both sets in the same step (the plan and vLLM's finished ids come
+            # from one scheduler output, and wait_for_save runs first): keep only ours.
+            self._finished.update(r for r in finished_req_ids if r in self._finishing)
             for req_id, futures in list(self._saves.items()):
                 if all(f.done() for f in futures):
                     del self._saves[req_id]

@@ -65,11 +65,8 @@ def first_schedule(engine: Engine, req_id: str, tokens: list[int],
         if after_forward is not None:
             after_forward(output)
 
-    deadline_steps = 0
-    while not started():
-        engine.step(hook)
-        deadline_steps += 1
-        assert deadline_steps < 20000, f"{req_id} never scheduled: {request.status}"
+    engine.run(started, after_forward=hook)
+    assert seen, f"{req_id} never scheduled: {request.status}"
     return seen[0]
 
 
@@ -113,8 +110,7 @@ def test_a_load_from_a_killed_daemon_reports_its_blocks_and_they_are_recomputed(
             daemon.process.wait(10)
 
     request = c.add("C", PROMPT)
-    while not before:
-        c.step(kill_before_the_load)
+    c.run(lambda: bool(before), after_forward=kill_before_the_load)
     c.run(lambda: "C" in c.loaded)
     assert c.load_errors == set(before), f"reported {c.load_errors}, the load was into {sorted(before)}"
     for block_id, bytes_before in before.items():

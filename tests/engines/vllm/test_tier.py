@@ -9,6 +9,7 @@ from the pool instead of computing them.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,17 @@ def tiered(tmp_path: Path) -> Any:
         engine.close()
 
 
+def first_computed(engine: TieredEngine, req_id: str) -> int:
+    """Step until ``req_id`` is first scheduled; the tokens it starts from (what the tiers supplied)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        output = engine.step()
+        new = [r for r in output.scheduled_new_reqs if r.req_id == req_id]
+        if new:
+            return int(new[0].num_computed_tokens)
+    raise TimeoutError(f"{req_id} was not scheduled in 30 s: {engine.scheduler.requests}")
+
+
 def store_prompt(engine: TieredEngine) -> None:
     engine.add("A", PROMPT)
     engine.run(engine.idle)
@@ -50,11 +62,7 @@ def test_chunks_cascade_to_the_pool_and_another_engine_promotes_them_byte_exact(
     b = tiered({"nodes": daemon.address}, "b")
     request = b.add("B", PROMPT)
     hashes = list(request.block_hashes)
-    first = None
-    while first is None:
-        output = b.step()
-        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
-        first = new[0].num_computed_tokens if new else None
+    first = first_computed(b, "B")
     assert first == 96, "B starts after the six blocks the pool held"
     assert len(b.loaded_rows) == 6
     want = {block_bytes(h, b.block_nbytes).numpy().tobytes() for h in hashes[:6]}
@@ -72,11 +80,7 @@ def test_a_pool_that_dies_turns_promotions_into_misses(
     daemon.process.wait(10)
     b = tiered({"nodes": daemon.address, "request_timeout_s": 2}, "b")
     b.add("B", PROMPT)
-    first = None
-    while first is None:
-        output = b.step()
-        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
-        first = new[0].num_computed_tokens if new else None
+    first = first_computed(b, "B")
     assert first == 0 and not b.loaded_rows, "nothing promoted from a dead pool: B computes all"
     b.run(b.idle)
 
@@ -87,10 +91,6 @@ def test_models_do_not_share_chunks(daemon: DaemonProcess, tiered: Callable[...,
     other = tiered({"nodes": daemon.address, "model_id": "another-model"}, "o")
     assert other.tier.namespace != a.tier.namespace
     other.add("B", PROMPT)
-    first = None
-    while first is None:
-        output = other.step()
-        new = [r for r in output.scheduled_new_reqs if r.req_id == "B"]
-        first = new[0].num_computed_tokens if new else None
+    first = first_computed(other, "B")
     assert first == 0
     assert not other.loaded_rows
