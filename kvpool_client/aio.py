@@ -19,7 +19,7 @@ from kvpool_client.config import ClientConfig
 from kvpool_client.control import AsyncControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.exchange import Exchange, run_async
-from kvpool_client.keys import BlockKey
+from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
 from kvpool_client.nodes import NodeRecord, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import AsyncMembershipSource, Placement, PlacementSource, StaticSource, member_at
@@ -121,7 +121,7 @@ class AsyncKVPoolClient:
         router: Router | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self.config = config or ClientConfig(nodes=tuple(nodes or ()))
+        self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._nodes: dict[str, _AsyncNode] = {}
         self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
@@ -177,6 +177,18 @@ class AsyncKVPoolClient:
 
     async def stats(self, address: str) -> pb.Stats:
         return await self._node_at(address).control.stats()
+
+    async def flush_namespace(self, namespace: Namespace | str) -> int:
+        """See :meth:`KVPoolClient.flush_namespace`."""
+        name = namespace_id(namespace)
+        members = (await self._placement()).router.members()
+        return sum([await self._node(m).control.flush_namespace(name) for m in members])
+
+    async def flush_model(self, model: str) -> int:
+        """See :meth:`KVPoolClient.flush_model`."""
+        check_model(model)
+        members = (await self._placement()).router.members()
+        return sum([await self._node(m).control.flush_namespace(model=model) for m in members])
 
     async def transport(self, address: str) -> str:
         """The transport gets from the node at ``address`` use; see :meth:`KVPoolClient.transport`."""

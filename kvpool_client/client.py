@@ -24,7 +24,7 @@ from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.exchange import Exchange, run_sync
-from kvpool_client.keys import BlockKey
+from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
 from kvpool_client.nodes import NodeRecord, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import (
@@ -130,7 +130,9 @@ class KVPoolClient:
 
     Args:
         nodes: control-plane addresses ``host:port``; or pass ``config``.
-        config: full settings (static nodes or etcd, replication, timeouts).
+        config: full settings (static nodes or etcd, replication, timeouts). Without it, the
+            settings come from the ``KVPOOL_*`` environment (:meth:`ClientConfig.from_env`),
+            with ``nodes``, when given, in place of ``KVPOOL_NODES``.
         router: placement to use instead of the one ``config`` implies.
         breaker: circuit breaker to use (tests inject one with a fake clock).
     Raises:
@@ -145,7 +147,7 @@ class KVPoolClient:
         router: Router | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self.config = config or ClientConfig(nodes=tuple(nodes or ()))
+        self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
@@ -220,13 +222,25 @@ class KVPoolClient:
     def stats(self, address: str) -> pb.Stats:
         return self._node_at(address).control.stats()
 
-    def flush_namespace(self, namespace: str) -> int:
+    def flush_namespace(self, namespace: Namespace | str) -> int:
         """Delete every block of ``namespace`` on every node of the placement; returns how many.
 
         Raises:
+            UsageError: ``namespace`` is not a Namespace or a non-empty str.
             KVPoolError: a node failed the call (the others may have flushed already).
         """
-        return sum(self._node(m).control.flush_namespace(namespace) for m in self.placement().router.members())
+        name = namespace_id(namespace)
+        return sum(self._node(m).control.flush_namespace(name) for m in self.placement().router.members())
+
+    def flush_model(self, model: str) -> int:
+        """Delete every block of every namespace of ``model`` (``model@...``) on every node; returns how many.
+
+        Raises:
+            UsageError: ``model`` is not a valid namespace model field.
+            KVPoolError: a node failed the call (the others may have flushed already).
+        """
+        check_model(model)
+        return sum(self._node(m).control.flush_namespace(model=model) for m in self.placement().router.members())
 
     def transport(self, address: str) -> str:
         """The transport gets from the node at ``address`` use: ``shm`` (same node), ``ucx`` or ``tcp``.

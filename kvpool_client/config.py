@@ -12,6 +12,15 @@ from kvpool_client.membership.records import MAX_REPLICAS, check_name
 
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")  # how block bytes move; see ClientConfig.transport
 
+# Every variable ClientConfig.from_env reads. The daemon reads some as its own settings too,
+# and ignores the rest, so a client's environment never stops a daemon.
+ENV_VARS = frozenset({
+    "KVPOOL_NODES", "KVPOOL_ETCD_ENDPOINTS", "KVPOOL_CLUSTER", "KVPOOL_TRANSPORT", "KVPOOL_AUTH_TOKEN_FILE",
+    "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_LOCATION_TTL_S", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM",
+    "KVPOOL_TLS_CA_FILE", "KVPOOL_TLS_CLIENT_CERT_FILE", "KVPOOL_TLS_CLIENT_KEY_FILE",
+    "KVPOOL_ETCD_CA_FILE", "KVPOOL_ETCD_CERT_FILE", "KVPOOL_ETCD_KEY_FILE",
+})
+
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:

@@ -100,9 +100,9 @@ class ControlClient:
     def stats(self) -> pb.Stats:
         return self._call("GetStats", pb.GetStatsRequest())
 
-    def flush_namespace(self, namespace: str) -> int:
-        """Delete every block of ``namespace`` on this node; returns how many."""
-        return self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace)).deleted
+    def flush_namespace(self, namespace: str = "", model: str = "") -> int:
+        """Delete every block of ``namespace`` (or of every namespace of ``model``) on this node; returns how many."""
+        return self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace, model=model)).deleted
 
 
     def _call(self, method: str, request: object) -> object:
@@ -131,6 +131,10 @@ class AsyncControlClient:
 
     async def stats(self) -> pb.Stats:
         return await self._call("GetStats", pb.GetStatsRequest())
+
+    async def flush_namespace(self, namespace: str = "", model: str = "") -> int:
+        """See :meth:`ControlClient.flush_namespace`."""
+        return (await self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace, model=model))).deleted
 
     async def _call(self, method: str, request: object) -> object:
         try:

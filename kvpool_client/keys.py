@@ -78,6 +78,9 @@ class Namespace:
         """The canonical string ``model@dtype@layout@tp{rank}of{size}``."""
         return f"{self.model}@{self.dtype}@{self.layout}@tp{self.tp_rank}of{self.tp_size}"
 
+    def __str__(self) -> str:
+        return self.id
+
     @classmethod
     def parse(cls, id: str) -> Namespace:  # noqa: A002 - mirrors the property
         """Return the Namespace whose :attr:`id` is ``id``.
@@ -90,6 +93,23 @@ class Namespace:
         if match is None:
             raise UsageError(f"not a namespace id (model@dtype@layout@tpRofS): {id!r}")
         return cls(parts[0], parts[1], parts[2], int(match[1]), int(match[2]))
+
+
+def namespace_id(namespace: Namespace | str) -> str:
+    """The id a namespace is stored under: ``namespace.id``, or the string as it is.
+
+    Raises:
+        UsageError: neither a Namespace nor a str of 1..255 UTF-8 bytes.
+    """
+    if isinstance(namespace, Namespace):
+        return namespace.id
+    _check_namespace_str(namespace)
+    return namespace
+
+
+def check_model(model: str) -> None:
+    """Raises UsageError: ``model`` could not be a Namespace's model field."""
+    _check_field("model", model)
 
 
 @dataclass(frozen=True, slots=True)

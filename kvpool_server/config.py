@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from kvpool_client import config as client_config
 from kvpool_client.auth import TlsFiles
 from kvpool_client.membership.records import MAX_REPLICAS
 
@@ -35,11 +36,8 @@ KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 PAGE_SIZE = 4096
 ENV_PREFIX = "KVPOOL_"
 CONFIG_ENV = "KVPOOL_CONFIG"
-# Read by kvpool_client in the same environment; the daemon ignores them.
-CLIENT_ENV_VARS = frozenset(
-    {"KVPOOL_NODES", "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_NAMESPACE", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM",
-     "KVPOOL_TRANSPORT", "KVPOOL_TLS_CA_FILE", "KVPOOL_TLS_CLIENT_CERT_FILE", "KVPOOL_TLS_CLIENT_KEY_FILE"}
-)
+# Read by kvpool_client in the same environment; the daemon ignores those that are not its own.
+CLIENT_ENV_VARS = client_config.ENV_VARS
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -313,7 +311,8 @@ def _env_layer(env: Mapping[str, str]) -> Layer:
     known = {env_name(name): name for name in _FIELDS}
     layer: Layer = {}
     for key, raw in sorted(env.items()):
-        if not key.startswith(ENV_PREFIX) or key == CONFIG_ENV or key in CLIENT_ENV_VARS:
+        # A variable both sides read (KVPOOL_CLUSTER, ...) is the daemon's setting too.
+        if not key.startswith(ENV_PREFIX) or key == CONFIG_ENV or (key in CLIENT_ENV_VARS and key not in known):
             continue
         if key not in known:
             choices = [*known, CONFIG_ENV, *CLIENT_ENV_VARS]
@@ -336,7 +335,14 @@ def _flag_layer(argv: Sequence[str] | None) -> tuple[Layer, str]:
     return layer, config_path
 
 
-_METAVARS = {int: "N", float: "SECONDS", str: "TEXT"}
+_METAVARS = {int: "N", float: "NUMBER", str: "TEXT"}
+
+
+def _metavar(name: str, unit: str | None) -> str:
+    """SIZE for byte sizes, SECONDS for ``*_s`` fields, else what the field's type holds."""
+    if unit == "bytes":
+        return "SIZE"
+    return "SECONDS" if name.endswith("_s") else _METAVARS[_TYPES[name]]
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -378,7 +384,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         elif meta["choices"]:
             kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         else:
-            kwargs["metavar"] = "SIZE" if meta["unit"] == "bytes" else _METAVARS[_TYPES[name]]
+            kwargs["metavar"] = _metavar(name, meta["unit"])
         parser.add_argument(flag_name(name), **kwargs)
     return parser
 

@@ -7,6 +7,7 @@ down is reported by address (exit 3) instead of as a miss.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -146,16 +147,23 @@ def run_rm(args: argparse.Namespace) -> ExitCode:
 
 
 def run_flush(args: argparse.Namespace) -> ExitCode:
-    """Delete every block of a namespace on every node."""
+    """Delete every block of a namespace, or of every namespace of a model, on every node."""
     with _pool(args) as pool:
         nodes = [m.address for m in pool.router.members()]
         pool.reach(nodes)
-        deleted = pool.client.flush_namespace(args.namespace)
-    fields = {"namespace": args.namespace, "nodes": len(nodes), "deleted": deleted}
+        if args.model:
+            deleted = pool.client.flush_model(args.model)
+        else:
+            deleted = pool.client.flush_namespace(args.namespace)
+    what = ("model", args.model) if args.model else ("namespace", args.namespace)
+    fields = {what[0]: what[1], "nodes": len(nodes), "deleted": deleted}
     if args.json:
         fmt.print_json(fields)
     else:
         print(fmt.key_values(fields.items()))
+        if not deleted and args.namespace and "@" not in args.namespace:
+            print(f"note: no namespace {args.namespace!r}; ids look like model@dtype@layout@tpRofS, "
+                  f"and --model {args.namespace} empties every namespace of a model", file=sys.stderr)
     return ExitCode.OK
 
 

@@ -18,7 +18,7 @@ Commands:
                               fetch one block into a file, or stdout with -o -
   rm --key HEX|--name TEXT --namespace NS
                               delete one block
-  flush --namespace NS        delete every block of a namespace on every node
+  flush --namespace NS|--model M  delete every block of a namespace, or of a model, on every node
   lookup TOKEN_FILE --namespace-model M --dtype D --layout L --block-size N
                               how many leading blocks of a token sequence are in the pool
   top [--interval S] [--count N]
@@ -160,8 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_key(rm)
     rm.set_defaults(run=blocks.run_rm)
 
-    flush = command("flush", "delete every block of a namespace (a tenant or a model) on every node")
-    flush.add_argument("--namespace", required=True, metavar="NS", help="the namespace to empty")
+    flush = command("flush", "delete every block of a namespace, or of every namespace of a model, on every node")
+    which = flush.add_mutually_exclusive_group(required=True)
+    which.add_argument("--namespace", metavar="NS", help="the namespace id to empty (model@dtype@layout@tpRofS)")
+    which.add_argument("--model", metavar="M", help="empty every namespace of this model (every dtype, layout, rank)")
     flush.set_defaults(run=blocks.run_flush)
 
     _add_lookup(command("lookup", "count the leading blocks of a token sequence that are in the pool"))

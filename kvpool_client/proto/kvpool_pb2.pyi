@@ -7,10 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FlushNamespaceRequest(_message.Message):
-    __slots__ = ("namespace",)
+    __slots__ = ("namespace", "model")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, namespace: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class FlushNamespaceResponse(_message.Message):
     __slots__ = ("deleted",)

@@ -111,10 +111,15 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
     async def FlushNamespace(
         self, request: pb.FlushNamespaceRequest, context: grpc.aio.ServicerContext
     ) -> pb.FlushNamespaceResponse:
-        if not 0 < len(request.namespace.encode()) <= MAX_NAMESPACE_BYTES:
+        named = [v for v in (request.namespace, request.model) if v]
+        if len(named) != 1 or not 0 < len(named[0].encode()) <= MAX_NAMESPACE_BYTES:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"namespace must be 1..{MAX_NAMESPACE_BYTES} bytes of UTF-8")
-        deleted = await asyncio.to_thread(self._store.flush, request.namespace)
+                              f"give a namespace or a model, 1..{MAX_NAMESPACE_BYTES} bytes of UTF-8")
+        if request.namespace:
+            deleted = await asyncio.to_thread(self._store.flush, request.namespace.__eq__)
+        else:
+            prefix = request.model + "@"  # a namespace id is model@dtype@layout@tpRofS
+            deleted = await asyncio.to_thread(self._store.flush, lambda namespace: namespace.startswith(prefix))
         self._counters.add("namespace_flushes")
         return pb.FlushNamespaceResponse(deleted=deleted)
 

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import takewhile
@@ -184,12 +184,12 @@ class BlockStore:
             self.graves.put(key)
         return in_dram or on_ssd
 
-    def flush(self, namespace: str) -> int:
-        """Delete every block of ``namespace`` from every tier; returns how many went.
+    def flush(self, matches: Callable[[str], bool]) -> int:
+        """Delete every block whose namespace ``matches`` from every tier; returns how many went.
 
         Walks the indexes (O(blocks)): an admin operation, run off the event loop.
         """
-        keys = {key for key in self.readable_keys() if key[0] == namespace}
+        keys = {key for key in self.readable_keys() if matches(key[0])}
         return sum(self.delete(key) for key in keys)
 
     # -- write-through ----------------------------------------------------------

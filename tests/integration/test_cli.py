@@ -212,3 +212,19 @@ def test_flush_empties_one_namespace_and_keeps_the_others(daemon: DaemonProcess)
     with KVPoolClient([daemon.address]) as client:
         assert client.exists(flush) == [False] * 7 and client.exists(keep) == [True] * 5
         assert client.flush_namespace("tenant-b") == 0
+
+
+def test_flush_by_model_empties_every_namespace_of_the_model(daemon: DaemonProcess) -> None:
+    qwen = [Namespace("Qwen2.5-0.5B", "bf16", "L24", tp, 2) for tp in (0, 1)]
+    other = Namespace("Qwen2.5-0.5B-Instruct", "bf16", "L24")  # a model whose name merely starts alike
+    keys = [BlockKey(ns.id, b"k%02d" % i) for ns in (*qwen, other) for i in range(3)]
+    with KVPoolClient([daemon.address]) as client:
+        client.put(keys, [b"x" * 4096] * len(keys)).raise_for_errors()
+        assert client.flush_namespace(qwen[1]) == 3, "a Namespace is flushed by its id"
+    env = {**os.environ, "KVPOOL_NODES": daemon.address}
+    missed = kvpoolctl("flush", "--namespace", "Qwen2.5-0.5B", env=env)
+    assert missed.returncode == 0 and b"--model Qwen2.5-0.5B" in missed.stderr, missed
+    result = json.loads(ok(kvpoolctl("flush", "--model", "Qwen2.5-0.5B", "--json", env=env)))
+    assert result == {"model": "Qwen2.5-0.5B", "nodes": 1, "deleted": 3}, result
+    with KVPoolClient([daemon.address]) as client:
+        assert client.exists(keys) == [False] * 6 + [True] * 3

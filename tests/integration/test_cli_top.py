@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -65,14 +66,19 @@ def test_top_shows_traffic_between_refreshes(daemon: DaemonProcess) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     keys = BlockKeyBuilder(NS, 4).keys(list(range(4 * 8)))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(top.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     with KVPoolClient([daemon.address]) as client:
         assert client.put(keys, [b"kv" * 512] * len(keys)).ok
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        # Traffic until top has printed every refresh: its start-up may take seconds on a busy machine.
+        deadline = time.monotonic() + 60
+        while reader.is_alive() and time.monotonic() < deadline:
             client.get(keys).raise_for_errors()
-    out, err = top.communicate(timeout=30)
+    err = top.communicate(timeout=30)[1]
+    reader.join(10)
     assert top.returncode == 0, err
-    refreshes = [json.loads(line) for line in out.splitlines()]
+    refreshes = [json.loads(line) for line in lines]
     assert [r["refresh"] for r in refreshes] == [1, 2, 3]
     first, *later = [r["nodes"][0] for r in refreshes]
     assert first["node_id"] == daemon.node_id and first["requests_per_s"] is None

@@ -165,8 +165,11 @@ def test_flag_source(shm: str) -> None:
 
 
 def test_client_env_vars_and_other_vars_are_ignored(shm: str) -> None:
-    env = {name: "x" for name in CLIENT_ENV_VARS} | {"KVPOOL_SHM_DIR": shm, "HOME": "/root"}
+    """Every variable the client reads is accepted; those the daemon shares stay its settings."""
+    own = {env_name(f.name) for f in dataclasses.fields(ServerConfig)}
+    env = {name: "x" for name in CLIENT_ENV_VARS - own} | {"KVPOOL_SHM_DIR": shm, "HOME": "/root"}
     assert load_config([], env) == ServerConfig(shm_dir=shm)
+    assert load_config([], env | {"KVPOOL_CLUSTER": "shared"}).cluster == "shared"
 
 
 # --- precedence ---------------------------------------------------------------------------------
@@ -439,3 +442,19 @@ def test_etcd_tls_files(tmp_path: Path, shm: str) -> None:
     assert tls is not None and (tls.ca_file, tls.cert_file, tls.key_file) == (str(ca), str(cert), str(key))
     assert "etcd_key_file" in load_error(["--etcd-cert-file", str(cert)], {"KVPOOL_SHM_DIR": shm})
     assert "not an existing file" in load_error(["--etcd-ca-file", str(tmp_path / "missing")], {"KVPOOL_SHM_DIR": shm})
+
+
+def test_the_client_variables_are_listed_once() -> None:
+    """ENV_VARS names exactly the variables the client's settings read."""
+    import re
+
+    import kvpool_client.auth
+    import kvpool_client.config
+
+    read = set()
+    for module in (kvpool_client.config, kvpool_client.auth):
+        read |= set(re.findall(r'env(?:\.get\(|\[)"(KVPOOL_[A-Z_]+)"', Path(module.__file__).read_text()))
+        read |= set(re.findall(r'\("\w+", "(KVPOOL_[A-Z_]+)"', Path(module.__file__).read_text()))
+    from kvpool_client.config import ENV_VARS
+
+    assert read == ENV_VARS, f"read but not listed: {read - ENV_VARS}; listed but not read: {ENV_VARS - read}"
