@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.servers import kvpool_daemon  # noqa: E402
@@ -167,12 +168,14 @@ class Cache:
         assert not errors, f"load errors: {sorted(errors)}"
 
 
-def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor], copies: list[torch.Tensor],
+def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor], copies: list[np.ndarray],
                    repeat: int) -> dict[str, float]:
     """GB/s of one round: connector save and load, SDK put and get, memcpy, of 32 blocks each.
 
     Each repeat uses fresh keys (a put of a stored key moves no bytes) and deletes them after.
+    memcpy is numpy's (one thread, as the block benchmark's), between equally aligned buffers.
     """
+    sources = [t.numpy() for t in flat]
     seconds: dict[str, float] = dict.fromkeys(("connector save", "connector load", "SDK put", "SDK get", "memcpy"), 0.0)
     for _ in range(repeat):
         keys, sdk_keys = cache.keys(), cache.keys()
@@ -180,7 +183,7 @@ def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor],
         seconds["connector load"] += _timed(lambda: cache.load(keys), 1)
         seconds["SDK put"] += _timed(lambda: client.put(sdk_keys, flat).raise_for_errors(), 1)
         seconds["SDK get"] += _timed(lambda: client.get(sdk_keys, flat).raise_for_errors(), 1)
-        seconds["memcpy"] += _timed(lambda: [d.copy_(s) for d, s in zip(copies, flat, strict=True)], 1)
+        seconds["memcpy"] += _timed(lambda: [np.copyto(d, s) for d, s in zip(copies, sources, strict=True)], 1)
         client.delete(keys + sdk_keys)
     nbytes = repeat * PREFIX_BLOCKS * cache.layers.block_nbytes
     return {name: nbytes / spent / 1e9 for name, spent in seconds.items()}
@@ -221,7 +224,9 @@ def _transfers(clients: dict[str, KVPoolClient], shape: ModelShape, work: Path, 
     cells = [(layout, transport) for layout in LAYOUTS for transport in TRANSPORTS]
     caches = {cell: Cache(clients[cell[1]], shape, cell[0], work) for cell in cells}
     flat = [torch.empty(shape.block_nbytes, dtype=torch.uint8).random_(0, 256) for _ in range(PREFIX_BLOCKS)]
-    copies = [torch.zeros_like(t) for t in flat]  # touched: memcpy pays no page faults
+    # torch allocates 64-byte aligned, as the sources are (numpy's 16-byte alignment would hit
+    # glibc's slow rep-movsb path); zeroed: no page faults in the timing.
+    copies = [torch.zeros(shape.block_nbytes, dtype=torch.uint8).numpy() for _ in flat]
     results: dict[tuple[str, str], list[dict[str, float]]] = {cell: [] for cell in cells}
     try:
         for cell in cells:  # warm-up: staging buffers, connections
@@ -260,7 +265,7 @@ def _transfer_figures(label: str, rounds: list[dict[str, float]]) -> list[Figure
 
 
 def _report(figures: list[Figure], out: Path, rounds: int) -> None:
-    lines = [f"# vLLM connector benchmark ({rounds} interleaved rounds, medians; destinations: torch, 64-byte aligned)",
+    lines = [f"# vLLM connector benchmark ({rounds} interleaved rounds, medians; every buffer a torch tensor, 64-byte aligned)",
              "", "| figure | median | rounds | target |", "|---|---|---|---|"]
     for f in figures:
         verdict = "" if f.target is None else (">= %.1f %s" % (f.target, "ok" if f.value >= f.target else "BELOW"))
