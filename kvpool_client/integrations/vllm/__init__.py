@@ -4,7 +4,7 @@
 - :mod:`.tier`: ``KVPoolTier``, a secondary tier of vLLM's ``OffloadingConnector``.
 
 Only those two modules import vLLM. The others hold the logic and are tested without it:
-:mod:`.settings` (``kv_connector_extra_config`` and namespaces), :mod:`.scheduler` (the
+:mod:`.shape` (what goes into a block's namespace), :mod:`.scheduler` (the
 connector's per-step plan), :mod:`.blocks` (per-layer KV tensors as pool blocks) and
 :mod:`.worker` (the transfers).
 """

@@ -24,7 +24,8 @@ from kvpool_client.client import KVPoolClient
 from kvpool_client.errors import UsageError
 from kvpool_client.integrations.vllm.blocks import BlockLayers
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan, StepPlan
-from kvpool_client.integrations.vllm.settings import CacheShape, ConnectorSettings
+from kvpool_client.integrations.settings import PoolSettings
+from kvpool_client.integrations.vllm.shape import CacheShape
 from kvpool_client.integrations.vllm.worker import WorkerTransfers
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise UsageError("KVPoolConnector needs vLLM's KV cache config (vLLM 0.11 or later)")
-        settings = ConnectorSettings.parse(self._kv_transfer_config.kv_connector_extra_config)
+        settings = PoolSettings.parse(self._kv_transfer_config.kv_connector_extra_config, "kv_connector_extra_config")
         self._group = _attention_group(kv_cache_config)
         self._num_blocks = kv_cache_config.num_blocks
         worker = role == KVConnectorRole.WORKER

@@ -15,7 +15,7 @@ scheduler and never blocks it:
 Enabled with ``secondary_tiers: [{"type": "KVPoolTier", "module_path":
 "kvpool_client.integrations.vllm.tier", "nodes": "..."}]`` in the offloading connector's
 ``kv_connector_extra_config``; the other keys of that entry are the connector's settings
-(:class:`~.settings.ConnectorSettings`).
+(:class:`~kvpool_client.integrations.settings.PoolSettings`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvpool_client.client import KVPoolClient
 from kvpool_client.errors import ErrorCode
-from kvpool_client.integrations.vllm.settings import ConnectorSettings, model_field
+from kvpool_client.integrations.settings import PoolSettings, model_field
 from kvpool_client.keys import BlockKey, Namespace
 
 _STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)
@@ -69,7 +69,7 @@ class KVPoolTier(SecondaryTierManager):  # type: ignore[misc]
                  backpressure_detector: Any = None, **settings: Any) -> None:
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
                          tier_type=tier_type, backpressure_detector=backpressure_detector)
-        parsed = ConnectorSettings.parse({k: v for k, v in settings.items() if k != "locality"})
+        parsed = PoolSettings.parse(settings, "secondary_tiers[KVPoolTier]", ignore=("locality",))
         self.namespace = tier_namespace(offloading_spec.config, self.block_size_bytes, parsed.model_id)
         self._rows = primary_kv_view.cast("B")
         self._client = KVPoolClient(config=parsed.client)

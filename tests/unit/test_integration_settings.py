@@ -1,4 +1,4 @@
-"""The vLLM integration's settings: what kv_connector_extra_config accepts, and errors that name the setting."""
+"""The integrations' pool settings: what an engine's extra config accepts, and errors that name the setting."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 
 from kvpool_client.errors import UsageError
-from kvpool_client.integrations.vllm.settings import ConnectorSettings, model_field
+from kvpool_client.integrations.settings import PoolSettings, model_field
+
+SOURCE = "kv_connector_extra_config"
 
 
 def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None:
-    settings = ConnectorSettings.parse({"nodes": "10.0.0.5:7700,10.0.0.6:7700", "replicas": 2, "model_id": "qwen"},
-                                       env={"KVPOOL_REQUEST_TIMEOUT_S": "4"})
+    settings = PoolSettings.parse({"nodes": "10.0.0.5:7700,10.0.0.6:7700", "replicas": 2, "model_id": "qwen"},
+                                  SOURCE, env={"KVPOOL_REQUEST_TIMEOUT_S": "4"})
     assert settings.client.nodes == ("10.0.0.5:7700", "10.0.0.6:7700")
     assert (settings.client.replicas, settings.client.request_timeout_s, settings.model_id) == (2, 4.0, "qwen")
-    assert ConnectorSettings.parse({}, env={"KVPOOL_NODES": "127.0.0.1:1"}).client.nodes == ("127.0.0.1:1",)
+    assert PoolSettings.parse({}, SOURCE, env={"KVPOOL_NODES": "127.0.0.1:1"}).client.nodes == ("127.0.0.1:1",)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -29,14 +31,14 @@ def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None
 ])
 def test_a_bad_setting_is_refused_with_its_name(extra: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError) as caught:
-        ConnectorSettings.parse(extra, env={})
+        PoolSettings.parse(extra, SOURCE, env={})
     assert message in str(caught.value), str(caught.value)
 
 
 def test_the_token_file_is_read(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret-token-of-32-characters-xx\n")
-    settings = ConnectorSettings.parse({"nodes": "127.0.0.1:1", "auth_token_file": str(token)}, env={})
+    settings = PoolSettings.parse({"nodes": "127.0.0.1:1", "auth_token_file": str(token)}, SOURCE, env={})
     assert settings.client.auth_token == b"s3cret-token-of-32-characters-xx"
 
 
@@ -47,3 +49,9 @@ def test_the_token_file_is_read(tmp_path: Path) -> None:
 ])
 def test_a_model_name_becomes_a_namespace_field(model: str, field: str) -> None:
     assert model_field(model) == field
+
+
+def test_engine_keys_can_be_left_to_the_engine() -> None:
+    settings = PoolSettings.parse({"nodes": "127.0.0.1:1", "locality": "local"}, SOURCE, env={}, ignore=("locality",))
+    assert settings.client.nodes == ("127.0.0.1:1",)
+
