@@ -18,6 +18,7 @@ from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import AsyncControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
+from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_async
 from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
 from kvpool_client.nodes import NodeRecord, find_node
@@ -123,6 +124,7 @@ class AsyncKVPoolClient:
     ) -> None:
         self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
+        self._failures = FailureLog()
         self._nodes: dict[str, _AsyncNode] = {}
         self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
         self._ucx = UcxEngine()  # starts with the first ucx connection
@@ -307,7 +309,8 @@ class AsyncKVPoolClient:
         return result
 
     def _report(self, node: _AsyncNode, exc: KVPoolError) -> None:
-        """Tell the breaker how a request to ``node`` ended in ``exc``."""
+        """Tell the breaker how a request to ``node`` ended in ``exc``, and the log once in a while."""
+        self._failures.note(node_label(node.member.node_id, node.member.address), exc)
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 

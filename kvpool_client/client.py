@@ -23,6 +23,7 @@ from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
+from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_sync
 from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
 from kvpool_client.nodes import NodeRecord, find_node
@@ -149,6 +150,7 @@ class KVPoolClient:
     ) -> None:
         self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
+        self._failures = FailureLog()
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -363,7 +365,8 @@ class KVPoolClient:
         return result
 
     def _report(self, node: _Node, exc: KVPoolError) -> None:
-        """Tell the breaker how a request to ``node`` ended in ``exc``."""
+        """Tell the breaker how a request to ``node`` ended in ``exc``, and the log once in a while."""
+        self._failures.note(node_label(node.member.node_id, node.member.address), exc)
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from kvpool_client import batching
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.exchange import Exchange
+from kvpool_client.failure_log import describe, node_label
 from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.keys import BlockKey
 from kvpool_client.placement_source import Placement
@@ -77,8 +78,8 @@ def put(
     batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
     plan = WritePlan(keys, placements, placement.write_quorum)
     sizes = [len(v) for v in views]
-    yield from drive(plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes)
-    return PutResult(tuple(plan.statuses()), plan.stored_on())
+    causes = yield from drive(plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes)
+    return PutResult(tuple(plan.statuses()), causes, stored_on=plan.stored_on())
 
 
 def get(
@@ -99,8 +100,8 @@ def get(
         return codes
 
     sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
-    yield from drive(plan, gate, lambda job, lim: requests.get(job, targets, lim), answer, sizes)
-    return GetResult(plan.statuses(), tuple(filled))
+    causes = yield from drive(plan, gate, lambda job, lim: requests.get(job, targets, lim), answer, sizes)
+    return GetResult(plan.statuses(), causes, buffers=tuple(filled))
 
 
 def direct_job(
@@ -134,7 +135,8 @@ def direct_job(
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
     """The result of a get that was the single exchange of ``job`` (see :func:`direct_job`)."""
     codes, views = batching.get_answer(job, outcome)
-    return GetResult(to_codes(codes), tuple(views))
+    causes = (cause(job.member, outcome),) if isinstance(outcome, KVPoolError) else ()
+    return GetResult(to_codes(codes), causes, buffers=tuple(views))
 
 
 def probe_result(job: batching.Job, outcome: Outcome, prefix: bool) -> tuple[ErrorCode, ...]:
@@ -189,12 +191,29 @@ def read_orders(keys: Sequence[BlockKey]) -> Operation[list[tuple[Member, ...]]]
 
 def drive(
     plan: batching.RoundPlan, gate: Gate, build: Build, answer: Answer, sizes: Sequence[int] | None = None
-) -> Operation[None]:
-    """Run ``plan`` round after round until it has nothing left to send."""
+) -> Operation[tuple[str, ...]]:
+    """Run ``plan`` round after round until it has nothing left to send.
+
+    Returns:
+        Why nodes failed, one line per node and error, naming the node (at most
+        :data:`MAX_CAUSES`): what a result's ``raise_for_errors`` tells.
+    """
+    causes: dict[str, None] = {}
     while jobs := plan.next_round(gate()):
         outcomes: list[tuple[batching.Job, Outcome]] = yield RunRound(jobs, build, sizes)
         for piece, outcome in outcomes:
+            if isinstance(outcome, KVPoolError) and len(causes) < MAX_CAUSES:
+                causes[cause(piece.member, outcome)] = None
             plan.record(piece, answer(piece, outcome))
+    return tuple(causes)
+
+
+MAX_CAUSES = 4
+
+
+def cause(member: Member, exc: KVPoolError) -> str:
+    """``node-1 (10.0.0.5:7700): UNAVAILABLE: connection refused``: a failure, naming its node."""
+    return f"{node_label(member.node_id, member.address)}: {describe(exc)}"
 
 
 def distinct(members: Iterable[Member]) -> tuple[Member, ...]:

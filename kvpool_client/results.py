@@ -15,7 +15,16 @@ _VAGUE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.DRAINING)
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
+    """One status per key, and why nodes failed.
+
+    Attributes:
+        statuses: per key, in the caller's order.
+        causes: one line per node that failed the call and how, naming the node
+            (``node-1 (10.0.0.5:7700): UNAVAILABLE: ...``); empty when every node answered.
+    """
+
     statuses: tuple[ErrorCode, ...]
+    causes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.statuses)
@@ -42,11 +51,12 @@ class BatchResult:
         return not self.failures()
 
     def raise_for_errors(self) -> None:
-        """Raise the typed exception of the first failure, if any."""
+        """Raise the typed exception of the first failure, if any, with the nodes' failures."""
         failed = self.failures()
         if failed:
             index, status = failed[0]
-            raise error_for_code(status, f"{len(failed)} of {len(self)} keys failed; key {index}: {status.name}")
+            why = f" ({'; '.join(self.causes)})" if self.causes else ""
+            raise error_for_code(status, f"{len(failed)} of {len(self)} keys failed; key {index}: {status.name}{why}")
 
     def _succeeded(self, status: ErrorCode) -> bool:
         return status is ErrorCode.OK

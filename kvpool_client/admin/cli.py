@@ -240,10 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.credentials = Credentials(token, tls_from_env(os.environ))
         args.etcd_tls = etcd_tls_from_env(os.environ)
         return int(args.run(args))
-    except CliError as exc:
-        return _fail(exc)
-    except KVPoolError as exc:
-        return _fail(from_kvpool_error(exc))
+    except (CliError, KVPoolError) as exc:
+        error = exc if isinstance(exc, CliError) else from_kvpool_error(exc)
+        return _fail(error.with_token_sent(args.auth_token_file) if args.auth_token_file else error)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -71,7 +71,7 @@ def run_status(args: argparse.Namespace) -> ExitCode:
         })
     else:
         _print_status(args.cluster, listing, config_problem or config_line(config), records, reports)
-    return nodes.report_failures(reports)
+    return nodes.report_failures(reports, args.auth_token_file)
 
 
 def _config_or_problem(session: ClusterSession) -> tuple[ClusterConfig | None, str | None]:

@@ -19,12 +19,25 @@ class ExitCode(enum.IntEnum):
 
 
 class CliError(Exception):
-    """A failure to report as one line on stderr, then exit with ``code``."""
+    """A failure to report as one line on stderr, then exit with ``code``.
 
-    def __init__(self, code: ExitCode, message: str) -> None:
+    Attributes:
+        refused: who refused the token (an address, or "a node"), for errors of a node that
+            wants the cluster's token: the message then depends on whether one was sent.
+    """
+
+    def __init__(self, code: ExitCode, message: str, refused: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.refused = refused
+
+    def with_token_sent(self, token_file: str) -> CliError:
+        """This error when the token of ``token_file`` was sent: it was rejected, not missing."""
+        if self.refused is None:
+            return self
+        return CliError(ExitCode.USAGE, f"{self.refused} rejected the token in {token_file}: "
+                        "it is not this cluster's token (check the file the daemons read)")
 
 
 _TOKEN_HINT = "requires the cluster's token: pass --auth-token-file PATH or set KVPOOL_AUTH_TOKEN_FILE"
@@ -41,7 +54,7 @@ def unreachable(address: str, exc: KVPoolError) -> CliError:
     if exc.code is ErrorCode.SHUTTING_DOWN:
         return CliError(ExitCode.UNREACHABLE, f"{address} is shutting down: use another node in --nodes")
     if exc.code is ErrorCode.UNAUTHENTICATED:
-        return CliError(ExitCode.USAGE, f"{address} {_TOKEN_HINT}")
+        return CliError(ExitCode.USAGE, f"{address} {_TOKEN_HINT}", refused=address)
     return CliError(ExitCode.UNREACHABLE, f"cannot reach {address}: {_UNREACHABLE_HINT}")
 
 
@@ -54,7 +67,7 @@ def from_kvpool_error(exc: KVPoolError) -> CliError:
     """The error for an SDK exception that names no address we can trust."""
     message = str(exc.args[0]) if exc.args else str(exc)
     if exc.code is ErrorCode.UNAUTHENTICATED:
-        return CliError(ExitCode.USAGE, f"a node {_TOKEN_HINT}")
+        return CliError(ExitCode.USAGE, f"a node {_TOKEN_HINT}", refused="a node")
     if isinstance(exc, (NodeUnavailable, RequestTimeout)) or exc.code in _UNREACHABLE_CODES:
         return CliError(ExitCode.UNREACHABLE, f"{message}: {_UNREACHABLE_HINT}")
     if isinstance(exc, UsageError) or exc.code in _USAGE_CODES:

@@ -68,7 +68,7 @@ def run_status(args: argparse.Namespace) -> ExitCode:
     else:
         headers = ("NODE", "ADDRESS", "STATE", "DATA", "DRAM USED", "BLOCKS", "HIT RATE", "UPTIME")
         print(fmt.table(headers, [_status_row(r) for r in reports], right=(5, 6, 7)))
-    return report_failures(reports)
+    return report_failures(reports, args.auth_token_file)
 
 
 def run_stats(args: argparse.Namespace) -> ExitCode:
@@ -86,7 +86,7 @@ def show_stats(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode
         fmt.print_json({"nodes": [_stats_json(r) for r in reports]})
     else:
         print("\n\n".join(_stats_text(r) for r in reports))
-    return report_failures(reports)
+    return report_failures(reports, args.auth_token_file)
 
 
 def resolve(node: str, addresses: tuple[str, ...], timeout: float, credentials: Credentials) -> str:
@@ -106,8 +106,11 @@ def resolve(node: str, addresses: tuple[str, ...], timeout: float, credentials: 
     raise CliError(ExitCode.NOT_FOUND, f"no node with id {node!r} among --nodes{also}: run `kvpoolctl status`")
 
 
-def report_failures(reports: list[NodeReport]) -> ExitCode:
+def report_failures(reports: list[NodeReport], token_file: str | None) -> ExitCode:
+    """Print one line per node that failed (a rejected token named as such); the exit code to return."""
     errors = [unreachable(r.address, r.error) for r in reports if r.error is not None]
+    if token_file:
+        errors = [e.with_token_sent(token_file) for e in errors]
     for error in errors:
         print(f"kvpoolctl: error: {error.message}", file=sys.stderr)
     return max((e.code for e in errors), default=ExitCode.OK)  # unreachable (3) outranks a missing token (2)

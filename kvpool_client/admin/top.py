@@ -220,7 +220,7 @@ def _loop(args: argparse.Namespace, source: _Source) -> ExitCode:
             time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
         pass
-    return nodes.report_failures(reports)
+    return nodes.report_failures(reports, args.auth_token_file)
 
 
 def _show(args: argparse.Namespace, source: _Source, rows: list[NodeRow], tty: bool, refresh: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -126,6 +127,11 @@ def test_kvpoolctl_takes_the_token_from_a_file(node: DaemonProcess, token_file: 
     allowed = subprocess.run([*command, "--auth-token-file", str(token_file)], env=env, capture_output=True, text=True,
                              timeout=60)
     assert allowed.returncode == 0 and node.node_id in allowed.stdout, allowed
+    wrong = token_file.with_name("wrong-token")
+    wrong.write_text("a-token-but-not-the-cluster-one\n")
+    rejected = subprocess.run([*command, "--auth-token-file", str(wrong)], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert rejected.returncode == 2 and f"rejected the token in {wrong}" in rejected.stderr, rejected
 
 
 def test_a_daemon_refuses_to_start_with_a_short_token(daemon_factory: Callable[..., DaemonProcess],
@@ -154,3 +160,17 @@ def test_idle_connections_are_closed_and_the_client_reconnects(daemon_factory: C
         time.sleep(0.6)  # the pooled connection is closed meanwhile
         assert [bytes(b) for b in pool.get(KEYS).buffers] == BLOCKS
         assert pool.stats(node.address).counters["connections_closed_idle"] >= 2
+
+
+def test_a_rejected_token_is_logged_and_named_in_the_error(
+    node: DaemonProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client with the wrong token keeps running without the pool, but says so, naming the node."""
+    config = ClientConfig(nodes=(node.address,), auth_token=b"not-the-cluster-token-at-all")
+    with caplog.at_level(logging.WARNING, logger="kvpool.client"), KVPoolClient(config=config) as client:
+        assert client.lookup(KEYS) == 0
+        with pytest.raises(AuthenticationError) as caught:
+            client.get(KEYS[:1]).raise_for_errors()
+    assert node.address in str(caught.value) and "token" in str(caught.value), str(caught.value)
+    warnings = [r.getMessage() for r in caplog.records if node.address in r.getMessage()]
+    assert warnings and "refused this client's token" in warnings[0], caplog.records

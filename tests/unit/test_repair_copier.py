@@ -58,7 +58,7 @@ class Target:
             raise UsageError("block too large", ErrorCode.BLOCK_TOO_LARGE)
         self.puts.append(list(keys))
         statuses = self.answer(keys)
-        return PutResult(tuple(statuses), tuple((("target",) if s is ErrorCode.OK else ()) for s in statuses))
+        return PutResult(tuple(statuses), stored_on=tuple((("target",) if s is ErrorCode.OK else ()) for s in statuses))
 
 
 def keys(count: int, tag: int = 0) -> list[StoreKey]:

@@ -70,7 +70,7 @@ def test_quorum_two_of_three_with_one_owner_down() -> None:
     answer(plan, jobs, {("c", 1): DOWN, ("a", 2): FULL})
     assert plan.statuses() == [OK, DOWN, FULL], "key 1: a alone; key 2: c alone, a's own verdict tells most"
     assert plan.stored_on() == (("a", "c"), ("a",), ("c",))
-    result = PutResult(tuple(plan.statuses()), plan.stored_on())
+    result = PutResult(tuple(plan.statuses()), stored_on=plan.stored_on())
     assert [i for i, _ in result.failures()] == [1, 2]
 
 
