@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,9 @@ from kvpool_client.auth import Credentials, read_token, tls_from_env
 from kvpool_client.errors import KVPoolError, UsageError
 from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.version import package_version
 from kvpool_client.wire import WireLimits
+from kvpool_server import preflight
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
@@ -65,13 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvpool.server")
 
 _POLL_S = 0.01
-
-
-def package_version() -> str:
-    try:
-        return version("kvpool")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class Daemon:
@@ -133,7 +127,8 @@ class Daemon:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
         self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
-        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id})
+        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id,
+                                   "metrics": f"http://{cfg.host}:{metrics_port}/metrics" if metrics_port > 0 else "off"})
 
     async def _open_store(self) -> BlockStore:
         """The DRAM arena and tier, plus the SSD tier and its demoter when ``ssd_dir`` is set."""
@@ -142,7 +137,11 @@ class Daemon:
             log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
         name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         extra = SlotGenerations.region_bytes(cfg.dram_capacity)
+        if cfg.prefault_arena:  # seconds per GiB: say so before the wait
+            log.info("prefaulting the DRAM arena", extra={"bytes": cfg.dram_capacity, "shm_dir": cfg.shm_dir})
+        mapped = time.monotonic()
         self._arena = SharedArena(cfg.shm_dir, name, cfg.dram_capacity, prefault=cfg.prefault_arena, extra=extra)
+        log.info("DRAM arena ready", extra={"bytes": cfg.dram_capacity, "seconds": round(time.monotonic() - mapped, 2)})
         arena_id = int.from_bytes(os.urandom(8), "little") or 1  # tells this arena from a restarted daemon's
         self._generations = SlotGenerations(self._arena.extra, cfg.dram_capacity, arena_id)
         ssd = await asyncio.to_thread(self._open_ssd) if cfg.ssd_dir else None  # scans segments
@@ -399,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format, config.node_id or "kvpool")
     try:
+        for warning in preflight.check(config):
+            log.warning(warning)
         uvloop.run(run(config, token))
     except (OSError, KVPoolError) as exc:  # a port in use; ucx asked for and unavailable
         log.error("cannot start", extra={"error": str(exc)})

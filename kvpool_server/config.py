@@ -30,6 +30,7 @@ import yaml
 
 from kvpool_client import config as client_config
 from kvpool_client.auth import TlsFiles
+from kvpool_client.version import package_version
 from kvpool_client.membership.records import MAX_REPLICAS
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -374,6 +375,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
     )
+    parser.add_argument("--version", action="version", version=f"kvpool-server {package_version()}")
     parser.add_argument("--config", metavar="PATH", help=f"YAML config file [env {CONFIG_ENV}]")
     for name, spec in _FIELDS.items():
         meta = spec.metadata

@@ -72,6 +72,7 @@ from kvpool_client.admin.inputs import (
 )
 from kvpool_client.auth import Credentials, etcd_tls_from_env, read_token, tls_from_env
 from kvpool_client.errors import KVPoolError
+from kvpool_client.version import package_version
 
 PROG = "kvpoolctl"
 DEFAULT_NODES = "127.0.0.1:50051"
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Inspect a kvpool cluster, drain its nodes, and move single blocks in and out of it.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     _add_common(parser, top=True)
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, top=False)

@@ -228,3 +228,9 @@ def test_flush_by_model_empties_every_namespace_of_the_model(daemon: DaemonProce
     assert result == {"model": "Qwen2.5-0.5B", "nodes": 1, "deleted": 3}, result
     with KVPoolClient([daemon.address]) as client:
         assert client.exists(keys) == [False] * 6 + [True] * 3
+
+
+def test_both_binaries_say_their_version() -> None:
+    for module in ("kvpool_client.admin.cli", "kvpool_server.app"):
+        run = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and run.stdout.split()[1][0].isdigit(), run

@@ -225,6 +225,7 @@ def test_port_in_use_fails_start_cleanly(which: str) -> None:
     assert code == 1, f"exit {code}\n{output}"
     assert arena_files(pid) == [], "the arena of a daemon that could not start was left behind"
     assert "cannot start" in output and str(port) in output, output
+    assert "DRAM arena ready" not in output, "the port is checked before the arena is mapped"
     assert "Traceback" not in output, output
 
 
