@@ -65,7 +65,7 @@ case "${1:-}" in
     exec "$VENV/bin/python" bench/demo.py "${@:2}"
     ;;
   test)
-    ensure_debian_packages etcd-server
+    ensure_debian_packages etcd-server g++ libssl-dev  # g++, OpenSSL: SGLang compiles its page hash
     ensure_deploy_tools
     ensure_venv
     if (($# > 1)); then
@@ -77,7 +77,7 @@ case "${1:-}" in
     exit "$status"
     ;;
   test-env)
-    ensure_debian_packages etcd-server
+    ensure_debian_packages etcd-server g++ libssl-dev
     ensure_venv
     exec "$VENV/bin/python" tests/environments.py run "${@:2}"
     ;;

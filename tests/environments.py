@@ -74,6 +74,9 @@ ENVIRONMENTS = {
         Environment("oldest", "tests/compat/oldest.txt", _CLIENT_TESTS),
         # vLLM 0.33 with a CPU torch: its scheduler and connector code, never a model.
         Environment("vllm", "tests/engines/vllm/lock.txt", ("tests/engines/vllm",)),
+        # SGLang 0.5.23: its HiCache storage classes, host pools and controller (its page hash
+        # is compiled at first use: g++ and OpenSSL's headers, which deploy/dev.sh installs).
+        Environment("sglang", "tests/engines/sglang/lock.txt", ("tests/engines/sglang",)),
     )
 }
 

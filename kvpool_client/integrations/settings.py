@@ -24,6 +24,17 @@ _OWN_KEYS = ("auth_token_file", "model_id", "lookup_threads")
 KNOWN_KEYS = (*_POOL_KEYS, *_OWN_KEYS)
 
 
+# torch dtype name -> the namespace's dtype field (kvpool_client.connector.layout's names).
+_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
+           "float8_e5m2": "fp8e5m2", "uint8": "u8"}
+
+
+def dtype_field(torch_dtype: str) -> str:
+    """A torch dtype's name (``bfloat16``, ``torch.bfloat16``) as a namespace field (``bf16``)."""
+    name = torch_dtype.removeprefix("torch.")
+    return _DTYPES.get(name, name)
+
+
 def model_field(model: str) -> str:
     """``model`` as a namespace field: a local path becomes its last part, '/' becomes '--'
     (``Qwen/Qwen2.5-0.5B`` -> ``Qwen--Qwen2.5-0.5B``), whitespace and '@' become '_'."""

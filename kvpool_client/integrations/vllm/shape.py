@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool_client.integrations.settings import model_field
+from kvpool_client.integrations.settings import dtype_field, model_field
 from kvpool_client.keys import Namespace
 
-# torch dtype name -> the namespace's dtype field (kvpool_client.connector.layout's names).
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
-           "float8_e5m2": "fp8e5m2", "uint8": "u8"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +48,7 @@ class CacheShape:
         Raises:
             UsageError: the model name cannot be a namespace field even after cleaning.
         """
-        dtype = _DTYPES.get(self.dtype, self.dtype)
+        dtype = dtype_field(self.dtype)
         layout = (f"vllm-{self.layout or 'default'}-{self.kind}-L{self.layers}-H{self.kv_heads}"
                   f"-D{self.head_size}-T{self.block_size}-pp{self.pp_rank}of{self.pp_size}")
         if self.kind == "mla":
