@@ -93,8 +93,9 @@ class ClientConfig:
                 "no kvpool nodes given (pass nodes=[...] or etcd_endpoints=[...], "
                 "or set KVPOOL_NODES=host:port,... or KVPOOL_ETCD_ENDPOINTS=http://host:port)"
             )
-        if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise UsageError("timeouts must be positive")
+        for name in ("request_timeout_s", "connect_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"{name} must be positive, not {getattr(self, name)!r}")
         if self.max_idle_connections < 0:
             raise UsageError("max_idle_connections must be >= 0")
         if self.io_threads < 1:

@@ -29,6 +29,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_ARGUMENT = 13
     CHECKSUM_MISMATCH = 14
     UNAUTHENTICATED = 15  # the connection or call did not prove the cluster's token
+    OVERLOADED = 16  # the node is at an admission limit (put bytes in flight): retry later
     UNAVAILABLE = 20  # node unreachable, connection lost
     TIMEOUT = 21
     SHUTTING_DOWN = 22

@@ -40,6 +40,7 @@ from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_ar
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.config import ConfigError, ServerConfig, load_config
+from kvpool_server.data.admission import Admission, AdmissionLimits
 from kvpool_server.control.auth import TokenInterceptor
 from kvpool_server.control.malformed import MalformedBodyInterceptor
 from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
@@ -177,9 +178,15 @@ class Daemon:
         cfg = self.config
         session_config = SessionConfig(self.limits, cfg.verify_checksum_on_get, self._token, cfg.idle_timeout_s,
                                        cfg.io_timeout_s)
+        admission = self.admission = Admission(AdmissionLimits(cfg.effective_inflight_put_bytes(), cfg.max_connections,
+                                                               cfg.max_connections_per_peer), self.counters)
 
         async def serve_connection(channel: Channel) -> None:
-            session = Session(channel, store, self.counters, self.latencies, session_config, lambda: self.presence.accepting_writes)
+            if not admission.connect(channel.peer):  # over a connection limit: closed unserved
+                log.info("connection refused: over a connection limit", extra={"peer": channel.peer})
+                return
+            session = Session(channel, store, self.counters, self.latencies, session_config,
+                              lambda: self.presence.accepting_writes, admission)
             with self._sessions_lock:
                 self._sessions.add(session)
             try:
@@ -187,6 +194,7 @@ class Daemon:
             finally:
                 with self._sessions_lock:
                     self._sessions.discard(session)
+                admission.disconnect(channel.peer)
 
         self._workers = [LoopThread(f"kvpool-data-{i}") for i in range(cfg.effective_data_workers())]
         for worker in self._workers:

@@ -110,6 +110,12 @@ class ServerConfig:
     max_keys_per_request: int = _opt(4096, "most keys in one request (1..65535)")
     max_frame_bytes: int = _opt(GiB, "most payload bytes in one data-plane frame", unit="bytes")
     verify_checksum_on_get: bool = _opt(False, "verify each block's checksum before sending it")
+    max_connections: int = _opt(4096, "most data connections at once; past it new ones are closed")
+    max_connections_per_peer: int = _opt(1024, "most data connections from one peer address")
+    max_inflight_put_bytes: int = _opt(
+        0, "most bytes reserved for puts whose payload is still arriving, over every connection; past it a "
+        "block is refused OVERLOADED (retryable); 0: a quarter of dram_capacity", unit="bytes"
+    )
     io_timeout_s: float = _opt(30.0, "seconds a peer may stall mid-frame before it is dropped")
     idle_timeout_s: float = _opt(0.0, "close a data connection idle this long between requests (0: never)")
     shutdown_grace_s: float = _opt(10.0, "seconds in-flight requests get to finish at shutdown")
@@ -132,6 +138,10 @@ class ServerConfig:
     def max_block_size(self) -> int:
         """The largest block this daemon stores: one slab."""
         return self.slab_size
+
+    def effective_inflight_put_bytes(self) -> int:
+        """``max_inflight_put_bytes``, or a quarter of the arena (at least one slab) when 0."""
+        return self.max_inflight_put_bytes or max(self.dram_capacity // 4, self.slab_size)
 
     def effective_data_workers(self) -> int:
         """``data_workers``, or one per CPU (at most 8) when 0."""
@@ -486,6 +496,11 @@ def _check_fields(report: _Report) -> None:
         report.fail("data_workers", "must be in 0..64 (0: one per CPU)")
     if not 1 <= config.max_keys_per_request <= 65535:
         report.fail("max_keys_per_request", "must be in 1..65535")
+    for name in ("max_connections", "max_connections_per_peer"):
+        if getattr(config, name) < 1:
+            report.fail(name, "must be >= 1")
+    if config.max_inflight_put_bytes and config.max_inflight_put_bytes < config.slab_size:
+        report.fail("max_inflight_put_bytes", f"must be 0 or at least slab_size ({config.slab_size}): one block")
     for name in ("io_timeout_s", "shutdown_grace_s"):
         if getattr(config, name) <= 0:
             report.fail(name, "must be > 0")

@@ -45,6 +45,13 @@ class ReadAhead:
             received = await self._channel.recv_some(chunk)
             self._pending += chunk[:received]
 
+    async def wait_buffered(self, nbytes: int) -> None:
+        """Wait, without a time limit of its own, until at least ``nbytes`` (<= ``HEAD_CHUNK``) are buffered."""
+        while len(self._pending) < nbytes:
+            chunk = memoryview(bytearray(HEAD_CHUNK))  # its own, as in wait_frame
+            received = await self._channel.recv_some(chunk)
+            self._pending += chunk[:received]
+
     def fill_now(self, recv_now: Callable[[memoryview], int]) -> None:
         """Add up to ``HEAD_CHUNK`` bytes that ``recv_now`` receives without waiting (a plain
         socket's receive: done when it returns, so one buffer serves every call)."""

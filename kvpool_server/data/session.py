@@ -56,7 +56,8 @@ from kvpool_client.wire import (
     header_identity,
 )
 from kvpool_client.wire.frames import MAX_TOKEN_BYTES
-from kvpool_server.data.readahead import ReadAhead
+from kvpool_server.data.admission import Admission
+from kvpool_server.data.readahead import HEAD_CHUNK, ReadAhead
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import checksum
@@ -68,7 +69,6 @@ _OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
 _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in _OP_NAMES.items()}
 _WITHOUT_PAYLOAD = frozenset({Op.GET, Op.LOCATE, Op.EXISTS, Op.DELETE, Op.PING})  # answered in the callback when whole
 
-_DRAIN_CHUNK = 1 << 20
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
 _NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
 
@@ -145,8 +145,10 @@ class Session:
         latencies: Latencies,
         config: SessionConfig,
         accepting_writes: Callable[[], bool],
+        admission: Admission,
     ) -> None:
         self._channel = channel
+        self._admission = admission
         self._reader = ReadAhead(channel)
         self._store = store
         self._tier = store.dram  # writes go to DRAM
@@ -338,7 +340,8 @@ class Session:
     async def _dispatch(self, header: FrameHeader) -> None:
         started = time.perf_counter()  # the header is in: meta, payload and reply are timed
         op = header.request_op
-        meta = await self._reader.recv_exactly(header.meta_len)
+        async with asyncio.timeout(self._config.payload_deadline(header.meta_len)):  # trickling ends here too
+            meta = await self._reader.recv_exactly(header.meta_len)
         try:
             if header.is_response:
                 raise ProtocolError("a client sent a response frame")
@@ -369,21 +372,61 @@ class Session:
         self._end(answer)
 
     async def _put(self, request: PutRequest) -> None:
-        ns = request.namespace
-        outcomes: list[BlockEntry | ErrorCode]
-        if self._accepting_writes():
-            depths = request.depths or [0] * len(request.hashes)
-            outcomes = [self._tier.reserve((ns, h), n, d) for h, n, d in zip(request.hashes, request.lengths, depths)]
-        else:
-            outcomes = [ErrorCode.DRAINING] * len(request.hashes)
+        """Store the blocks a put carries, reserving each block's slot only as its bytes arrive.
+
+        A block takes its slot (and evicts for it) only once its first bytes are here (up to
+        ``HEAD_CHUNK``: a peer trickling a byte at a time reaches its deadline first), so a
+        peer that announces more than it sends evicts nothing for what it did not send; the
+        slots of blocks still arriving, over every connection, stay under the admission
+        budget (past it a block is refused OVERLOADED and its bytes dropped). Blocks that
+        arrived whole wait, reserved, for the end of the put.
+        """
+        ns, lengths = request.namespace, request.lengths
+        depths = request.depths or [0] * len(request.hashes)
+        writable = self._accepting_writes()
+        outcomes: list[BlockEntry | ErrorCode] = []
         try:
-            async with asyncio.timeout(self._config.payload_deadline(sum(request.lengths))):
-                await self._receive_blocks(outcomes, request.lengths)
+            async with asyncio.timeout(self._config.payload_deadline(sum(lengths))):
+                for h, length, depth in zip(request.hashes, lengths, depths, strict=True):
+                    if writable and length > 0:  # its first bytes are here: now it may take a slot
+                        await self._reader.wait_buffered(min(length, HEAD_CHUNK))
+                    outcome = self._admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
+                    outcomes.append(outcome)
+                    await self._receive_block(outcome, length)
         except BaseException:
             for outcome in outcomes:
                 if isinstance(outcome, BlockEntry):
                     self._tier.abort(outcome)
             raise
+        await self._commit(outcomes)
+        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
+        self._counters.add("bytes_in", sum(lengths))
+        await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
+
+    def _admit(self, key: StoreKey, length: int, depth: int) -> BlockEntry | ErrorCode:
+        """A slot for one block whose bytes are next on the wire, taken from the admission budget."""
+        slot = self._tier.slot_size(length)
+        if slot is None:
+            return self._tier.reserve(key, length, depth)  # refused whatever the budget: says why
+        if not self._admission.take(slot):
+            return ErrorCode.OVERLOADED
+        outcome = self._tier.reserve(key, length, depth)
+        if not isinstance(outcome, BlockEntry):
+            self._admission.give(slot)
+        return outcome
+
+    async def _receive_block(self, outcome: BlockEntry | ErrorCode, length: int) -> None:
+        """One block's bytes: into its reserved slot (its budget back once they are in, or not
+        coming), or through the shared sink when it was refused."""
+        if not isinstance(outcome, BlockEntry):
+            await self._drain(length)
+            return
+        try:
+            await self._reader.recv_into([self._tier.view(outcome)])
+        finally:
+            self._admission.give(outcome.slot_size)
+
+    async def _commit(self, outcomes: list[BlockEntry | ErrorCode]) -> None:
         # Commit the chain's tail first: LRU then evicts tails before heads (a head
         # without its tail is still a usable prefix; a tail without its head is not).
         stored = [o for o in reversed(outcomes) if isinstance(o, BlockEntry)]
@@ -392,24 +435,6 @@ class Session:
             self._tier.commit(entry, keep_pin=write_through)
         if write_through and stored:
             await self._store.persist(stored)  # acknowledged once on SSD
-        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
-        self._counters.add("bytes_in", sum(request.lengths))
-        await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
-
-    async def _receive_blocks(self, outcomes: list[BlockEntry | ErrorCode], lengths: list[int]) -> None:
-        """Receive the payload into reserved slots; bytes of refused blocks are drained."""
-        targets: list[memoryview] = []
-        scratch: memoryview | None = None  # only when a block is refused
-        for outcome, length in zip(outcomes, lengths):
-            if isinstance(outcome, BlockEntry):
-                targets.append(self._tier.view(outcome))
-                continue
-            scratch = scratch or memoryview(bytearray(min(_DRAIN_CHUNK, max(lengths))))
-            while length:  # refused: read it into scratch and drop it
-                chunk = min(length, len(scratch))
-                targets.append(scratch[:chunk])
-                length -= chunk
-        await self._reader.recv_into(targets)
 
     # -- answers: the same whichever loop sends them ---------------------------
 
@@ -503,10 +528,11 @@ class Session:
         return statuses
 
     async def _drain(self, nbytes: int) -> None:
-        scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
+        """Read and drop ``nbytes`` through the daemon's one shared sink: no memory per connection."""
+        sink = self._admission.sink
         while nbytes:
-            chunk = min(nbytes, len(scratch))
-            await self._reader.recv_into([scratch[:chunk]])
+            chunk = min(nbytes, len(sink))
+            await self._reader.recv_into([sink[:chunk]])
             nbytes -= chunk
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:

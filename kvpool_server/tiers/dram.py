@@ -116,6 +116,10 @@ class DramTier:
             self._ns_bytes[key[0]] += entry.slot_size
             return entry
 
+    def slot_size(self, length: int) -> int | None:
+        """The slot a block of ``length`` bytes would take; None where :meth:`reserve` refuses the length."""
+        return self._alloc.slot_size_for(length) if 0 < length <= self._alloc.slab_size else None
+
     def commit(self, entry: BlockEntry, known_checksum: int | None = None, *, keep_pin: bool = False) -> None:
         """Make a fully written block readable and let eviction see it.
 

@@ -1,0 +1,98 @@
+"""What the daemon admits before it spends memory on a peer: connections, and put bytes in flight.
+
+A put's slots are reserved one block at a time as its bytes arrive (see the session), so a
+peer that announces much and sends nothing holds one slot, not the arena. Across every
+connection, the bytes reserved for puts not yet committed stay under a budget (a share of the
+arena): past it a block is refused with ``OVERLOADED``, a retryable answer, and its payload
+is discarded into one sink every session shares (its contents never matter), so refused bytes
+cost no memory per connection. Connections are capped per daemon and per peer address.
+
+Thread-safe: the data plane's worker loops run on several threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+from kvpool_server.stats import Counters
+
+SINK_BYTES = 1 << 20  # refused payload is read through this, in pieces
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """Attributes:
+        inflight_put_bytes: most slot bytes reserved by puts whose payload is still arriving.
+        connections: most data connections at once (every transport together).
+        connections_per_peer: most data connections from one peer address.
+    """
+
+    inflight_put_bytes: int
+    connections: int
+    connections_per_peer: int
+
+
+class Admission:
+    """The daemon-wide budgets every data connection draws from.
+
+    Args:
+        limits: the budgets.
+        counters: where refusals are counted (``connections_refused``, ``puts_overloaded``).
+    """
+
+    def __init__(self, limits: AdmissionLimits, counters: Counters) -> None:
+        self.limits = limits
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._connections: Counter[str] = Counter()
+        self.sink = memoryview(bytearray(SINK_BYTES))  # shared: what lands in it is dropped
+
+    @property
+    def inflight_put_bytes(self) -> int:
+        return self._inflight
+
+    def connect(self, peer: str) -> bool:
+        """Admit a connection from ``peer`` (``host:port``); False: over a limit, close it."""
+        host = peer_host(peer)
+        with self._lock:
+            total = sum(self._connections.values())
+            if total >= self.limits.connections or self._connections[host] >= self.limits.connections_per_peer:
+                admitted = False
+            else:
+                self._connections[host] += 1
+                admitted = True
+        if not admitted:
+            self._counters.add("connections_refused")
+        return admitted
+
+    def disconnect(self, peer: str) -> None:
+        host = peer_host(peer)
+        with self._lock:
+            self._connections[host] -= 1
+            if self._connections[host] <= 0:
+                del self._connections[host]
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of the put budget; False (counted): over it, refuse the block."""
+        with self._lock:
+            if self._inflight + nbytes > self.limits.inflight_put_bytes:
+                admitted = False
+            else:
+                self._inflight += nbytes
+                admitted = True
+        if not admitted:
+            self._counters.add("puts_overloaded")
+        return admitted
+
+    def give(self, nbytes: int) -> None:
+        """Return ``nbytes`` taken by :meth:`take` (the block was committed or aborted)."""
+        with self._lock:
+            self._inflight -= nbytes
+
+
+def peer_host(peer: str) -> str:
+    """The address part of ``host:port`` (``[v6]:port`` too): connections are counted per host."""
+    return peer.rpartition(":")[0] or peer
