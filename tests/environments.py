@@ -77,6 +77,8 @@ ENVIRONMENTS = {
         # SGLang 0.5.23: its HiCache storage classes, host pools and controller (its page hash
         # is compiled at first use: g++ and OpenSSL's headers, which deploy/dev.sh installs).
         Environment("sglang", "tests/engines/sglang/lock.txt", ("tests/engines/sglang",)),
+        # LMCache 0.5.6: its StorageManager, RemoteBackend and plugin loader (grpcio 1.78.0 exactly).
+        Environment("lmcache", "tests/engines/lmcache/lock.txt", ("tests/engines/lmcache",)),
     )
 }
 
