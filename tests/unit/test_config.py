@@ -458,3 +458,13 @@ def test_the_client_variables_are_listed_once() -> None:
     from kvpool_client.config import ENV_VARS
 
     assert read == ENV_VARS, f"read but not listed: {read - ENV_VARS}; listed but not read: {ENV_VARS - read}"
+
+
+def test_the_configuration_docs_name_every_setting() -> None:
+    """docs/configuration.md is what users read: a setting missing there is a setting nobody finds."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    named = set(re.findall(r"`([a-z_0-9]+)`", text))
+    missing = [name for name in FIELD_NAMES if name not in named]
+    assert not missing, f"settings not in docs/configuration.md: {missing}"
