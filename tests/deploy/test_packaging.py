@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,19 @@ def _resolve(engine: str) -> dict[str, str]:
     return versions
 
 
+@pytest.fixture(scope="module")
+def resolutions() -> dict[str, dict[str, str] | BaseException]:
+    """Every engine's resolution, asked of pip at once (each waits on the package index)."""
+    with ThreadPoolExecutor(len(ENGINES)) as pool:
+        futures = {engine: pool.submit(_resolve, engine) for engine in ENGINES}
+    return {engine: f.exception() or f.result() for engine, f in futures.items()}
+
+
 @pytest.mark.parametrize("engine", ENGINES)
-def test_kvpool_resolves_beside_the_engine(engine: str) -> None:
-    versions = _resolve(engine)
+def test_kvpool_resolves_beside_the_engine(engine: str, resolutions: dict[str, dict[str, str] | BaseException]) -> None:
+    versions = resolutions[engine]
+    if isinstance(versions, BaseException):
+        raise versions
     name, _, version = engine.partition("==")
     assert versions.get(name) == version, f"pip did not keep {engine}: {versions.get(name)}"
     assert "kvpool" in versions, sorted(versions)
