@@ -25,13 +25,10 @@ each ratio the median of the per-round ratios. One local daemon.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +38,7 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # read when LMCache's log
 import torch  # noqa: E402
 
 from bench.lmcache.engine import ModelShape, StorageEngine, chunk_bytes  # noqa: E402
+from bench.comparisons import Figure, median_figure, report  # noqa: E402
 from bench.servers import kvpool_daemon  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
 
@@ -50,14 +48,6 @@ TRANSPORTS = ("tcp", "shm")
 OPS = ("plugin put", "plugin get", "LMCache retrieve", "SDK put", "SDK get")
 PLUGIN = "remote_storage_plugin.kvpool."
 
-
-@dataclass(frozen=True, slots=True)
-class Figure:
-    name: str
-    value: float  # median over rounds
-    rounds: tuple[float, ...]
-    unit: str
-    target: float | None = None
 
 
 def lmcache_config(nodes: str, transport: str, shape: ModelShape) -> dict[str, object]:
@@ -148,12 +138,12 @@ def figures_of(label: str, shape: ModelShape, rounds: list[dict[str, float]], re
     for op in OPS:
         rates = tuple(chunks / r[op] for r in rounds)
         gbps = tuple(chunks * shape.chunk_nbytes / r[op] / 1e9 for r in rounds)
-        out.append(Figure(f"{label}: {op}", statistics.median(rates), rates, "chunks/s"))
-        out.append(Figure(f"{label}: {op}", statistics.median(gbps), gbps, "GB/s"))
+        out.append(median_figure(f"{label}: {op}", rates, "chunks/s"))
+        out.append(median_figure(f"{label}: {op}", gbps, "GB/s"))
     for top, sdk, target in (("plugin put", "SDK put", 0.8), ("plugin get", "SDK get", 0.8),
                              ("LMCache retrieve", "SDK get", None)):
         ratio = tuple(r[sdk] / r[top] for r in rounds)  # seconds: SDK time over plugin time
-        out.append(Figure(f"{label}: {top} / {sdk}", statistics.median(ratio), ratio, "x", target))
+        out.append(median_figure(f"{label}: {top} / {sdk}", ratio, "x", target))
     return out
 
 
@@ -178,20 +168,6 @@ def run(rounds: int, repeat: int) -> list[Figure]:
     return figures
 
 
-def report(figures: list[Figure], rounds: int, out: Path | None) -> None:
-    lines = [f"# LMCache plugin benchmark ({rounds} interleaved rounds, medians; batches of {BATCH} "
-             "256-token bf16 chunks)", "", "| figure | median | rounds | target |", "|---|---|---|---|"]
-    for f in figures:
-        verdict = "" if f.target is None else (">= %.1f %s" % (f.target, "ok" if f.value >= f.target else "BELOW"))
-        lines.append(f"| {f.name} | {f.value:.3g} {f.unit} | {', '.join(f'{v:.3g}' for v in f.rounds)} | {verdict} |")
-    text = "\n".join(lines)
-    print(text)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plugin.md").write_text(text + "\n")
-        (out / "plugin.json").write_text(json.dumps([asdict(f) for f in figures], indent=1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -200,7 +176,8 @@ def main() -> int:
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
     repeat = 1 if args.quick else 3
-    report(run(rounds, repeat), rounds, args.out)
+    title = f"LMCache plugin benchmark ({rounds} interleaved rounds, medians; batches of {BATCH} 256-token bf16 chunks)"
+    report(run(rounds, repeat), title, args.out, "plugin")
     return 0
 
 

@@ -17,12 +17,9 @@ Runs in the SGLang test environment, against one local daemon:
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.comparisons import Figure, median_figure, report  # noqa: E402
 from bench.servers import kvpool_daemon  # noqa: E402
 from bench.sglang.pools import PoolShape, attach, extra_config, fill_random, host_pool, storage_config  # noqa: E402
-from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
+from kvpool_client import ClientConfig, KVPoolClient  # noqa: E402
 from kvpool_client.integrations.sglang.store import KVPoolStore  # noqa: E402
 from kvpool_client.keys import sglang_page_hash  # noqa: E402
 
@@ -44,14 +42,6 @@ SHAPES = (  # (shape, pages per call): about 24 and 64 MiB per call
 TRANSPORTS = ("tcp", "shm")
 LAYOUT = "page_first"  # SGLang's default host layout
 
-
-@dataclass(frozen=True, slots=True)
-class Figure:
-    name: str
-    value: float  # median over rounds
-    rounds: tuple[float, ...]
-    unit: str
-    target: float | None = None
 
 
 class Cell:
@@ -149,7 +139,8 @@ def main() -> int:
             for transport, per_round in rounds.items():
                 label = f"{shape.name} ({shape.page_nbytes // 1024} KiB pages, {pages} per call), {transport}"
                 figures += _figures(label, per_round, pages, shape.page_nbytes)
-    _report(figures, args.out, args.rounds)
+    report(figures, f"SGLang backend benchmark ({args.rounds} interleaved rounds, medians; host pool page_first, bf16)",
+           args.out, "backend")
     return 0
 
 
@@ -158,25 +149,12 @@ def _figures(label: str, rounds: list[dict[str, float]], pages: int, page_nbytes
     for name in rounds[0]:
         per_s = tuple(pages / r[name] for r in rounds)
         gbs = tuple(pages * page_nbytes / r[name] / 1e9 for r in rounds)
-        figures.append(Figure(f"{label}: {name}", statistics.median(gbs), gbs, "GB/s"))
-        figures.append(Figure(f"{label}: {name} pages/s", statistics.median(per_s), per_s, "/s"))
+        figures.append(median_figure(f"{label}: {name}", gbs, "GB/s"))
+        figures.append(median_figure(f"{label}: {name} pages/s", per_s, "/s"))
     for top, bottom in (("backend get", "SDK get"), ("backend set", "SDK put")):
         ratio = tuple(r[bottom] / r[top] for r in rounds)
-        figures.append(Figure(f"{label}: {top} / {bottom}", statistics.median(ratio), ratio, "x", 0.8))
+        figures.append(median_figure(f"{label}: {top} / {bottom}", ratio, "x", 0.8))
     return figures
-
-
-def _report(figures: list[Figure], out: Path, rounds: int) -> None:
-    lines = [f"# SGLang backend benchmark ({rounds} interleaved rounds, medians; host pool page_first, bf16)",
-             "", "| figure | median | rounds | target |", "|---|---|---|---|"]
-    for f in figures:
-        verdict = "" if f.target is None else (">= %.1f %s" % (f.target, "ok" if f.value >= f.target else "BELOW"))
-        lines.append(f"| {f.name} | {f.value:.3g} {f.unit} | {', '.join(f'{v:.3g}' for v in f.rounds)} | {verdict} |")
-    text = "\n".join(lines)
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "backend.md").write_text(text + "\n")
-    (out / "backend.json").write_text(json.dumps([asdict(f) for f in figures], indent=1))
 
 
 if __name__ == "__main__":

@@ -21,14 +21,11 @@ Runs in the vllm test environment (deploy/dev.sh bench-vllm), against one local 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, Figure, KVShape, median_figure, report  # noqa: E402
 from bench.servers import kvpool_daemon  # noqa: E402
 from bench.vllm.harness import attention_spec, model_dir, vllm_config  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
@@ -49,31 +47,10 @@ PREFIX_BLOCKS = 32
 LOOKUP_BLOCKS = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    name: str
-    layers: int
-    kv_heads: int
-    head_size: int
-    block_size: int = 16
-
-    @property
-    def block_nbytes(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_size * self.block_size * 2  # K and V, bf16
-
-
-SHAPES = (ModelShape("Qwen2.5-0.5B", 24, 2, 64), ModelShape("Llama-3-8B", 32, 8, 128))
+SHAPES = (QWEN2_5_0_5B, LLAMA_3_8B)
+BLOCK_TOKENS = 16
 LAYOUTS = ("LBNHC", "BLHNC")
 TRANSPORTS = ("tcp", "shm")  # gets over the socket, or copied out of the node's arena (same node)
-
-
-@dataclass(frozen=True, slots=True)
-class Figure:
-    name: str
-    value: float  # median over rounds
-    rounds: tuple[float, ...]
-    unit: str
-    target: float | None = None
 
 
 class _Request:
@@ -129,20 +106,20 @@ def lookup_round(client: KVPoolClient, namespace: Namespace, hashes: list[bytes]
 class Cache:
     """vLLM-allocated per-layer KV tensors of one model shape and layout, with its transfers."""
 
-    def __init__(self, client: KVPoolClient, shape: ModelShape, layout: str, work: Path) -> None:
+    def __init__(self, client: KVPoolClient, shape: KVShape, layout: str, work: Path) -> None:
         from bench.vllm.harness import _allocate  # vLLM's planner and allocator
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
         config = vllm_config(model_dir(work), {"kv_connector": "KVPoolConnector",
                                                "kv_connector_module_path": "unused", "kv_role": "kv_both"},
-                             shape.block_size, layout)
-        spec = attention_spec(shape.block_size, shape.kv_heads, shape.head_size)
+                             BLOCK_TOKENS, layout)
+        spec = attention_spec(BLOCK_TOKENS, shape.kv_heads, shape.head_size)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.layers)]
         blocks = 2 * PREFIX_BLOCKS
         groups = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
         caches = _allocate(config, groups, spec, names, blocks)
         self.layers = BlockLayers(caches, names, blocks)
-        assert self.layers.block_nbytes == shape.block_nbytes, (self.layers.block_nbytes, shape.block_nbytes)
+        assert self.layers.block_nbytes == shape.nbytes(BLOCK_TOKENS), (self.layers.block_nbytes, shape.nbytes(BLOCK_TOKENS))
         for tensor in {id(t.untyped_storage()): t for t in caches.values()}.values():
             torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).random_(0, 256)
         self.transfers = WorkerTransfers(client, self.layers)
@@ -214,19 +191,20 @@ def main() -> int:
         finally:
             for each in clients.values():
                 each.close()
-    _report(figures, args.out, rounds)
+    report(figures, f"vLLM connector benchmark ({rounds} interleaved rounds, medians; every buffer a torch "
+           "tensor, 64-byte aligned)", args.out, "connector")
     return 0
 
 
-def _transfers(clients: dict[str, KVPoolClient], shape: ModelShape, work: Path, rounds: int,
+def _transfers(clients: dict[str, KVPoolClient], shape: KVShape, work: Path, rounds: int,
                repeat: int) -> list[Figure]:
     """Interleaved rounds of every (layout, transport) cell of one model shape."""
     cells = [(layout, transport) for layout in LAYOUTS for transport in TRANSPORTS]
     caches = {cell: Cache(clients[cell[1]], shape, cell[0], work) for cell in cells}
-    flat = [torch.empty(shape.block_nbytes, dtype=torch.uint8).random_(0, 256) for _ in range(PREFIX_BLOCKS)]
+    flat = [torch.empty(shape.nbytes(BLOCK_TOKENS), dtype=torch.uint8).random_(0, 256) for _ in range(PREFIX_BLOCKS)]
     # torch allocates 64-byte aligned, as the sources are (numpy's 16-byte alignment would hit
     # glibc's slow rep-movsb path); zeroed: no page faults in the timing.
-    copies = [torch.zeros(shape.block_nbytes, dtype=torch.uint8).numpy() for _ in flat]
+    copies = [torch.zeros(shape.nbytes(BLOCK_TOKENS), dtype=torch.uint8).numpy() for _ in flat]
     results: dict[tuple[str, str], list[dict[str, float]]] = {cell: [] for cell in cells}
     try:
         for cell in cells:  # warm-up: staging buffers, connections
@@ -237,7 +215,7 @@ def _transfers(clients: dict[str, KVPoolClient], shape: ModelShape, work: Path, 
     finally:
         for cache in caches.values():
             cache.transfers.close()
-    label = f"{shape.name} ({shape.block_nbytes // 1024} KiB blocks)"
+    label = f"{shape.name} ({shape.nbytes(BLOCK_TOKENS) // 1024} KiB blocks)"
     return [f for (layout, transport), r in results.items() for f in _transfer_figures(f"{label}, {layout}, {transport}", r)]
 
 
@@ -246,9 +224,9 @@ def _lookup_figures(per_round: list[tuple[float, float]]) -> list[Figure]:
     sdk = tuple(s for _, s in per_round)
     ratio = tuple(c / s for c, s in per_round)
     return [
-        Figure(f"{LOOKUP_BLOCKS}-block lookups/s, connector", statistics.median(connector), connector, "/s"),
-        Figure(f"{LOOKUP_BLOCKS}-block lookups/s, SDK", statistics.median(sdk), sdk, "/s"),
-        Figure(f"{LOOKUP_BLOCKS}-block lookups: connector / SDK", statistics.median(ratio), ratio, "x"),
+        median_figure(f"{LOOKUP_BLOCKS}-block lookups/s, connector", connector, "/s"),
+        median_figure(f"{LOOKUP_BLOCKS}-block lookups/s, SDK", sdk, "/s"),
+        median_figure(f"{LOOKUP_BLOCKS}-block lookups: connector / SDK", ratio, "x"),
     ]
 
 
@@ -256,25 +234,12 @@ def _transfer_figures(label: str, rounds: list[dict[str, float]]) -> list[Figure
     figures = []
     for name in rounds[0]:
         values = tuple(r[name] for r in rounds)
-        figures.append(Figure(f"{label}: {name}", statistics.median(values), values, "GB/s"))
+        figures.append(median_figure(f"{label}: {name}", values, "GB/s"))
     for top, bottom, target in (("connector load", "SDK get", 0.8), ("connector save", "SDK put", 0.8),
                                 ("connector load", "memcpy", None)):
         values = tuple(r[top] / r[bottom] for r in rounds)
-        figures.append(Figure(f"{label}: {top} / {bottom}", statistics.median(values), values, "x", target))
+        figures.append(median_figure(f"{label}: {top} / {bottom}", values, "x", target))
     return figures
-
-
-def _report(figures: list[Figure], out: Path, rounds: int) -> None:
-    lines = [f"# vLLM connector benchmark ({rounds} interleaved rounds, medians; every buffer a torch tensor, 64-byte aligned)",
-             "", "| figure | median | rounds | target |", "|---|---|---|---|"]
-    for f in figures:
-        verdict = "" if f.target is None else (">= %.1f %s" % (f.target, "ok" if f.value >= f.target else "BELOW"))
-        lines.append(f"| {f.name} | {f.value:.3g} {f.unit} | {', '.join(f'{v:.3g}' for v in f.rounds)} | {verdict} |")
-    text = "\n".join(lines)
-    print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "connector.md").write_text(text + "\n")
-    (out / "connector.json").write_text(json.dumps([asdict(f) for f in figures], indent=1))
 
 
 if __name__ == "__main__":

@@ -68,13 +68,14 @@ async def conversation(llm: Any, workload: Workload, index: int, ttfts: list[flo
     params = SamplingParams(max_tokens=workload.spec.output_tokens, ignore_eos=True, temperature=0.0)
     chat = workload.conversations[index]
     prompt = workload.first_prompt(chat)
+    output: list[int] = []
     generated = 0
     for turn in range(workload.spec.turns):
         if turn:
             prompt = workload.next_prompt(chat, turn, prompt, output)
         start = time.perf_counter()
         first = None
-        output: list[int] = []
+        output = []
         async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id=str(uuid.uuid4())):
             first = first or time.perf_counter()
             output = list(out.outputs[0].token_ids)

@@ -18,7 +18,6 @@ into LMCache (:mod:`.guard`). How chunks move: :mod:`.transfers`; their keys: :m
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from lmcache.utils import CacheEngineKey
