@@ -98,7 +98,7 @@ def ensure(env: Environment) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     print(f"building the {env.name} test environment in {home.relative_to(ROOT)} ...", file=sys.stderr, flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(python), "-m", "pip", "install", "-qq", "--disable-pip-version-check"]  # errors only
     subprocess.run([*pip, "--no-deps", "-r", str(ROOT / env.lock)], check=True)
     done.touch()
     return python
