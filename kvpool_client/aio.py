@@ -180,6 +180,10 @@ class AsyncKVPoolClient:
     async def stats(self, address: str) -> pb.Stats:
         return await self._node_at(address).control.stats()
 
+    async def namespaces(self, address: str) -> list[pb.NamespaceUsage]:
+        """See :meth:`KVPoolClient.namespaces`."""
+        return await self._node_at(address).control.namespaces()
+
     async def flush_namespace(self, namespace: Namespace | str) -> int:
         """See :meth:`KVPoolClient.flush_namespace`."""
         name = namespace_id(namespace)

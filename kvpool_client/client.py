@@ -224,6 +224,10 @@ class KVPoolClient:
     def stats(self, address: str) -> pb.Stats:
         return self._node_at(address).control.stats()
 
+    def namespaces(self, address: str) -> list[pb.NamespaceUsage]:
+        """Blocks and bytes of each namespace in each tier of the node at ``address``."""
+        return self._node_at(address).control.namespaces()
+
     def flush_namespace(self, namespace: Namespace | str) -> int:
         """Delete every block of ``namespace`` on every node of the placement; returns how many.
 

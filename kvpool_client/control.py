@@ -100,6 +100,10 @@ class ControlClient:
     def stats(self) -> pb.Stats:
         return self._call("GetStats", pb.GetStatsRequest())
 
+    def namespaces(self) -> list[pb.NamespaceUsage]:
+        """Blocks and bytes of each namespace in each tier of this node."""
+        return list(self._call("ListNamespaces", pb.ListNamespacesRequest()).namespaces)
+
     def flush_namespace(self, namespace: str = "", model: str = "") -> int:
         """Delete every block of ``namespace`` (or of every namespace of ``model``) on this node; returns how many."""
         return self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace, model=model)).deleted
@@ -131,6 +135,10 @@ class AsyncControlClient:
 
     async def stats(self) -> pb.Stats:
         return await self._call("GetStats", pb.GetStatsRequest())
+
+    async def namespaces(self) -> list[pb.NamespaceUsage]:
+        """See :meth:`ControlClient.namespaces`."""
+        return list((await self._call("ListNamespaces", pb.ListNamespacesRequest())).namespaces)
 
     async def flush_namespace(self, namespace: str = "", model: str = "") -> int:
         """See :meth:`ControlClient.flush_namespace`."""

@@ -63,6 +63,8 @@ _SESSION_STATES = ("standalone", *(str(s) for s in SessionState))
 class TierSource(Protocol):
     def reports(self) -> list[TierReport]: ...
 
+    def namespace_bytes(self) -> dict[str, dict[str, int]]: ...
+
 
 class PresenceSource(Protocol):
     @property
@@ -135,6 +137,12 @@ class KVPoolCollector(Collector):
             for report in reports:
                 family.add_metric([report.name], getattr(report.usage, field))
             yield family
+        per_namespace = GaugeMetricFamily("kvpool_namespace_bytes", "bytes one namespace holds in a tier (DRAM: its slots)",
+                                          labels=["namespace", "tier"])
+        for tier, usage in self._tiers.namespace_bytes().items():
+            for namespace, nbytes in sorted(usage.items()):
+                per_namespace.add_metric([namespace, tier], nbytes)
+        yield per_namespace
         failing = GaugeMetricFamily("kvpool_tier_failing", "1 while the tier refuses writes after an I/O error", labels=["tier"])
         for report in reports:
             failing.add_metric([report.name], int(bool(report.failure)))

@@ -19,6 +19,7 @@ Commands:
   rm --key HEX|--name TEXT --namespace NS
                               delete one block
   flush --namespace NS|--model M  delete every block of a namespace, or of a model, on every node
+  namespaces                  blocks and bytes of each namespace, per tier, over the nodes
   lookup TOKEN_FILE --namespace-model M --dtype D --layout L --block-size N
                               how many leading blocks of a token sequence are in the pool
   top [--interval S] [--count N]
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats = command("stats", "show every counter and tier of each node")
     stats.add_argument("node", nargs="?", metavar="NODE", help="only this node: an address or a node id")
     stats.set_defaults(run=cluster.run_stats)
+
+    names = command("namespaces", "show the blocks and bytes of each namespace, per tier, over the nodes")
+    names.set_defaults(run=cluster.run_namespaces)
 
     _add_cluster_commands(command, common)
 

@@ -14,6 +14,7 @@ import dataclasses
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin import nodes
 from kvpool_client.admin.exits import CliError, ExitCode
+from kvpool_client.admin.namespaces import show_namespaces
 from kvpool_client.admin.nodes import NodeReport
 from kvpool_client.admin.session import ClusterSession, open_session
 from kvpool_client.membership.cluster import NodeListing
@@ -124,6 +125,18 @@ def _node_json(record: NodeRecord, report: NodeReport) -> dict[str, object]:
     if report.info is None or report.stats is None:
         return {**fields, "reachable": False, "error": str(report.error)}
     return {**fields, "reachable": True, "live_state": report.info.state, **nodes.usage_json(report)}
+
+
+def run_namespaces(args: argparse.Namespace) -> ExitCode:
+    """``namespaces``; with ``--etcd`` the nodes come from etcd."""
+    if not args.etcd:
+        return show_namespaces(args, args.nodes)
+    with open_session(args, "namespaces") as session:
+        listing = session.nodes()
+    addresses = tuple(listing.nodes[n].address for n in sorted(listing.nodes))
+    if not addresses:
+        raise CliError(ExitCode.NOT_FOUND, f"no nodes registered in cluster {args.cluster!r}")
+    return show_namespaces(args, addresses)
 
 
 def run_stats(args: argparse.Namespace) -> ExitCode:

@@ -14,6 +14,28 @@ class FlushNamespaceRequest(_message.Message):
     model: str
     def __init__(self, namespace: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
+class ListNamespacesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NamespaceUsage(_message.Message):
+    __slots__ = ("namespace", "tier", "blocks", "bytes")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    tier: str
+    blocks: int
+    bytes: int
+    def __init__(self, namespace: _Optional[str] = ..., tier: _Optional[str] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class NamespaceList(_message.Message):
+    __slots__ = ("namespaces",)
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceUsage]
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceUsage, _Mapping]]] = ...) -> None: ...
+
 class FlushNamespaceResponse(_message.Message):
     __slots__ = ("deleted",)
     DELETED_FIELD_NUMBER: _ClassVar[int]

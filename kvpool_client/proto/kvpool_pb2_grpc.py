@@ -69,6 +69,11 @@ class KVPoolStub(object):
                 request_serializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.FromString,
                 _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/kvpool.v1.KVPool/ListNamespaces',
+                request_serializer=kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.FromString,
+                _registered_method=True)
 
 
 class KVPoolServicer(object):
@@ -122,6 +127,13 @@ class KVPoolServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNamespaces(self, request, context):
+        """Blocks and bytes per namespace and tier on this node (walks the indexes: an admin call).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVPoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +171,11 @@ def add_KVPoolServicer_to_server(servicer, server):
                     servicer.FlushNamespace,
                     request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +367,33 @@ class KVPool(object):
             '/kvpool.v1.KVPool/FlushNamespace',
             kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceRequest.SerializeToString,
             kvpool_dot_v1_dot_kvpool__pb2.FlushNamespaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.KVPool/ListNamespaces',
+            kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.SerializeToString,
+            kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,7 +9,7 @@ Byte transfers happen outside the lock, straight into or out of the
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable
 import threading
 from itertools import count, islice, takewhile
@@ -23,7 +23,7 @@ from kvpool_server.alloc.slab import Allocation, SlabAllocator
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.usage import TierUsage
+from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 # How many candidates per size class to weigh when a whole slab must be freed.
 _SLAB_VICTIM_SCAN = 64
@@ -222,6 +222,20 @@ class DramTier:
         """A snapshot of every readable block's key."""
         with self._lock:
             return [key for key, entry in self._index.items() if entry.readable]
+
+    def namespace_bytes(self) -> dict[str, int]:
+        """Slot bytes per namespace, kept as blocks come and go (cheap: for every metrics scrape)."""
+        with self._lock:
+            return dict(self._ns_bytes)
+
+    def namespace_usage(self) -> dict[str, NamespaceUsage]:
+        """Readable blocks and their bytes per namespace (walks the index: an admin call)."""
+        usage: defaultdict[str, NamespaceUsage] = defaultdict(NamespaceUsage)
+        with self._lock:
+            for (namespace, _), entry in self._index.items():
+                if entry.readable:
+                    usage[namespace].add(entry.length)
+        return dict(usage)
 
     def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
         """Number of leading ``keys`` stored and readable."""

@@ -44,7 +44,7 @@ from kvpool_server.stats import Counters
 from kvpool_server.tiers.readahead import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
 from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing, plan_spans
-from kvpool_server.tiers.usage import TierUsage
+from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 log = logging.getLogger("kvpool.ssd")
 
@@ -215,6 +215,19 @@ class SsdTier:
     def keys(self) -> list[StoreKey]:
         with self._lock:
             return list(self._index)
+
+    def namespace_bytes(self) -> dict[str, int]:
+        """Record bytes per namespace, kept as records come and go (cheap: for every metrics scrape)."""
+        with self._lock:
+            return {ns: n for ns, n in self._namespace_bytes.items() if n}
+
+    def namespace_usage(self) -> dict[str, NamespaceUsage]:
+        """Records and their payload bytes per namespace (walks the index: an admin call)."""
+        usage: defaultdict[str, NamespaceUsage] = defaultdict(NamespaceUsage)
+        with self._lock:
+            for (namespace, _), record in self._index.items():
+                usage[namespace].add(record.length)
+        return dict(usage)
 
     def usage(self) -> TierUsage:
         with self._lock:

@@ -40,7 +40,7 @@ from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.readahead import ReadAheadPlanner, Stretch
 from kvpool_server.tiers.segments import plan_spans
 from kvpool_server.tiers.ssd import SsdTier
-from kvpool_server.tiers.usage import TierUsage
+from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 log = logging.getLogger("kvpool.ssd")
 
@@ -150,6 +150,20 @@ class BlockStore:
             seen = set(keys)
             keys += [k for k in self.ssd.keys() if k not in seen]
         return keys
+
+    def namespace_bytes(self) -> dict[str, dict[str, int]]:
+        """Per tier, the bytes each namespace holds (tracked incrementally)."""
+        tiers = {"dram": self.dram.namespace_bytes()}
+        if self.ssd is not None:
+            tiers["ssd"] = self.ssd.namespace_bytes()
+        return tiers
+
+    def namespace_usage(self) -> dict[str, dict[str, NamespaceUsage]]:
+        """Per tier (``dram``, ``ssd``), each namespace's blocks and bytes."""
+        tiers = {"dram": self.dram.namespace_usage()}
+        if self.ssd is not None:
+            tiers["ssd"] = self.ssd.namespace_usage()
+        return tiers
 
     def usage(self) -> dict[str, TierUsage]:
         tiers = {"dram": self.dram.usage()}

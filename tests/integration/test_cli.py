@@ -234,3 +234,18 @@ def test_both_binaries_say_their_version() -> None:
     for module in ("kvpool_client.admin.cli", "kvpool_server.app"):
         run = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0 and run.stdout.split()[1][0].isdigit(), run
+
+
+def test_namespaces_sums_blocks_and_bytes_per_namespace(daemon: DaemonProcess) -> None:
+    with KVPoolClient([daemon.address]) as client:
+        client.put([BlockKey("tenant-a", b"a%02d" % i) for i in range(3)], [b"x" * 1000] * 3).raise_for_errors()
+        client.put([BlockKey("tenant-b", b"b%02d" % i) for i in range(2)], [b"y" * 4096] * 2).raise_for_errors()
+    env = {**os.environ, "KVPOOL_NODES": daemon.address}
+    listed = json.loads(ok(kvpoolctl("namespaces", "--json", env=env)))["namespaces"]
+    mine = [row for row in listed if row["namespace"] in ("tenant-a", "tenant-b")]
+    assert mine == [
+        {"namespace": "tenant-a", "tier": "dram", "blocks": 3, "bytes": 3000, "nodes": 1},
+        {"namespace": "tenant-b", "tier": "dram", "blocks": 2, "bytes": 8192, "nodes": 1},
+    ], listed
+    table = ok(kvpoolctl("namespaces", env=env))
+    assert table.splitlines()[0].split() == ["NAMESPACE", "TIER", "BLOCKS", "BYTES", "NODES"], table

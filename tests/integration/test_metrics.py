@@ -69,6 +69,9 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     assert after[dram("kvpool_tier_capacity_bytes")] == tier.capacity_bytes == 64 << 20
     assert after[dram("kvpool_tier_used_bytes")] == tier.used_bytes > 0
     assert after[dram("kvpool_tier_blocks")] == tier.blocks == len(keys) == 16
+    ns_id = keys[0].namespace
+    assert after[("kvpool_namespace_bytes", (("namespace", ns_id), ("tier", "dram")))] == tier.used_bytes, \
+        "the one namespace holds every slot"
     assert after[dram("kvpool_tier_hits_total")] == tier.hits
     assert after[dram("kvpool_tier_misses_total")] == tier.misses
     assert after[("kvpool_node_state", (("state", "active"),))] == 1
