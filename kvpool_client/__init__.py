@@ -4,6 +4,7 @@ from kvpool_client.aio import AsyncKVPoolClient
 from kvpool_client.breaker import CircuitBreaker, CircuitState
 from kvpool_client.client import KVPoolClient
 from kvpool_client.config import ClientConfig
+from kvpool_client.counters import ClientStats
 from kvpool_client.errors import (
     ErrorCode,
     KVPoolError,
@@ -25,6 +26,7 @@ __all__ = [
     "CircuitBreaker",
     "CircuitState",
     "ClientConfig",
+    "ClientStats",
     "ErrorCode",
     "GetResult",
     "KVPoolClient",

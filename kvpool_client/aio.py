@@ -17,6 +17,7 @@ from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import AsyncControlClient, NodeInfo
+from kvpool_client.counters import ClientCounters, ClientStats
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_async
@@ -125,6 +126,7 @@ class AsyncKVPoolClient:
         self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._failures = FailureLog()
+        self._counters = ClientCounters()
         self._nodes: dict[str, _AsyncNode] = {}
         self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
         self._ucx = UcxEngine()  # starts with the first ucx connection
@@ -143,16 +145,19 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        return await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        self._counters.put(result)
+        return result
 
     async def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers (``None``: allocate per hit), falling back to replicas."""
         batching.check_keys(keys)
         targets = batching.target_views(keys, into)
-        direct = await self._direct_get(keys, targets)
-        if direct is not None:
-            return direct
-        return await self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        result = await self._direct_get(keys, targets)
+        if result is None:
+            result = await self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        self._counters.got(result)
+        return result
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -160,7 +165,13 @@ class AsyncKVPoolClient:
 
     async def lookup(self, keys: Sequence[BlockKey]) -> int:
         """How many leading ``keys`` are stored."""
-        return batching.leading_ok(await self._probe(keys, prefix=True))
+        hits = batching.leading_ok(await self._probe(keys, prefix=True))
+        self._counters.looked_up(len(keys), hits)
+        return hits
+
+    def counters(self) -> ClientStats:
+        """See :meth:`KVPoolClient.counters`."""
+        return self._counters.snapshot()
 
     async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Remove blocks from every reachable reader; True where some node removed one.
@@ -314,7 +325,9 @@ class AsyncKVPoolClient:
 
     def _report(self, node: _AsyncNode, exc: KVPoolError) -> None:
         """Tell the breaker how a request to ``node`` ended in ``exc``, and the log once in a while."""
-        self._failures.note(node_label(node.member.node_id, node.member.address), exc)
+        label = node_label(node.member.node_id, node.member.address)
+        self._failures.note(label, exc)
+        self._counters.failed(label, exc.code)
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 

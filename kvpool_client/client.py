@@ -22,6 +22,7 @@ from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
 from kvpool_client.config import ClientConfig
 from kvpool_client.control import ControlClient, NodeInfo
+from kvpool_client.counters import ClientCounters, ClientStats
 from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_sync
@@ -151,6 +152,7 @@ class KVPoolClient:
         self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._failures = FailureLog()
+        self._counters = ClientCounters()
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -179,7 +181,9 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        return self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        self._counters.put(result)
+        return result
 
     def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers, falling back to replicas.
@@ -193,10 +197,11 @@ class KVPoolClient:
         """
         batching.check_keys(keys)
         targets = batching.target_views(keys, into)
-        direct = self._direct_get(keys, targets)
-        if direct is not None:
-            return direct
-        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        result = self._direct_get(keys, targets)
+        if result is None:
+            result = self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        self._counters.got(result)
+        return result
 
     def exists(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Whether each key is stored on any of its readers; unreachable nodes count as not storing it."""
@@ -204,7 +209,13 @@ class KVPoolClient:
 
     def lookup(self, keys: Sequence[BlockKey]) -> int:
         """How many leading ``keys`` are stored: the prefix the engine can load."""
-        return batching.leading_ok(self._probe(keys, prefix=True))
+        hits = batching.leading_ok(self._probe(keys, prefix=True))
+        self._counters.looked_up(len(keys), hits)
+        return hits
+
+    def counters(self) -> ClientStats:
+        """What this client has done since it started: gets, hits, bytes, errors by node."""
+        return self._counters.snapshot()
 
     def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Remove blocks from every reachable reader; True where some node removed one.
@@ -370,7 +381,9 @@ class KVPoolClient:
 
     def _report(self, node: _Node, exc: KVPoolError) -> None:
         """Tell the breaker how a request to ``node`` ended in ``exc``, and the log once in a while."""
-        self._failures.note(node_label(node.member.node_id, node.member.address), exc)
+        label = node_label(node.member.node_id, node.member.address)
+        self._failures.note(label, exc)
+        self._counters.failed(label, exc.code)
         if self.breaker.record(node.member.node_id, exc):
             node.forget()
 

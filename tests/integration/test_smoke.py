@@ -38,3 +38,23 @@ def test_both_clients_list_namespaces(daemon: DaemonProcess) -> None:
 
     assert ("listed-ns", "dram", 1, 100) in rows
     assert asyncio.run(listed()) == rows
+
+
+def test_both_clients_count_what_they_did(daemon: DaemonProcess) -> None:
+    keys = [BlockKey("counted", b"k%d" % i) for i in range(3)]
+    with KVPoolClient([daemon.address]) as client:
+        client.put(keys, [b"c" * 1000] * 3).raise_for_errors()
+        client.get([*keys, BlockKey("counted", b"absent")])
+        assert client.lookup(keys) == 3
+        stats = client.counters()
+    assert (stats.puts, stats.blocks_stored, stats.blocks_not_stored) == (1, 3, 0)
+    assert (stats.gets, stats.get_hits, stats.get_misses, stats.bytes_received) == (1, 3, 1, 3000)
+    assert (stats.lookups, stats.lookup_keys, stats.lookup_hits) == (1, 3, 3)
+    assert not stats.node_errors
+
+    async def counted_dead() -> dict[str, dict[str, int]]:
+        async with AsyncKVPoolClient(["127.0.0.1:9"]) as dead:  # nothing listens there
+            await dead.lookup(keys)
+            return {node: dict(codes) for node, codes in dead.counters().node_errors.items()}
+
+    assert asyncio.run(counted_dead()) == {"127.0.0.1:9": {"UNAVAILABLE": 1}}

@@ -1,0 +1,76 @@
+"""What a client has done since it started, for the engine that embeds it (hits, misses, bytes, errors).
+
+An engine exports these next to its own metrics: a pool that is configured but unreachable
+then shows as errors by node instead of a quiet drop in hit rate. Thread-safe; a snapshot is
+a plain record.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kvpool_client.errors import ErrorCode
+from kvpool_client.results import GetResult, PutResult
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """Totals since the client started.
+
+    Attributes:
+        gets, get_hits, get_misses: get calls, and the keys that came back OK or not.
+        bytes_received: bytes of the blocks gets returned.
+        puts, blocks_stored, blocks_not_stored: put calls; keys stored now or found stored
+            (OK, ALREADY_EXISTS, BUSY), and keys that failed.
+        lookups, lookup_keys, lookup_hits: lookup calls, keys asked about, leading keys found.
+        node_errors: per node (``id (address)``), failures by error code name.
+    """
+
+    gets: int = 0
+    get_hits: int = 0
+    get_misses: int = 0
+    bytes_received: int = 0
+    puts: int = 0
+    blocks_stored: int = 0
+    blocks_not_stored: int = 0
+    lookups: int = 0
+    lookup_keys: int = 0
+    lookup_hits: int = 0
+    node_errors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+class ClientCounters:
+    """The running totals behind :class:`ClientStats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: Counter[str] = Counter()
+        self._errors: dict[str, Counter[str]] = {}
+
+    def got(self, result: GetResult) -> None:
+        hits = result.hits
+        received = sum(len(b) for b, s in zip(result.buffers, result.statuses) if b is not None and s is ErrorCode.OK)
+        with self._lock:
+            self._totals.update(gets=1, get_hits=hits, get_misses=len(result) - hits, bytes_received=received)
+
+    def put(self, result: PutResult) -> None:
+        failed = len(result.failures())
+        with self._lock:
+            self._totals.update(puts=1, blocks_stored=len(result) - failed, blocks_not_stored=failed)
+
+    def looked_up(self, keys: int, hits: int) -> None:
+        with self._lock:
+            self._totals.update(lookups=1, lookup_keys=keys, lookup_hits=hits)
+
+    def failed(self, node: str, code: ErrorCode) -> None:
+        with self._lock:
+            self._errors.setdefault(node, Counter())[code.name] += 1
+
+    def snapshot(self) -> ClientStats:
+        with self._lock:
+            errors = {node: MappingProxyType(dict(codes)) for node, codes in self._errors.items()}
+            return ClientStats(**self._totals, node_errors=MappingProxyType(errors))
