@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvpool_client.config import ClientConfig
 from kvpool_client.errors import UsageError
-from kvpool_client.membership.records import ClusterConfig, NodeRecord, check_name
+from kvpool_client.membership.records import ClusterConfig, NodeRecord, NodeState, check_name
 from kvpool_client.routing import PLACEMENT_VERSION, Member, RendezvousRouter, Router, StaticRouter
 
 if TYPE_CHECKING:
@@ -92,12 +92,23 @@ def placement_of(membership: Membership, config: ClientConfig) -> Placement:
     return Placement(RendezvousRouter(members, replicas), quorum, membership.revision)
 
 
+def warn_if_short(replicas: int, nodes: int) -> bool:
+    """Say so when ``replicas`` copies cannot be placed on ``nodes`` nodes; True if it did."""
+    if 0 < nodes < replicas:
+        log.warning("replicas is %d but only %d node(s) can take writes: each block gets %d cop%s",
+                    replicas, nodes, nodes, "y" if nodes == 1 else "ies")
+        return True
+    return False
+
+
 class StaticSource:
     """A fixed placement: a static node list, or a router the caller supplied."""
 
     def __init__(self, config: ClientConfig, router: Router | None = None) -> None:
         replicas, quorum = replication_settings(config, None)
         self._placement = Placement(router or StaticRouter(config.nodes, replicas), quorum)
+        if router is None:
+            warn_if_short(replicas, len(set(config.nodes)))
 
     def current(self) -> Placement:
         return self._placement
@@ -112,6 +123,7 @@ class _Follower:
         self._source: Callable[[], Membership] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._lock = threading.Lock()
+        self._short = False  # the last placement had fewer writable nodes than replicas
 
     def current(self) -> Placement:
         return self._placement
@@ -132,6 +144,11 @@ class _Follower:
         assert self._source is not None
         with self._lock:
             self._placement = placement_of(self._source(), self._config)
+            router = self._placement.router
+            writable = sum(m.state == NodeState.ACTIVE for m in router.members())
+            replicas = getattr(router, "replicas", 1)
+            # Once per spell of too few nodes, not on every membership change during it.
+            self._short = (warn_if_short(replicas, writable) if not self._short else 0 < writable < replicas)
 
 
 class ThreadedMembershipSource(_Follower):

@@ -127,3 +127,11 @@ def test_a_static_client_does_not_import_the_etcd_library() -> None:
         "assert 'etcd3aio' not in sys.modules, 'etcd3aio imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_more_replicas_than_nodes_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="kvpool.client.placement"):
+        StaticSource(ClientConfig(nodes=("127.0.0.1:1", "127.0.0.1:2"), replicas=3))
+        StaticSource(ClientConfig(nodes=("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"), replicas=3))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["replicas is 3 but only 2 node(s) can take writes: each block gets 2 copies"], messages
