@@ -89,9 +89,13 @@ class WritePlan:
         return [self._status(i) for i in range(len(self._writes))]
 
     def stored_on(self) -> tuple[tuple[str, ...], ...]:
-        """Per key, the ids of the nodes that hold it, in rank order."""
+        """Per key, the control addresses of the nodes that hold it, in rank order.
+
+        Addresses rather than node ids: a static node list has no ids, and an address
+        is what kvpoolctl and ``ClientConfig.nodes`` take, with etcd as without.
+        """
         return tuple(
-            tuple(m.node_id for m in w.candidates if w.answers.get(m.node_id) in PUT_SUCCESS) for w in self._writes
+            tuple(m.address for m in w.candidates if w.answers.get(m.node_id) in PUT_SUCCESS) for w in self._writes
         )
 
     def _targets(self, write: _KeyWrite) -> list[Member]:

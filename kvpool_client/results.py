@@ -76,9 +76,12 @@ class PutResult(BatchResult):
     quorum it is the most telling failure among the owners' answers.
 
     Attributes:
-        stored_on: per key, the ids of the nodes that hold it after this put (they
-            answered OK, ALREADY_EXISTS or BUSY), best-ranked first; empty tuples when
-            the result was built without that knowledge.
+        stored_on: per key, the control addresses (``host:port``) of the nodes that
+            hold it after this put (they answered OK, ALREADY_EXISTS or BUSY),
+            best-ranked first; the same form with a static node list and with etcd, and
+            what ``kvpoolctl stats``/``drain`` and ``ClientConfig.nodes`` take (``kvpoolctl
+            status`` maps addresses to node ids). Empty tuples when the result was
+            built without that knowledge.
     """
 
     stored_on: tuple[tuple[str, ...], ...] = ()

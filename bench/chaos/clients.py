@@ -64,6 +64,7 @@ class Worker:
         self.result = WorkerResult()
         self.live: list[Acked] = []
         self.seq = 0
+        self.names: dict[str, str] = {}  # address -> node name: stored_on names addresses, the verdicts names
 
     def run(self, deadline: float) -> WorkerResult:
         while time.monotonic() < deadline:
@@ -88,10 +89,11 @@ class Worker:
         self.seq += self.s.batch
         sent = time.monotonic()
         result = self.client.put([k for k, _ in pairs], [d for _, d in pairs])
+        self.names.update((m.address, m.node_id) for m in self.client.placement().router.members())
         below: list[BlockKey] = []
         for (key, _), status, nodes in zip(pairs, result.statuses, result.stored_on):
             if status in PUT_OK and len(set(nodes)) >= 2:
-                record = Acked(key.hash, tuple(nodes), sent)
+                record = Acked(key.hash, tuple(self.names.get(n, n) for n in nodes), sent)
                 self.live.append(record)
                 self.result.acked.append(record)
             else:

@@ -106,7 +106,8 @@ def test_client_follows_etcd_and_rides_through_a_kill(pool: LocalCluster) -> Non
         assert client.placement().write_quorum == 2
         keys = new_keys()
         put = client.put(keys, [pattern(k) for k in keys])
-        assert put.ok and all(len(n) == 2 and set(n) <= set(ids) for n in put.stored_on), put.stored_on
+        addresses = {d.address for d in pool.daemons}  # stored_on names addresses, with etcd as without
+        assert put.ok and all(len(n) == 2 and set(n) <= addresses for n in put.stored_on), put.stored_on
         assert client.get(keys).ok
         victim = pool.daemons[0]
         victim.process.kill()
@@ -121,15 +122,16 @@ def test_client_follows_etcd_and_rides_through_a_kill(pool: LocalCluster) -> Non
         assert left <= LEASE_TTL_S + 1.5, f"the dead node left the client's membership {left:.1f}s after the kill"
         fresh = new_keys(16)
         after = client.put(fresh, [pattern(k) for k in fresh])
-        assert after.ok and all(set(n) == set(ids[1:]) for n in after.stored_on), after.stored_on
+        survivors = {d.address for d in pool.daemons[1:]}
+        assert after.ok and all(set(n) == survivors for n in after.stored_on), after.stored_on
         got = client.get(keys)
         assert_all_read(got.statuses, got.buffers, keys)
         # Restarted under the same id (on new ports), it rejoins and takes writes again.
-        pool.add_daemon(*DAEMON_ARGS, node_id=victim.node_id)
+        reborn = pool.add_daemon(*DAEMON_ARGS, node_id=victim.node_id)
         eventually(client.placement, active(*ids), 10)
         rejoined = new_keys(40)
         put = client.put(rejoined, [pattern(k) for k in rejoined])
-        assert put.ok and any(victim.node_id in n for n in put.stored_on), put.stored_on
+        assert put.ok and any(reborn.address in n for n in put.stored_on), put.stored_on
         got = client.get(rejoined)
         assert_all_read(got.statuses, got.buffers, rejoined)
 
@@ -141,13 +143,13 @@ def test_drain_and_join_follow_the_membership(pool: LocalCluster) -> None:
         eventually(client.placement, active(*ids), 10)
         old = new_keys()
         before = client.put(old, [pattern(k) for k in old])
-        assert any(drained.node_id in n for n in before.stored_on)
+        assert any(drained.address in n for n in before.stored_on), before.stored_on
         set_state(drained, "draining")
         eventually(client.placement, lambda p: states(p).get(drained.node_id) == NodeState.DRAINING, 5)
         count = written(client, drained)
         fresh = new_keys()
         put = client.put(fresh, [pattern(k) for k in fresh])
-        assert put.ok and all(drained.node_id not in n and len(n) == 2 for n in put.stored_on), put.stored_on
+        assert put.ok and all(drained.address not in n and len(n) == 2 for n in put.stored_on), put.stored_on
         assert written(client, drained) == count, "no write may land on a draining node"
         got = client.get(old)
         assert_all_read(got.statuses, got.buffers, old)  # its blocks stay readable while it drains
@@ -156,7 +158,7 @@ def test_drain_and_join_follow_the_membership(pool: LocalCluster) -> None:
         eventually(client.placement, lambda p: states(p).get("node-new") == NodeState.ACTIVE, 10)
         more = new_keys(60)
         put = client.put(more, [pattern(k) for k in more])
-        landed = sum(joined.node_id in n for n in put.stored_on)
+        landed = sum(joined.address in n for n in put.stored_on)
         assert put.ok and 0 < landed < len(more), f"{landed} of {len(more)} keys on the new node"
 
 
@@ -187,7 +189,8 @@ def test_async_client_follows_etcd_and_fails_over(pool: LocalCluster) -> None:
                 await asyncio.sleep(0.05)
             keys = new_keys()
             put = await client.put(keys, [pattern(k) for k in keys])
-            assert put.ok and all(len(n) == 2 and set(n) <= set(ids) for n in put.stored_on)
+            addresses = {d.address for d in pool.daemons}
+            assert put.ok and all(len(n) == 2 and set(n) <= addresses for n in put.stored_on), put.stored_on
             victim = pool.daemons[2]
             victim.process.kill()
             victim.process.wait(5)

@@ -50,7 +50,8 @@ def test_put_stores_each_key_on_its_write_owners() -> None:
     operation = operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable)
     result = run(operation, placement(), lambda job: [OK] * len(job.indices))
     assert list(result.statuses) == [OK] * 6
-    assert all(len(ids) == 2 for ids in result.stored_on)
+    addresses = {m.address for m in MEMBERS}
+    assert all(len(held) == 2 and set(held) <= addresses for held in result.stored_on), result.stored_on
 
 
 def test_put_checks_blocks_against_the_owners_limits_before_sending() -> None:

@@ -59,7 +59,7 @@ def test_put_goes_to_every_write_owner_in_one_round() -> None:
     answer(plan, jobs, {})
     assert plan.next_round(everyone) == [], "nothing left once every owner answered"
     assert plan.statuses() == [OK, OK]
-    assert plan.stored_on() == (("a", "b"), ("b", "c"))
+    assert plan.stored_on() == (("a:1", "b:1"), ("b:1", "c:1")), "addresses, not node ids"
 
 
 def test_quorum_two_of_three_with_one_owner_down() -> None:
@@ -69,7 +69,7 @@ def test_quorum_two_of_three_with_one_owner_down() -> None:
     assert by_node(jobs) == {"a": [0, 1, 2], "c": [0, 1, 2]}
     answer(plan, jobs, {("c", 1): DOWN, ("a", 2): FULL})
     assert plan.statuses() == [OK, DOWN, FULL], "key 1: a alone; key 2: c alone, a's own verdict tells most"
-    assert plan.stored_on() == (("a", "c"), ("a",), ("c",))
+    assert plan.stored_on() == (("a:1", "c:1"), ("a:1",), ("c:1",))
     result = PutResult(tuple(plan.statuses()), stored_on=plan.stored_on())
     assert [i for i, _ in result.failures()] == [1, 2]
 
@@ -95,14 +95,14 @@ def test_a_draining_owner_is_replaced_by_the_next_spare() -> None:
     answer(plan, second, {("d", 1): DRAINING})
     assert plan.next_round(everyone) == [], "key 1 has no spare left"
     assert plan.statuses() == [OK, DRAINING]
-    assert plan.stored_on() == (("a", "c"), ("a",))
+    assert plan.stored_on() == (("a:1", "c:1"), ("a:1",))
 
 
 def test_a_spare_that_is_down_is_not_chased_further() -> None:
     plan = WritePlan(keys(1), [KeyPlacement((A, B), (A, B), (C, D))], 1)
     answer(plan, plan.next_round(everyone), {("b", 0): DRAINING})
     assert plan.next_round(down("c")) == []
-    assert plan.statuses() == [OK] and plan.stored_on() == (("a",),)
+    assert plan.statuses() == [OK] and plan.stored_on() == (("a:1",),)
 
 
 def test_no_active_owner_fails_unavailable() -> None:
