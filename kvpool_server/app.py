@@ -107,6 +107,10 @@ class Daemon:
         grpc_port = self._bind_grpc()
         resolved = self.config.resolved(grpc_port)
         shared = self._shared_arena()
+        metrics_port = self._start_metrics(store, resolved.node_id)
+        # The advertised host, as for the data endpoints: where a scraper or kvpoolctl can reach it.
+        host = f"[{resolved.advertise_host}]" if ":" in resolved.advertise_host else resolved.advertise_host  # IPv6
+        metrics_url = f"http://{host}:{metrics_port}/metrics" if metrics_port > 0 else ""
         identity = NodeIdentity(
             node_id=resolved.node_id,
             version=package_version(),
@@ -119,9 +123,9 @@ class Daemon:
             slab_size=self.config.slab_size,
             started_at=time.time(),
             shared_arena=shared,
+            metrics_url=metrics_url,
         )
         await self._start_control_plane(store, identity)
-        metrics_port = self._start_metrics(store, identity.node_id)
         await self.presence.start(self._record(identity, grpc_port))
         await self.presence.set_state(NodeState.ACTIVE)
         await self._start_repair(store, identity.node_id)
@@ -129,7 +133,7 @@ class Daemon:
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
         self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
         log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.port, "node_id": identity.node_id,
-                                   "metrics": f"http://{cfg.host}:{metrics_port}/metrics" if metrics_port > 0 else "off"})
+                                   "metrics": metrics_url or "off"})
 
     async def _open_store(self) -> BlockStore:
         """The DRAM arena and tier, plus the SSD tier and its demoter when ``ssd_dir`` is set."""

@@ -93,7 +93,7 @@ def _print_status(cluster: str, listing: NodeListing, config_text: str, records:
         print(f"no nodes registered in cluster {cluster!r}: start kvpool-server with --etcd-endpoints")
     else:
         headers = ("NODE", "STATE", "ADDRESS", "DATA", "WEIGHT", "CAPACITY", "DRAM USED", "BLOCKS", "HIT RATE",
-                   "UPTIME")
+                   "UPTIME", "METRICS")
         rows = [_status_row(r, p) for r, p in zip(records, reports)]
         print(fmt.table(headers, rows, right=(4, 5, 6, 7, 8, 9)))
     for key, problem in sorted(listing.malformed.items()):
@@ -105,10 +105,10 @@ def _status_row(record: NodeRecord, report: NodeReport) -> tuple[object, ...]:
     fixed = (record.node_id, _state_cell(record, report), record.address, endpoints, f"{record.weight:g}",
              fmt.size(record.capacity_bytes))
     if report.stats is None:
-        return (*fixed, "-", "-", "-", "-")
+        return (*fixed, "-", "-", "-", "-", "-")
     dram = report.dram()
     return (*fixed, fmt.size(dram.used_bytes), dram.blocks, fmt.percent(dram.hits, dram.hits + dram.misses),
-            fmt.duration(report.stats.uptime_s))
+            fmt.duration(report.stats.uptime_s), nodes.metrics_cell(report))
 
 
 def _state_cell(record: NodeRecord, report: NodeReport) -> str:

@@ -66,7 +66,7 @@ def run_status(args: argparse.Namespace) -> ExitCode:
     if args.json:
         fmt.print_json({"nodes": [_status_json(r) for r in reports]})
     else:
-        headers = ("NODE", "ADDRESS", "STATE", "DATA", "DRAM USED", "BLOCKS", "HIT RATE", "UPTIME")
+        headers = ("NODE", "ADDRESS", "STATE", "DATA", "DRAM USED", "BLOCKS", "HIT RATE", "UPTIME", "METRICS")
         print(fmt.table(headers, [_status_row(r) for r in reports], right=(5, 6, 7)))
     return report_failures(reports, args.auth_token_file)
 
@@ -118,13 +118,13 @@ def report_failures(reports: list[NodeReport], token_file: str | None) -> ExitCo
 
 def _status_row(report: NodeReport) -> tuple[object, ...]:
     if report.info is None or report.stats is None:
-        return ("-", report.address, "unreachable", "-", "-", "-", "-", "-")
+        return ("-", report.address, "unreachable", "-", "-", "-", "-", "-", "-")
     dram = report.dram()
     endpoints = fmt.endpoints({e.transport: e.address for e in report.info.endpoints})
     used = f"{fmt.size(dram.used_bytes)} / {fmt.size(dram.capacity_bytes)}"
     hit_rate = fmt.percent(dram.hits, dram.hits + dram.misses)
     return (report.info.node_id, report.address, report.info.state or "-", endpoints, used,
-            dram.blocks, hit_rate, fmt.duration(report.stats.uptime_s))
+            dram.blocks, hit_rate, fmt.duration(report.stats.uptime_s), metrics_cell(report))
 
 
 def _status_json(report: NodeReport) -> dict[str, object]:
@@ -142,8 +142,13 @@ def _status_json(report: NodeReport) -> dict[str, object]:
     }
 
 
+def metrics_cell(report: NodeReport) -> str:
+    """Where the node's /metrics answers; ``-`` when it serves none (``metrics_port: -1``)."""
+    return report.info.metrics_url if report.info is not None and report.info.metrics_url else "-"
+
+
 def usage_json(report: NodeReport) -> dict[str, object]:
-    """DRAM use, hits and uptime of a node that answered (JSON fields shared by status views)."""
+    """DRAM use, hits, uptime and /metrics URL of a node that answered (JSON fields shared by status views)."""
     assert report.stats is not None
     dram = report.dram()
     lookups = dram.hits + dram.misses
@@ -155,6 +160,7 @@ def usage_json(report: NodeReport) -> dict[str, object]:
         "misses": dram.misses,
         "hit_rate": dram.hits / lookups if lookups else None,
         "uptime_s": report.stats.uptime_s,
+        "metrics_url": report.info.metrics_url if report.info is not None else "",
     }
 
 

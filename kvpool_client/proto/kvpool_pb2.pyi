@@ -87,7 +87,7 @@ class WireLimits(_message.Message):
     def __init__(self, max_keys: _Optional[int] = ..., max_block_size: _Optional[int] = ..., max_payload: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s", "ssd_capacity_bytes", "shared_arena")
+    __slots__ = ("node_id", "version", "protocol_version", "endpoints", "dram_capacity_bytes", "slab_size", "limits", "state", "started_at_unix_s", "ssd_capacity_bytes", "shared_arena", "metrics_url")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class ServerInfo(_message.Message):
     STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHARED_ARENA_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     version: str
     protocol_version: int
@@ -110,7 +111,8 @@ class ServerInfo(_message.Message):
     started_at_unix_s: float
     ssd_capacity_bytes: int
     shared_arena: SharedArena
-    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ssd_capacity_bytes: _Optional[int] = ..., shared_arena: _Optional[_Union[SharedArena, _Mapping]] = ...) -> None: ...
+    metrics_url: str
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[DataEndpoint, _Mapping]]] = ..., dram_capacity_bytes: _Optional[int] = ..., slab_size: _Optional[int] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ..., state: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ssd_capacity_bytes: _Optional[int] = ..., shared_arena: _Optional[_Union[SharedArena, _Mapping]] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("namespace", "hashes")

@@ -49,6 +49,7 @@ class NodeIdentity:
     slab_size: int
     started_at: float
     shared_arena: SharedArenaIdentity | None = None
+    metrics_url: str = ""  # empty: /metrics is off
 
 
 class ControlService(kvpool_pb2_grpc.KVPoolServicer):
@@ -86,6 +87,7 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             state=str(self._presence.state),
             started_at_unix_s=ident.started_at,
             shared_arena=_shared_arena(ident.shared_arena),
+            metrics_url=ident.metrics_url,
         )
 
     async def Exists(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.ExistsResponse:

@@ -8,6 +8,8 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,11 +58,14 @@ def dead_address() -> str:
 
 def test_status_table_and_json(daemon: DaemonProcess) -> None:
     table = ok(kvpoolctl("status", "--nodes", daemon.address)).splitlines()
-    assert table[0].split() == ["NODE", "ADDRESS", "STATE", "DATA", "DRAM", "USED", "BLOCKS", "HIT", "RATE", "UPTIME"]
+    assert table[0].split() == ["NODE", "ADDRESS", "STATE", "DATA", "DRAM", "USED", "BLOCKS", "HIT", "RATE", "UPTIME",
+                                "METRICS"]
     assert len(table) == 2
     row = table[1]
     assert row.startswith(f"{daemon.node_id}  ") and f"  {daemon.address}  active  tcp://{daemon.data_address}" in row
     assert "0 B / 64.0 MiB" in row
+    metrics_url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    assert daemon.metrics_port > 0 and row.endswith(f"  {metrics_url}"), row
     # Aligned: each header starts where its column starts.
     assert row.index(daemon.address) == table[0].index("ADDRESS")
 
@@ -72,6 +77,18 @@ def test_status_table_and_json(daemon: DaemonProcess) -> None:
     assert set(node["data_endpoints"]) == {"tcp", "shm"}, node["data_endpoints"]
     assert node["dram_capacity_bytes"] == 64 << 20 and node["blocks"] == 0
     assert node["hit_rate"] is None and node["uptime_s"] >= 0
+    assert node["metrics_url"] == metrics_url
+    with urllib.request.urlopen(metrics_url, timeout=10) as scrape:  # the URL status shows is the one that answers
+        text = scrape.read().decode()
+    assert f'kvpool_node_info{{node_id="{daemon.node_id}"' in text, text[:2000]
+
+
+def test_status_shows_a_dash_where_metrics_are_off(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    quiet = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--metrics-port", "-1")
+    table = ok(kvpoolctl("status", "--nodes", quiet.address)).splitlines()
+    assert table[1].endswith("  -"), table
+    (node,) = json.loads(ok(kvpoolctl("--json", "status", "--nodes", quiet.address)))["nodes"]
+    assert node["metrics_url"] == "", node
 
 
 def test_put_get_round_trip_and_stats(daemon: DaemonProcess, tmp_path: Path) -> None:

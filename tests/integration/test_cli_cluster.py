@@ -82,11 +82,13 @@ def test_status_lists_every_node_from_etcd_with_live_stats(etcd: LocalEtcd, star
     lines = ok(ctl(etcd, "status")).splitlines()
     assert lines[0] == f"cluster {CLUSTER}: block_size=16 replicas=1 write_quorum=1 placement_version=1"
     assert lines[2].split()[:6] == ["NODE", "STATE", "ADDRESS", "DATA", "WEIGHT", "CAPACITY"]
+    assert lines[2].split()[-1] == "METRICS", lines[2]
     rows = lines[3:]
     assert [row.split()[0] for row in rows] == ["node-a", "node-b", "node-c"]
     for row, daemon in zip(rows, daemons):
         assert f"  active  {daemon.address}  tcp://{daemon.data_address} +shm  " in row
         assert "16.0 MiB" in row
+        assert row.endswith(f"  http://127.0.0.1:{daemon.metrics_port}/metrics"), row
     assert rows[0].split()[10] == "5"  # node-a holds the 5 blocks (cells 7-8, 9-10 are sizes)
 
     nodes = status_json(etcd)
@@ -97,6 +99,7 @@ def test_status_lists_every_node_from_etcd_with_live_stats(etcd: LocalEtcd, star
     assert set(a["data_endpoints"]) == {"tcp", "shm"}, a["data_endpoints"]
     assert a["blocks"] == 5 and a["capacity_bytes"] == 16 << 20 and a["weight"] == 1.0
     assert nodes["node-b"]["blocks"] == 0 and nodes["node-b"]["uptime_s"] >= 0
+    assert nodes["node-b"]["metrics_url"] == f"http://127.0.0.1:{daemons[1].metrics_port}/metrics"
 
     # A registered node that stops answering keeps its row, marked, and the exit code is 3.
     daemons[2].process.send_signal(signal.SIGSTOP)
