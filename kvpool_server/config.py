@@ -80,7 +80,11 @@ class ServerConfig:
     repair_replicas: int = _opt(0, "copies a repair keeps of each block; 0: the cluster config's replicas")
     dram_capacity: int = _opt(GiB, "bytes of the DRAM tier arena", unit="bytes")
     prefault_arena: bool = _opt(True, "map every arena page at start: slower start, no page faults on puts")
-    slab_size: int = _opt(16 * MiB, "allocator slab, also the largest block; multiple of 4096", unit="bytes")
+    # 64 MiB holds a 256-token LMCache chunk of an 8B model (32 MiB) with room to spare; the cost
+    # (fewer slabs, so fewer block sizes held at once in a small arena) is in docs/configuration.md.
+    slab_size: int = _opt(
+        64 * MiB, "allocator slab, also the largest block; multiple of 4096; one block size per slab", unit="bytes"
+    )
     shm_dir: str = _opt("/dev/shm", "existing directory holding the shared-memory arena")
     namespace_quota: int = _opt(
         0, "most DRAM bytes one namespace may hold here; past it its own oldest blocks go (0: no quota)", unit="bytes"

@@ -57,7 +57,9 @@ def test_defaults_match_the_contract() -> None:
     config = ServerConfig()
     assert (config.node_id, config.host, config.advertise_host) == ("", "127.0.0.1", "")
     assert (config.grpc_port, config.data_port) == (50051, 50052)
-    assert (config.dram_capacity, config.slab_size, config.max_frame_bytes) == (GiB, 16 * MiB, GiB)
+    # A Llama-3-8B LMCache chunk of 256 tokens (32 MiB) fits the default slab.
+    assert (config.dram_capacity, config.slab_size, config.max_frame_bytes) == (GiB, 64 * MiB, GiB)
+    assert config.max_block_size >= 32 * 2 * 8 * 128 * 2 * 256
     assert (config.shm_dir, config.max_keys_per_request) == ("/dev/shm", 4096)
     assert config.verify_checksum_on_get is False
     assert (config.io_timeout_s, config.shutdown_grace_s) == (30.0, 10.0)
@@ -296,7 +298,7 @@ def test_slab_must_be_page_multiple(tmp_path: Path, shm: str, slab: str) -> None
 def test_frame_must_hold_largest_block(shm: str) -> None:
     message = load_error(["--shm-dir", shm, "--max-frame-bytes", "1MiB"], {})
     assert message == (
-        "--max-frame-bytes=1MiB: must be >= slab_size=16MiB (default) so the largest block fits in a frame"
+        "--max-frame-bytes=1MiB: must be >= slab_size=64MiB (default) so the largest block fits in a frame"
     )
 
 
@@ -423,7 +425,7 @@ def test_help_lists_every_flag_env_name_and_default(
     for name in FIELD_NAMES:
         assert flag_name(name) in text and env_name(name) in text
     assert "--no-verify-checksum-on-get" in text and "KVPOOL_CONFIG" in text
-    assert "default: 1GiB" in text and "default: 16MiB" in text and "default: 50051" in text
+    assert "default: 1GiB" in text and "default: 64MiB" in text and "default: 50051" in text
 
 
 def test_arg_parser_returns_only_given_flags() -> None:
