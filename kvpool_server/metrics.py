@@ -1,8 +1,9 @@
 """Prometheus metrics: a collector over the daemon's counters, tier and presence.
 
 Nothing is recorded twice: at each scrape the collector reads :class:`Counters`,
-the tiers' reports (:meth:`BlockStore.reports`) and the node's presence, and turns them into metric
-families. It lives in a private registry (no global state), served over HTTP by
+the tiers' reports (:meth:`BlockStore.reports`) and the node's presence, and turns them
+into the families :mod:`kvpool_server.metric_names` declares, every declared counter
+included. It lives in a private registry (no global state), served over HTTP by
 :class:`MetricsServer` on a background thread so a scrape never touches the
 event loop.
 """
@@ -21,43 +22,18 @@ from prometheus_client.registry import Collector
 
 from kvpool_client.membership.records import NodeState
 from kvpool_server.membership.registration import SessionState
+from kvpool_server.metric_names import FAMILIES, TIMED_OPS, Kind
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.store import TierReport
 
-# TierReport field -> help, each a counter family labelled by tier.
-_TIER_COUNTERS = {
-    "hits": "lookups that found the block",
-    "misses": "lookups that did not find the block",
-    "evictions": "blocks evicted to make room",
-    "promotions": "blocks copied up from this tier to the one above",
-    "demotions": "blocks copied down into this tier",
-    "corrupt_blocks": "blocks dropped after a checksum mismatch",
-    "io_errors": "failed reads and writes of the tier's storage",
-}
-# Counters kept by name only: "<tier>_<suffix>".
-_TIER_NAMED_COUNTERS = {
-    "blocks_written": "blocks committed",
-    "deletes": "blocks deleted on request",
-}
-_OPS = ("put", "get", "exists", "delete", "ping", "locate")
-_PLAIN_COUNTERS = {
-    "handoff_started": "hand-offs of this node's blocks started (drain with hand-off)",
-    "handoff_finished": "hand-offs finished",
-    "handoff_planned": "block copies hand-offs set out to make",
-    "handoff_copies": "blocks copied to their new owners by hand-offs",
-    "handoff_failures": "blocks a hand-off failed to copy",
-    "repair_runs": "repairs started after a membership change (copies of blocks to owners that lack them)",
-    "repair_cancelled": "repairs cut short by a newer membership change or shutdown",
-    "repair_checked": "(block, owner) pairs repairs asked the owner about",
-    "repair_copies": "blocks repairs copied to owners that lacked them",
-    "repair_failed": "blocks repairs failed to copy (retried later; refusals for at most 3 runs)",
-    "repair_refused": "block copies the owners refused (full, namespace quota, block limit), left until the membership changes",
-    "connections_dropped_mid_frame": "data connections closed by the peer or a timeout inside a frame",
-    "connections_closed_idle": "data connections closed after idle_timeout_s without a request",
-    "dram_evictions_lost": "blocks evicted from DRAM before the demoter copied them to SSD",
-    "ssd_compactions": "SSD segments compacted (live records moved, segment deleted)",
-}
 _SESSION_STATES = ("standalone", *(str(s) for s in SessionState))
+_DECLARED = {family.name: family for family in FAMILIES}
+
+
+def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    """An empty gauge family as the table declares it (or one value, for a gauge without labels)."""
+    spec = _DECLARED[name]
+    return GaugeMetricFamily(spec.name, spec.help, value=value, labels=list(spec.labels) if spec.labels else None)
 
 
 class TierSource(Protocol):
@@ -102,96 +78,73 @@ class KVPoolCollector(Collector):
         self._presence = presence
 
     def collect(self) -> Iterator[Metric]:
-        values = self._counters.snapshot()
+        reports = self._tiers.reports()
         yield from self._node_families()
-        yield from self._tier_families(self._tiers.reports(), values)
-        yield from self._data_families(values)
+        yield from self._tier_families(reports)
         yield self._latency_family()
-        yield from self._other_counters(values)
+        yield from _counter_families(self._counters.snapshot(zeros=True), {report.name for report in reports})
 
     def _node_families(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily("kvpool_node_info", "this daemon: node id and version", labels=list(self._info))
+        info = _gauge("kvpool_node_info")
         info.add_metric(list(self._info.values()), 1)
         yield info
         current = str(self._presence.state)
-        state = GaugeMetricFamily("kvpool_node_state", "1 for the node's current state", labels=["state"])
+        state = _gauge("kvpool_node_state")
         for name in NodeState:
             state.add_metric([str(name)], int(str(name) == current))
         yield state
         session = self._presence.session
-        sessions = GaugeMetricFamily("kvpool_etcd_session", "1 for the etcd registration's current state", labels=["session"])
+        sessions = _gauge("kvpool_etcd_session")
         for name in _SESSION_STATES:
             sessions.add_metric([name], int(name == session))
         yield sessions
-        registered = int(session == SessionState.REGISTERED)
-        yield GaugeMetricFamily("kvpool_etcd_registered", "1 while registered in etcd under a live lease", value=registered)
+        yield _gauge("kvpool_etcd_registered", int(session == SessionState.REGISTERED))
 
-    def _tier_families(self, reports: list[TierReport], values: dict[str, int]) -> Iterator[Metric]:
+    def _tier_families(self, reports: list[TierReport]) -> Iterator[Metric]:
         gauges = (
-            ("kvpool_tier_capacity_bytes", "bytes the tier can hold", "capacity_bytes"),
-            ("kvpool_tier_used_bytes", "bytes in use (DRAM: allocated slots; SSD: segment files)", "used_bytes"),
-            ("kvpool_tier_blocks", "blocks stored", "blocks"),
+            ("kvpool_tier_capacity_bytes", "capacity_bytes"),
+            ("kvpool_tier_used_bytes", "used_bytes"),
+            ("kvpool_tier_blocks", "blocks"),
         )
-        for name, help_text, field in gauges:
-            family = GaugeMetricFamily(name, help_text, labels=["tier"])
+        for name, field in gauges:
+            family = _gauge(name)
             for report in reports:
                 family.add_metric([report.name], getattr(report.usage, field))
             yield family
-        per_namespace = GaugeMetricFamily("kvpool_namespace_bytes", "bytes one namespace holds in a tier (DRAM: its slots)",
-                                          labels=["namespace", "tier"])
+        per_namespace = _gauge("kvpool_namespace_bytes")
         for tier, usage in self._tiers.namespace_bytes().items():
             for namespace, nbytes in sorted(usage.items()):
                 per_namespace.add_metric([namespace, tier], nbytes)
         yield per_namespace
-        failing = GaugeMetricFamily("kvpool_tier_failing", "1 while the tier refuses writes after an I/O error", labels=["tier"])
+        failing = _gauge("kvpool_tier_failing")
         for report in reports:
             failing.add_metric([report.name], int(bool(report.failure)))
         yield failing
-        for suffix, help_text in _TIER_COUNTERS.items():
-            family = CounterMetricFamily(f"kvpool_tier_{suffix}", help_text, labels=["tier"])
-            for report in reports:
-                family.add_metric([report.name], getattr(report, suffix))
-            yield family
-        for suffix, help_text in _TIER_NAMED_COUNTERS.items():
-            family = CounterMetricFamily(f"kvpool_tier_{suffix}", help_text, labels=["tier"])
-            for report in reports:
-                family.add_metric([report.name], values.get(f"{report.name}_{suffix}", 0))
-            yield family
-
-    def _data_families(self, values: dict[str, int]) -> Iterator[Metric]:
-        data = CounterMetricFamily("kvpool_data_bytes", "block payload bytes moved", labels=["direction", "transport"])
-        data.add_metric(["in", "tcp"], values.get("bytes_in", 0))
-        data.add_metric(["out", "tcp"], values.get("bytes_out", 0))
-        data.add_metric(["out", "shm"], values.get("bytes_out_shm", 0))  # located for same-node readers
-        yield data
-        requests = CounterMetricFamily("kvpool_requests", "data-plane requests by operation", labels=["op"])
-        for op in _OPS:
-            requests.add_metric([op], values.get(f"requests_{op}", 0))
-        yield requests
-        errors = CounterMetricFamily("kvpool_errors", "errors returned, by code (data and control plane)", labels=["code"])
-        for name, value in sorted(values.items()):
-            if name.startswith("errors_"):
-                errors.add_metric([name.removeprefix("errors_")], value)
-        yield errors
 
     def _latency_family(self) -> Metric:
-        family = HistogramMetricFamily(
-            "kvpool_request_duration_seconds",
-            "data-plane request time from its header to the last reply byte sent, by operation",
-            labels=["op"],
-        )
+        spec = _DECLARED["kvpool_request_duration_seconds"]
+        family = HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
         bounds = [*(repr(b) for b in self._latencies.bounds), "+Inf"]
         histograms = self._latencies.snapshot()
-        for op in _OPS:
+        for op in TIMED_OPS:
             histogram = histograms.get(op)
             cumulative = histogram.cumulative() if histogram else [0] * len(bounds)
             total = histogram.total if histogram else 0.0
             family.add_metric([op], list(zip(bounds, cumulative)), total)
         return family
 
-    def _other_counters(self, values: dict[str, int]) -> Iterator[Metric]:
-        for name, help_text in _PLAIN_COUNTERS.items():
-            yield CounterMetricFamily(f"kvpool_{name}", help_text, value=values.get(name, 0))
+
+def _counter_families(values: dict[str, int], tiers: set[str]) -> Iterator[Metric]:
+    """Every declared counter family; a tier's series only where the node has that tier."""
+    for spec in FAMILIES:
+        if spec.kind is not Kind.COUNTER:
+            continue
+        family = CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        tier_at = spec.labels.index("tier") if "tier" in spec.labels else None
+        for key, labels in spec.series.items():
+            if tier_at is None or labels[tier_at] in tiers:
+                family.add_metric(list(labels), values[key])
+        yield family
 
 
 def build_registry(collector: Collector) -> CollectorRegistry:

@@ -1,37 +1,62 @@
-"""Named monotonic counters and request latency histograms, kept per daemon."""
+"""Named monotonic counters (declared in :mod:`kvpool_server.metric_names`) and request latency
+histograms, kept per daemon."""
 
 from __future__ import annotations
 
+import difflib
 import threading
 from bisect import bisect_left
-from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 
+from kvpool_server.metric_names import COUNTER_KEYS
+
+
+class UnknownCounter(LookupError):
+    """A counter key that :mod:`kvpool_server.metric_names` does not declare: a programming error."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        nearest = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+        super().__init__(f"counter {name!r} is not declared in kvpool_server/metric_names.py{hint}")
+
 
 class Counters:
-    """A bag of named counters, updated from every data-plane thread.
+    """The daemon's named counters, every one declared in :mod:`kvpool_server.metric_names`.
 
-    ``+=`` on a dict entry is a read-modify-write that a thread switch can split,
-    so updates take a lock (uncontended: well under a microsecond).
+    All keys start at zero, so GetStats can name every counter from the first call,
+    and an undeclared key raises :class:`UnknownCounter` instead of
+    starting a series that ``/metrics`` would never export. ``+=`` on a dict entry is
+    a read-modify-write that a thread switch can split, so updates take a lock
+    (uncontended: well under a microsecond).
     """
 
     __slots__ = ("_values", "_lock")
 
     def __init__(self) -> None:
-        self._values: Counter[str] = Counter()
+        self._values: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         self._lock = threading.Lock()
 
     def add(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` to ``name``. Raises: UnknownCounter: ``name`` is not declared."""
         with self._lock:
-            self._values[name] += amount
+            try:
+                self._values[name] += amount
+            except KeyError:
+                raise UnknownCounter(name, self._values) from None
 
     def get(self, name: str) -> int:
-        return self._values[name]
+        """The value of ``name``. Raises: UnknownCounter: ``name`` is not declared."""
+        try:
+            return self._values[name]
+        except KeyError:
+            raise UnknownCounter(name, self._values) from None
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self, *, zeros: bool = False) -> dict[str, int]:
+        """The counters that have moved; with ``zeros``, every declared counter (GetStats, /metrics)."""
         with self._lock:
-            return dict(self._values)
+            return dict(self._values) if zeros else {name: value for name, value in self._values.items() if value}
 
 
 # Upper bounds in seconds: a small get on loopback takes ~100 us, a batch of MiBs ~10 ms.

@@ -175,7 +175,8 @@ def _stats_text(report: NodeReport) -> str:
          fmt.percent(t.hits, t.hits + t.misses), t.evictions)
         for t in stats.tiers
     ]
-    counters = sorted(stats.counters.items()) or [("(none yet)", "")]
+    # The node reports every counter it declares; the table shows those that moved (--json: all).
+    counters = sorted((name, value) for name, value in stats.counters.items() if value) or [("(none yet)", "")]
     return "\n\n".join((
         title,
         fmt.table(tier_headers, tier_rows, right=range(1, 8)),

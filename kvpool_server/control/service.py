@@ -106,7 +106,7 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         tiers = [_tier_stats(report) for report in self._store.reports()]
         counters = self._counters
         uptime = time.time() - self._identity.started_at
-        snapshot = counters.snapshot()
+        snapshot = counters.snapshot(zeros=True)  # every declared counter, as /metrics exports them
         snapshot["etcd_registered"] = int(self._presence.session == "registered")
         return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=tiers, counters=snapshot)
 

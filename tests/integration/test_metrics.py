@@ -6,11 +6,14 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool_client import BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace
+from kvpool_server.metric_names import COUNTER_KEYS, FAMILIES
 from tests.support.daemon import DaemonProcess
+from tests.support.waiting import wait_until
 
 NS = Namespace("metrics-model", "fp16", "L1-H1-D8-T4")
 SMALL = ("--dram-capacity", "64MiB", "--slab-size", "1MiB")
@@ -38,6 +41,26 @@ def scrape_settled(daemon: DaemonProcess, before: dict, counter: tuple, wait_s: 
         if now.get(counter, 0) != before.get(counter, 0) or time.monotonic() > deadline:
             return now
         time.sleep(0.02)
+
+
+def families(daemon: DaemonProcess) -> set[str]:
+    url = f"http://127.0.0.1:{daemon.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return {family.name for family in text_string_to_metric_families(response.read().decode())}
+
+
+def counters_in(samples: Samples) -> dict[str, float | None]:
+    """Each declared counter key's value in a scrape (None: its series is missing)."""
+    values: dict[str, float | None] = {}
+    for family in FAMILIES:
+        for key, labels in family.series.items():
+            values[key] = samples.get((f"{family.name}_total", tuple(sorted(zip(family.labels, labels)))))
+    return values
+
+
+def disagreements(client: KVPoolClient, daemon: DaemonProcess) -> dict[str, tuple[int | None, float | None]]:
+    stats, scraped = client.stats(daemon.address).counters, counters_in(scrape(daemon))
+    return {key: (stats.get(key), scraped[key]) for key in COUNTER_KEYS if stats.get(key) != scraped[key]}
 
 
 def dram(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -86,3 +109,23 @@ def test_metrics_port_minus_one_turns_it_off(daemon_factory: Callable[..., Daemo
     assert json.loads((daemon.workdir / "announce.json").read_text())["metrics_port"] == -1
     with KVPoolClient([daemon.address]) as client:
         assert client.stats(daemon.address).node_id == daemon.node_id
+
+
+def test_every_declared_metric_is_in_the_scrape_and_every_counter_in_get_stats(
+    daemon_factory: Callable[..., DaemonProcess], tmp_path: Path,
+) -> None:
+    daemon = daemon_factory(*SMALL, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-capacity", "16MiB",
+                            "--ssd-segment-size", "2MiB")
+    keys = BlockKeyBuilder(NS, block_size=4).keys(list(range(16)))
+    with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport="tcp")) as client:
+        assert client.put(keys, [b"x" * 4096] * len(keys)).stored == len(keys)
+        assert client.get(keys).hits == len(keys)
+        # The get's bytes are counted just after its send returns: wait until both views agree.
+        wait_until(lambda: disagreements(client, daemon), lambda differ: not differ,
+                   "GetStats and /metrics to agree on every declared counter (key: (GetStats, /metrics))")
+        stats, scraped = dict(client.stats(daemon.address).counters), counters_in(scrape(daemon))
+    assert not {family.name for family in FAMILIES} - families(daemon), "declared families missing from /metrics"
+    assert set(COUNTER_KEYS) <= set(stats), f"declared counters missing from GetStats: {set(COUNTER_KEYS) - set(stats)}"
+    assert set(stats) - set(COUNTER_KEYS) == {"etcd_registered"}, "GetStats reports only declared counters"
+    assert scraped["requests_put"] == stats["requests_put"] >= 1
+    assert scraped["bytes_in"] == stats["bytes_in"] == len(keys) * 4096
