@@ -3,7 +3,8 @@
 The daemon's DRAM arena is a file in ``/dev/shm``. A client on the same node maps
 it read-only, asks the node over the TCP connection where a batch of blocks lies
 (``LOCATE``: offset, length, checksum and slot generation per key) and copies
-each block into the caller's buffer: one memcpy, no socket in between.
+each block into the caller's buffer: one copy (:mod:`kvpool_client.transport.copy`, fast
+whatever the buffer's alignment), no socket in between.
 
 Nothing is pinned during the copy. Instead the daemon bumps a slot's generation
 whenever it frees the slot, before it can be reused (:mod:`kvpool_client.wire.generations`).
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
+from kvpool_client.transport.copy import address, copy_into
 from kvpool_client.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
 
 
@@ -121,6 +123,7 @@ class SharedArena:
         except (OSError, ValueError) as exc:
             raise SharedArenaUnavailable(f"cannot map the arena {info.arena_path}: {exc}") from exc
         self._view = memoryview(self._map)
+        self._address = address(self._view)  # where block copies start from (copy_into's alignment check)
         start = info.generations_offset + HEADER_BYTES
         self._generations = self._view[start : info.generations_offset + self.header.nbytes].cast("Q")
         self.stale = False  # set when the node answered for another arena (it restarted)
@@ -138,7 +141,7 @@ class SharedArena:
         end = location.offset + location.length
         if end > self.info.capacity_bytes or len(target) != location.length:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
-        target[:] = self._view[location.offset : end]
+        copy_into(target, self._view[location.offset : end], self._address + location.offset)
 
     def unchanged(self, location: Location) -> bool:
         """Whether the block's slot is still in the generation it was located in."""

@@ -43,6 +43,7 @@ from ucxx.types import Tag, TagMaskFull
 
 from kvpool_client.errors import KVPoolError, NodeUnavailable, ProtocolError, UsageError
 from kvpool_client.transport import ucx_frames as frames
+from kvpool_client.transport.copy import copy_into
 
 T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview
@@ -350,7 +351,8 @@ class UcxChannel:
 
     def _copy_inline(self, target: memoryview) -> int:
         count = min(len(target), len(self._inline))
-        target[:count] = self._inline[:count]
+        with memoryview(self._inline) as inline:  # released before the del below resizes it
+            copy_into(target[:count], inline[:count])
         del self._inline[:count]
         return count
 
