@@ -1,32 +1,34 @@
-"""Least-recently-used order on an ordered dict (a C doubly linked list: O(1) moves)."""
+"""Least-recently-used order: one intrusive list over block ids (O(1) moves, 12 bytes a block)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
+
+from kvpool_server.index.lists import LinkedLists
+
+_ORDER = 0
 
 
 class LRUPolicy:
     """Evicts the block whose last insert or hit is the oldest."""
 
-    __slots__ = ("_order",)
+    __slots__ = ("_lists",)
 
     def __init__(self) -> None:
-        self._order: OrderedDict[Hashable, None] = OrderedDict()
+        self._lists = LinkedLists()
 
-    def insert(self, key: Hashable, depth: int = 0) -> None:  # depth plays no part in LRU
-        self._order[key] = None
-        self._order.move_to_end(key)
+    def insert(self, block: int, depth: int = 0) -> None:  # depth plays no part in LRU
+        self._lists.append(_ORDER, block)
 
-    def touch(self, key: Hashable) -> None:
-        if key in self._order:
-            self._order.move_to_end(key)
+    def touch(self, block: int) -> None:
+        if self._lists.list_of(block) == _ORDER:
+            self._lists.append(_ORDER, block)
 
-    def remove(self, key: Hashable) -> None:
-        self._order.pop(key, None)
+    def remove(self, block: int) -> None:
+        self._lists.remove(block)
 
-    def candidates(self) -> Iterator[Hashable]:
-        return iter(self._order)
+    def candidates(self) -> Iterator[int]:
+        return self._lists.nodes(_ORDER)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._lists.size(_ORDER)

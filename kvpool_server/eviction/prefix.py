@@ -12,29 +12,33 @@ first and, within it, the deepest blocks first, oldest first among equal depths.
 A head touched long ago still leaves before a fresh tail: age decides across
 epochs, depth within one.
 
-``insert``, ``touch`` and ``remove`` are O(1). ``candidates`` is O(1) per key
-yielded, after sorting an epoch's distinct depths when a new one appeared in it
-(a chain's length bounds them).
+Blocks are ids threaded through one set of intrusive lists, one list per
+(epoch, depth): 12 bytes a block. ``insert``, ``touch`` and ``remove`` are O(1).
+``candidates`` is O(1) per block yielded, after sorting an epoch's distinct depths
+when a new one appeared in it (a chain's length bounds them).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import count
+
+from kvpool_server.index.lists import LinkedLists
 
 _MIN_EPOCH_OPS = 16
 
 
 @dataclass(slots=True)
 class _Epoch:
-    by_depth: dict[int, OrderedDict[Hashable, None]] = field(default_factory=dict)
+    lists: dict[int, int] = field(default_factory=dict)  # depth -> list of its blocks, oldest first
     size: int = 0
     deepest_first: list[int] | None = None  # sorted depths; None when a depth was added
 
     def order(self) -> list[int]:
         if self.deepest_first is None:
-            self.deepest_first = sorted(self.by_depth, reverse=True)
+            self.deepest_first = sorted(self.lists, reverse=True)
         return self.deepest_first
 
 
@@ -46,69 +50,70 @@ class PrefixAwarePolicy:
             count in inserts and touches (at least 16).
     """
 
-    __slots__ = ("_epochs", "_where", "_current", "_next_id", "_ops", "_share", "_size")
+    __slots__ = ("_epochs", "_lists", "_buckets", "_list_ids", "_current", "_next_epoch", "_ops", "_share", "_size")
 
     def __init__(self, epoch_share: float = 0.125) -> None:
         if not 0 < epoch_share <= 1:
             raise ValueError("epoch_share must be in (0, 1]")
         self._share = epoch_share
         self._epochs: OrderedDict[int, _Epoch] = OrderedDict()  # oldest first
-        self._where: dict[Hashable, tuple[int, int]] = {}  # key -> (epoch id, depth)
-        self._next_id = 0
+        self._lists = LinkedLists()  # one list per (epoch, depth) holding blocks
+        self._buckets: dict[int, tuple[int, int]] = {}  # list -> (epoch id, depth)
+        self._list_ids = count()
+        self._next_epoch = count()
         self._current = self._open_epoch()
         self._ops = 0
         self._size = 0
 
-    def insert(self, key: Hashable, depth: int = 0) -> None:
-        self.remove(key)
-        self._place(key, depth)
+    def insert(self, block: int, depth: int = 0) -> None:
+        self.remove(block)
+        self._place(block, depth)
         self._size += 1
 
-    def touch(self, key: Hashable) -> None:
-        where = self._where.get(key)
-        if where is None:
+    def touch(self, block: int) -> None:
+        lst = self._lists.list_of(block)
+        if lst < 0:
             return
-        epoch_id, depth = where
+        epoch_id, depth = self._buckets[lst]
         if epoch_id != self._current:
-            self._take(key, epoch_id, depth)
-            self._place(key, depth)
+            self._take(block)
+            self._place(block, depth)
         else:
-            self._epochs[epoch_id].by_depth[depth].move_to_end(key)
+            self._lists.append(lst, block)
             self._tick()
 
-    def remove(self, key: Hashable) -> None:
-        where = self._where.pop(key, None)
-        if where is not None:
-            self._take(key, *where)
+    def remove(self, block: int) -> None:
+        if self._lists.list_of(block) >= 0:
+            self._take(block)
             self._size -= 1
 
-    def candidates(self) -> Iterator[Hashable]:
+    def candidates(self) -> Iterator[int]:
         for epoch in self._epochs.values():
             for depth in epoch.order():
-                yield from epoch.by_depth[depth]
+                yield from self._lists.nodes(epoch.lists[depth])
 
     def __len__(self) -> int:
         return self._size
 
     # -- internals ------------------------------------------------------------
 
-    def _place(self, key: Hashable, depth: int) -> None:
+    def _place(self, block: int, depth: int) -> None:
         epoch = self._epochs[self._current]
-        keys = epoch.by_depth.get(depth)
-        if keys is None:
-            keys = epoch.by_depth[depth] = OrderedDict()
+        lst = epoch.lists.get(depth)
+        if lst is None:
+            lst = epoch.lists[depth] = next(self._list_ids)
+            self._buckets[lst] = (self._current, depth)
             epoch.deepest_first = None
-        keys[key] = None
+        self._lists.append(lst, block)
         epoch.size += 1
-        self._where[key] = (self._current, depth)
         self._tick()
 
-    def _take(self, key: Hashable, epoch_id: int, depth: int) -> None:
+    def _take(self, block: int) -> None:
+        lst = self._lists.remove(block)
+        epoch_id, depth = self._buckets[lst]
         epoch = self._epochs[epoch_id]
-        keys = epoch.by_depth[depth]
-        del keys[key]
-        if not keys:
-            del epoch.by_depth[depth]
+        if not self._lists.size(lst):
+            del epoch.lists[depth], self._buckets[lst]
             epoch.deepest_first = None
         epoch.size -= 1
         if not epoch.size and epoch_id != self._current:
@@ -120,8 +125,7 @@ class PrefixAwarePolicy:
             self._current = self._open_epoch()
 
     def _open_epoch(self) -> int:
-        epoch_id = self._next_id
-        self._next_id += 1
+        epoch_id = next(self._next_epoch)
         self._epochs[epoch_id] = _Epoch()
         self._ops = 0
         return epoch_id

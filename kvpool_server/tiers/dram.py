@@ -1,17 +1,19 @@
 """The DRAM tier: blocks in the shared arena, an index, and eviction when full.
 
 Data-plane worker threads and the control plane share one tier, so every method
-that changes state takes the tier's lock, for a few dictionary operations only;
-``contains`` and ``view`` are single reads, atomic under the GIL.
+that reads or changes the index takes the tier's lock, for a few array operations.
+The index is compact (:mod:`kvpool_server.index`): a key table, one record column
+per field, intrusive eviction lists and a per-slab map of slot to block, about 150
+bytes a block in all.
 Byte transfers happen outside the lock, straight into or out of the
 ``memoryview`` slices this tier hands out, while the block is pinned.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable
-import threading
 from itertools import count, islice, takewhile
 
 import xxhash
@@ -21,7 +23,10 @@ from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import Allocation, SlabAllocator
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
-from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
+from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.index.entry import COMPLETE, UNLINKED, BlockRecords
+from kvpool_server.index.keys import KeyTable
+from kvpool_server.index.slots import SlabSlots
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
@@ -69,8 +74,10 @@ class DramTier:
         self._alloc = allocator
         self._counters = counters
         self._new_policy = policy_factory
-        self._index: dict[StoreKey, BlockEntry] = {}
-        self._by_offset: dict[int, BlockEntry] = {}
+        self._keys = KeyTable()  # key -> block id, for blocks not unlinked
+        self._blocks = BlockRecords()  # by block id
+        self._slots = SlabSlots(allocator.slab_size)
+        self._handles: dict[int, BlockEntry] = {}  # pinned blocks: one handle each while pinned
         self._policies: dict[int, EvictionPolicy] = {}  # slot size -> order of readable blocks
         self._ticks = count(1)
         self._lock = threading.Lock()
@@ -96,9 +103,9 @@ class DramTier:
         if length > self._alloc.slab_size:
             return ErrorCode.BLOCK_TOO_LARGE
         with self._lock:
-            existing = self._index.get(key)
-            if existing is not None:
-                return ErrorCode.ALREADY_EXISTS if existing.readable else ErrorCode.BUSY
+            existing = self._keys.find(key)
+            if existing >= 0:
+                return ErrorCode.ALREADY_EXISTS if self._blocks.flags[existing] & COMPLETE else ErrorCode.BUSY
             # Victims are chosen first and evicted only for a reserve that then succeeds.
             victims = self._quota_victims(key[0], self._alloc.slot_size_for(length))
             if victims is None:
@@ -111,10 +118,7 @@ class DramTier:
             allocation = self._allocate(length)
             if allocation is None:
                 return ErrorCode.OUT_OF_SPACE
-            entry = BlockEntry(key, allocation.offset, length, allocation.slot_size, pins=1, depth=depth)
-            self._index[key] = self._by_offset[entry.offset] = entry
-            self._ns_bytes[key[0]] += entry.slot_size
-            return entry
+            return self._add(key, allocation, length, depth)
 
     def slot_size(self, length: int) -> int | None:
         """The slot a block of ``length`` bytes would take; None where :meth:`reserve` refuses the length."""
@@ -131,20 +135,21 @@ class DramTier:
         """
         if known_checksum is None:  # outside the lock: the writer owns the slot
             known_checksum = checksum(self.view(entry))
-        entry.checksum = known_checksum
+        block, blocks = entry.ident, self._blocks
         with self._lock:
-            entry.status = BlockStatus.COMPLETE
-            entry.last_access = next(self._ticks)
-            self._policy(entry.slot_size).insert(entry.key, entry.depth)
+            blocks.checksum[block] = known_checksum
+            blocks.flags[block] |= COMPLETE
+            blocks.last_access[block] = next(self._ticks)
+            self._policy(blocks.slot_size[block]).insert(block, blocks.depth[block])
             if not keep_pin:
-                self._release_pin(entry)
+                self._release_pin(block)
         self._counters.add("dram_blocks_written")
 
     def abort(self, entry: BlockEntry) -> None:
         """Drop a reservation whose bytes never fully arrived."""
         with self._lock:
-            self._unlink(entry)
-            self._release_pin(entry)
+            self._unlink(entry.ident)
+            self._release_pin(entry.ident)
 
     # -- reads ----------------------------------------------------------------
 
@@ -155,31 +160,32 @@ class DramTier:
             touch: a client read: count the hit or miss and refresh the block's
                 recency. Internal copies (hand-off) pass False.
         """
+        blocks = self._blocks
         with self._lock:
-            entry = self._index.get(key)
-            if entry is not None and entry.readable:
-                entry.pins += 1
+            block = self._keys.find(key)
+            entry = None
+            if block >= 0 and blocks.flags[block] & COMPLETE:
+                blocks.pins[block] += 1
                 if touch:
-                    entry.last_access = next(self._ticks)
-                    self._policies[entry.slot_size].touch(key)
-            else:
-                entry = None
+                    blocks.last_access[block] = next(self._ticks)
+                    self._policies[blocks.slot_size[block]].touch(block)
+                entry = self._handle(block, key)
         if touch:
             self._counters.add("dram_hits" if entry is not None else "dram_misses")
         return entry
 
     def refresh(self, entries: Iterable[BlockEntry]) -> None:
-        """Make these readable blocks the most recent, the last one most of all."""
+        """Make these readable (and pinned) blocks the most recent, the last one most of all."""
         with self._lock:
             for entry in entries:
-                if entry.readable and self._index.get(entry.key) is entry:
-                    entry.last_access = next(self._ticks)
-                    self._policies[entry.slot_size].touch(entry.key)
+                if entry.readable:
+                    self._blocks.last_access[entry.ident] = next(self._ticks)
+                    self._policies[entry.slot_size].touch(entry.ident)
 
     def release(self, entry: BlockEntry) -> None:
         """Unpin a block acquired for reading."""
         with self._lock:
-            self._release_pin(entry)
+            self._release_pin(entry.ident)
 
     def view(self, entry: BlockEntry) -> memoryview:
         """The block's bytes in the arena (writable while ``WRITING``)."""
@@ -190,8 +196,9 @@ class DramTier:
         return 0 if self.generations is None else self.generations.get(entry.offset)
 
     def contains(self, key: StoreKey) -> bool:
-        entry = self._index.get(key)  # one dict read: atomic under the GIL
-        return entry is not None and entry.readable
+        with self._lock:
+            block = self._keys.find(key)
+            return block >= 0 and bool(self._blocks.flags[block] & COMPLETE)
 
     def pin_coldest(self, share: float, skip: Callable[[StoreKey], bool], limit: int) -> list[BlockEntry]:
         """Pin up to ``limit`` blocks among the coldest ``share`` of each size class.
@@ -201,16 +208,17 @@ class DramTier:
         :meth:`release`.
         """
         picked: list[BlockEntry] = []
+        pins = self._blocks.pins
         with self._lock:
             for policy in self._policies.values():
                 window = max(1, round(share * len(policy)))
                 # At most a quarter of a class at once, so puts always find something to evict.
                 room = max(1, len(policy) // 4)
-                for key in islice(policy.candidates(), window):
-                    entry = self._index[key]
-                    if not entry.pins and not skip(key):
-                        entry.pins += 1
-                        picked.append(entry)
+                for block in islice(policy.candidates(), window):
+                    key = self._keys.key_of(block)
+                    if not pins[block] and not skip(key):
+                        pins[block] += 1
+                        picked.append(self._handle(block, key))
                         room -= 1
                         if len(picked) >= limit:
                             return picked
@@ -221,7 +229,7 @@ class DramTier:
     def readable_keys(self) -> list[StoreKey]:
         """A snapshot of every readable block's key."""
         with self._lock:
-            return [key for key, entry in self._index.items() if entry.readable]
+            return [self._keys.key_of(b) for b in self._keys.mapped_ids() if self._blocks.flags[b] & COMPLETE]
 
     def namespace_bytes(self) -> dict[str, int]:
         """Slot bytes per namespace, kept as blocks come and go (cheap: for every metrics scrape)."""
@@ -232,26 +240,32 @@ class DramTier:
         """Readable blocks and their bytes per namespace (walks the index: an admin call)."""
         usage: defaultdict[str, NamespaceUsage] = defaultdict(NamespaceUsage)
         with self._lock:
-            for (namespace, _), entry in self._index.items():
-                if entry.readable:
-                    usage[namespace].add(entry.length)
+            for block in self._keys.mapped_ids():
+                if self._blocks.flags[block] & COMPLETE:
+                    usage[self._keys.namespace_of(block)].add(self._blocks.length[block])
         return dict(usage)
 
     def prefix_hits(self, keys: Iterable[StoreKey]) -> int:
         """Number of leading ``keys`` stored and readable."""
         return sum(1 for _ in takewhile(self.contains, keys))
 
+    def index_bytes(self) -> int:
+        """Bytes the index holds: key table, records, slot map and eviction orders (for benchmarks)."""
+        with self._lock:
+            policies = sum(getattr(p, "nbytes", lambda: 0)() for p in self._policies.values())
+            return self._keys.nbytes() + self._blocks.nbytes() + self._slots.nbytes() + policies
+
     # -- removal --------------------------------------------------------------
 
     def delete(self, key: StoreKey) -> bool:
         """Remove a readable block; a pinned one is freed by its last reader."""
         with self._lock:
-            entry = self._index.get(key)
-            if entry is None or not entry.readable:
+            block = self._keys.find(key)
+            if block < 0 or not self._blocks.flags[block] & COMPLETE:
                 return False
-            self._unlink(entry)
-            if not entry.pins:
-                self._free(entry)
+            self._unlink(block)
+            if not self._blocks.pins[block]:
+                self._free(block)
         self._counters.add("dram_deletes")
         return True
 
@@ -260,16 +274,34 @@ class DramTier:
         with self._lock:
             if entry.unlinked:
                 return
-            self._unlink(entry)
+            self._unlink(entry.ident)
             if not entry.pins:
-                self._free(entry)
+                self._free(entry.ident)
         self._counters.add("dram_corrupt_blocks")
 
     def usage(self) -> TierUsage:
         with self._lock:
-            return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._index))
+            return TierUsage(self._alloc.capacity, self._alloc.used_bytes, len(self._keys))
 
     # -- internals ------------------------------------------------------------
+
+    def _add(self, key: StoreKey, allocation: Allocation, length: int, depth: int) -> BlockEntry:
+        block = self._keys.insert(key)
+        blocks = self._blocks
+        blocks.ensure(block)
+        blocks.offset[block], blocks.length[block], blocks.slot_size[block] = allocation.offset, length, allocation.slot_size
+        blocks.checksum[block], blocks.last_access[block], blocks.depth[block] = 0, 0, depth
+        blocks.pins[block], blocks.flags[block], blocks.read_ahead[block] = 1, 0, 0
+        self._slots.set(allocation.offset, allocation.slot_size, block)
+        self._ns_bytes[key[0]] += allocation.slot_size
+        return self._handle(block, key)
+
+    def _handle(self, block: int, key: StoreKey) -> BlockEntry:
+        """The one handle of a pinned block (readers of the same block share it)."""
+        entry = self._handles.get(block)
+        if entry is None:
+            entry = self._handles[block] = BlockEntry(block, key, self._blocks)
+        return entry
 
     def _policy(self, slot_size: int) -> EvictionPolicy:
         policy = self._policies.get(slot_size)
@@ -277,7 +309,7 @@ class DramTier:
             policy = self._policies[slot_size] = self._new_policy()
         return policy
 
-    def _quota_victims(self, namespace: str, slot_size: int) -> list[BlockEntry] | None:
+    def _quota_victims(self, namespace: str, slot_size: int) -> list[int] | None:
         """The namespace's least recent blocks whose eviction lets one more slot fit its quota.
 
         Returns:
@@ -287,38 +319,39 @@ class DramTier:
         if self._quota and slot_size > self._quota:
             return None  # no eviction can make it fit: spare the look at every block
         excess = self._ns_bytes[namespace] + slot_size - self._quota if self._quota else 0
-        victims: dict[StoreKey, BlockEntry] = {}
+        victims: dict[int, None] = {}
         while excess > 0:
             victim = self._oldest_of(namespace, victims)
             if victim is None:
                 return None
-            victims[victim.key] = victim
-            excess -= victim.slot_size
-        return list(victims.values())
+            victims[victim] = None
+            excess -= self._blocks.slot_size[victim]
+        return list(victims)
 
-    def _oldest_of(self, namespace: str, taken: Container[StoreKey]) -> BlockEntry | None:
+    def _oldest_of(self, namespace: str, taken: Container[int]) -> int | None:
         """The least recent evictable block of ``namespace`` not in ``taken`` (a bounded look at each order)."""
-        best: BlockEntry | None = None
+        best: int | None = None
+        blocks = self._blocks
         for policy in self._policies.values():
-            for key in islice((c for c in policy.candidates() if c not in taken), _QUOTA_VICTIM_SCAN):
-                entry = self._index[key]
-                if key[0] == namespace and not entry.pins:
-                    if best is None or entry.last_access < best.last_access:
-                        best = entry
+            for block in islice((c for c in policy.candidates() if c not in taken), _QUOTA_VICTIM_SCAN):
+                if self._keys.namespace_of(block) == namespace and not blocks.pins[block]:
+                    if best is None or blocks.last_access[block] < blocks.last_access[best]:
+                        best = block
                     break
         return best
 
-    def _room_after(self, victims: list[BlockEntry], length: int) -> bool:
+    def _room_after(self, victims: list[int], length: int) -> bool:
         """Whether a slot for ``length`` can be had once ``victims`` are gone (decided before evicting them).
 
         It can when the arena has room, a victim's slot fits it, the victims empty a whole
         slab, or eviction would find room anyway (see :meth:`_evict_for`).
         """
         size = self._alloc.slot_size_for(length)
-        if self._alloc.has_room(length) or any(v.slot_size == size for v in victims):
+        blocks = self._blocks
+        if self._alloc.has_room(length) or any(blocks.slot_size[v] == size for v in victims):
             return True
-        emptied = Counter(self._alloc.slab_of(v.offset) for v in victims)
-        if any(gone == len(self._entries_in_slab(slab)) for slab, gone in emptied.items()):
+        emptied = Counter(self._alloc.slab_of(blocks.offset[v]) for v in victims)
+        if any(gone == len(self._slots.blocks_in(slab)) for slab, gone in emptied.items()):
             return True
         evictable = self._first_evictable(self._policies.get(size))
         return evictable is not None or self._oldest_evictable_slab(exclude=size) is not None
@@ -338,20 +371,20 @@ class DramTier:
         """
         victim = self._first_evictable(self._policies.get(slot_size))
         slab = self._oldest_evictable_slab(exclude=slot_size)
-        if slab is not None and (victim is None or slab[0] < victim.last_access):
-            for entry in self._entries_in_slab(slab[1]):
-                self._evict(entry)
+        if slab is not None and (victim is None or slab[0] < self._blocks.last_access[victim]):
+            for block in self._slots.blocks_in(slab[1]):
+                self._evict(block)
             return True
         if victim is None:
             return False
         self._evict(victim)
         return True
 
-    def _first_evictable(self, policy: EvictionPolicy | None) -> BlockEntry | None:
-        for key in policy.candidates() if policy else ():
-            entry = self._index[key]
-            if not entry.pins:
-                return entry
+    def _first_evictable(self, policy: EvictionPolicy | None) -> int | None:
+        pins = self._blocks.pins
+        for block in policy.candidates() if policy else ():
+            if not pins[block]:
+                return block
         return None
 
     def _oldest_evictable_slab(self, exclude: int) -> tuple[int, int] | None:
@@ -365,8 +398,8 @@ class DramTier:
         for size, policy in self._policies.items():
             if size == exclude:
                 continue
-            for key in islice(policy.candidates(), _SLAB_VICTIM_SCAN):
-                slab = self._alloc.slab_of(self._index[key].offset)
+            for block in islice(policy.candidates(), _SLAB_VICTIM_SCAN):
+                slab = self._alloc.slab_of(self._blocks.offset[block])
                 newest = self._slab_newest_access(slab)
                 if newest is not None:
                     if best is None or newest < best[0]:
@@ -376,46 +409,51 @@ class DramTier:
 
     def _slab_newest_access(self, slab: int) -> int | None:
         """The most recent access of the slab's blocks; None if any is pinned or being written."""
-        entries = self._entries_in_slab(slab)
-        if not all(e.readable and not e.pins for e in entries):
+        blocks = self._blocks
+        members = self._slots.blocks_in(slab)
+        if not all(blocks.flags[b] == COMPLETE and not blocks.pins[b] for b in members):
             return None
-        return max(e.last_access for e in entries)
+        return max(blocks.last_access[b] for b in members)
 
-    def _entries_in_slab(self, slab: int) -> list[BlockEntry]:
-        size = self._alloc.slab_slot_size(slab)
-        start = slab * self._alloc.slab_size
-        offsets = range(start, start + self._alloc.slab_size - size + 1, size) if size else ()
-        return [self._by_offset[o] for o in offsets if o in self._by_offset]
-
-    def _evict(self, entry: BlockEntry) -> None:
-        self._unlink(entry)
-        self._free(entry)
+    def _evict(self, block: int) -> None:
+        key = self._keys.key_of(block) if self._on_evict is not None else None
+        self._unlink(block)
+        self._free(block)
         self._counters.add("dram_evictions")
-        if self._on_evict is not None:
-            self._on_evict(entry.key)
+        if key is not None and self._on_evict is not None:
+            self._on_evict(key)
 
-    def _unlink(self, entry: BlockEntry) -> None:
-        if self._index.get(entry.key) is entry:
-            del self._index[entry.key]
-        policy = self._policies.get(entry.slot_size)
+    def _unlink(self, block: int) -> None:
+        blocks = self._blocks
+        flags = blocks.flags[block]
+        if flags & UNLINKED:
+            return
+        self._keys.unmap(block)
+        policy = self._policies.get(blocks.slot_size[block])
         if policy is not None:
-            policy.remove(entry.key)
-        if entry.pins and entry.readable and self.generations is not None:
+            policy.remove(block)
+        if blocks.pins[block] and flags & COMPLETE and self.generations is not None:
             # Freed only when its last reader leaves; a same-node client holding its
             # location must see it gone now (an unpinned block is freed, and bumped, at once).
-            self.generations.bump(entry.offset)
-        entry.unlinked = True
+            self.generations.bump(blocks.offset[block])
+        blocks.flags[block] = flags | UNLINKED
 
-    def _release_pin(self, entry: BlockEntry) -> None:
-        entry.pins -= 1
-        if entry.unlinked and not entry.pins:
-            self._free(entry)
+    def _release_pin(self, block: int) -> None:
+        blocks = self._blocks
+        blocks.pins[block] -= 1
+        if not blocks.pins[block]:
+            self._handles.pop(block, None)
+            if blocks.flags[block] & UNLINKED:
+                self._free(block)
 
-    def _free(self, entry: BlockEntry) -> None:
-        del self._by_offset[entry.offset]
-        self._ns_bytes[entry.key[0]] -= entry.slot_size
-        if not self._ns_bytes[entry.key[0]]:
-            del self._ns_bytes[entry.key[0]]
+    def _free(self, block: int) -> None:
+        blocks = self._blocks
+        offset, namespace = blocks.offset[block], self._keys.namespace_of(block)
+        self._slots.clear(offset)
+        self._ns_bytes[namespace] -= blocks.slot_size[block]
+        if not self._ns_bytes[namespace]:
+            del self._ns_bytes[namespace]
         if self.generations is not None:  # before the slot can be handed out again
-            self.generations.bump(entry.offset)
-        self._alloc.free(entry.offset)
+            self.generations.bump(offset)
+        self._alloc.free(offset)
+        self._keys.release(block)

@@ -225,10 +225,33 @@ def _check_record(front: bytearray, payload: memoryview, location: Location, key
     verify_payload(header, payload)
 
 
+class _ReadWindow:
+    """Small reads of a file, served from one larger ``pread`` where they fall inside it.
+
+    A scan asks for each record's header and key in file order: with small blocks
+    that is two system calls per record, which made rebuilding the index of millions
+    of records take minutes. One window holds hundreds of small records; for large
+    ones it costs one read of ``size`` bytes per record instead of two tiny ones.
+    """
+
+    __slots__ = ("_fd", "_size", "_start", "_data")
+
+    def __init__(self, fd: int, size: int = 64 * 1024) -> None:
+        self._fd, self._size = fd, size
+        self._start, self._data = 0, b""
+
+    def __call__(self, offset: int, n: int) -> bytes:
+        if offset < self._start or offset + n > self._start + len(self._data):
+            if n > self._size:
+                return os.pread(self._fd, n, offset)
+            self._start, self._data = offset, os.pread(self._fd, self._size, offset)
+        return self._data[offset - self._start : offset - self._start + n]
+
+
 def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
                   walk: WalkResult) -> Iterator[ScanEntry]:
     """Yield the valid records of one segment file in order; see :func:`walk_records`."""
-    for found in walk_records(lambda offset, n: os.pread(fd, n, offset), size, verify, walk):
+    for found in walk_records(_ReadWindow(fd), size, verify, walk):
         try:
             key = (found.namespace.decode(), found.hash)
         except UnicodeDecodeError:

@@ -1,6 +1,9 @@
 """The SSD tier: blocks demoted from DRAM, kept in a :class:`SegmentLog` on local disk.
 
-An in-memory index maps each key to its newest record. Space is managed in two
+An in-memory index maps each key to its newest record, compactly: a key table
+(:class:`~kvpool_server.index.keys.KeyTable`), a column per field by block id, and
+per segment its records in log order (:class:`~kvpool_server.index.runs.SegmentRecords`),
+about 120 bytes a record besides the key's bytes. Space is managed in two
 steps, both inside :meth:`SsdTier.write` when a record would not fit:
 
 - eviction drops the least valuable key from the index (its bytes turn dead);
@@ -22,7 +25,7 @@ copy a record forward keeps its segment, so no stored block is lost to it.
 Blocking: every method except ``contains``, ``length_of``, ``location_of``,
 ``log_range``, ``keys_between``, ``keys_before``, ``touch``, ``keys``, ``usage``,
 ``failure`` and ``forget`` does file I/O: call it from a thread, never an event
-loop. ``_lock`` guards the index (dict operations only); ``_write_lock`` makes one
+loop. ``_lock`` guards the index (array operations only); ``_write_lock`` makes one
 writer at a time (appends, eviction, compaction). Reads run beside writes: a read
 that loses its segment to compaction retries at the record's new location.
 """
@@ -40,6 +43,9 @@ from dataclasses import dataclass
 
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import StoreKey
+from kvpool_server.index.keys import KeyTable
+from kvpool_server.index.locations import RecordLocations
+from kvpool_server.index.runs import SegmentRecords
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.readahead import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
@@ -66,6 +72,9 @@ class SsdConfig:
 
 @dataclass(frozen=True, slots=True)
 class _Record:
+    """A snapshot of one indexed record, taken under the lock."""
+
+    block: int
     location: Location
     checksum: int
     length: int
@@ -102,12 +111,11 @@ class SsdTier:
         self._counters = counters
         self._budget = config.capacity - config.segment_size  # a segment's room for compaction
         self._log = SegmentLog(config.directory, config.segment_size, config.fsync)
-        self._index: dict[StoreKey, _Record] = {}
-        self._policy = policy_factory()
+        self._keys = KeyTable()  # key -> block id of its newest record
+        self._records = RecordLocations()  # by block id
+        self._policy = policy_factory()  # eviction order of block ids
         self._live: defaultdict[int, int] = defaultdict(int)  # segment -> live record bytes
-        # segment -> offset -> key of its live records, in log order; and by where each ends
-        self._keys_in: defaultdict[int, dict[int, StoreKey]] = defaultdict(dict)
-        self._ends_in: defaultdict[int, dict[int, StoreKey]] = defaultdict(dict)
+        self._runs: defaultdict[int, SegmentRecords] = defaultdict(SegmentRecords)  # segment -> its records
         self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
         self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
         self._namespace_bytes: defaultdict[str, int] = defaultdict(int)  # namespace -> live record bytes
@@ -131,14 +139,14 @@ class SsdTier:
             if found.tombstone:
                 self._note_tombstone(found.key, found.location)
             else:
-                self._add(found.key, _Record(found.location, found.checksum, found.payload_len))
+                self._add(found.key, found.location, found.payload_len, found.checksum)
         stats = self._log.stats()
         self._counters.add("ssd_corrupt_blocks", stats.corrupt_records)
         log.info(
             "SSD tier opened",
             extra={
                 "directory": self._config.directory,
-                "blocks": len(self._index),
+                "blocks": len(self._keys),
                 "segments": stats.segments,
                 "corrupt_records": stats.corrupt_records,
                 "torn_bytes": stats.truncated_bytes,
@@ -149,15 +157,25 @@ class SsdTier:
     # -- no I/O ---------------------------------------------------------------
 
     def contains(self, key: StoreKey) -> bool:
-        return key in self._index  # one dict read: atomic under the GIL
+        with self._lock:
+            return self._keys.find(key) >= 0
 
     def length_of(self, key: StoreKey) -> int | None:
-        record = self._index.get(key)
+        with self._lock:
+            record = self._get(key)
         return None if record is None else record.length
 
     def location_of(self, key: StoreKey) -> Location | None:
-        record = self._index.get(key)
+        with self._lock:
+            record = self._get(key)
         return None if record is None else record.location
+
+    def index_bytes(self) -> int:
+        """Bytes the index holds: key table, columns, per-segment runs and the eviction order (for benchmarks)."""
+        with self._lock:
+            runs = sum(run.nbytes() for run in self._runs.values())
+            order = getattr(self._policy, "nbytes", lambda: 0)()
+            return self._keys.nbytes() + self._records.nbytes() + runs + order
 
     def log_range(self, location: Location) -> Stretch:
         """A record's place in the log as one line: segment ``s`` spans positions from
@@ -177,10 +195,15 @@ class SsdTier:
         end = min(stretch.end - segment_id * SEGMENT_STRIDE, SEGMENT_STRIDE)
         keys: list[StoreKey] = []
         with self._lock:
-            live = self._keys_in.get(segment_id, {})
-            while offset < end and (key := live.get(offset)) is not None:
-                keys.append(key)
-                offset += self._index[key].location.length
+            run = self._runs.get(segment_id)
+            position, block = run.at(offset) if run is not None else (-1, -1)
+            while offset < end and block >= 0 and run is not None:
+                keys.append(self._keys.key_of(block))
+                offset += self._records.size[block]
+                position += 1
+                start, block = run.entry(position)
+                if start != offset:
+                    break
         return keys
 
     def keys_before(self, stretch: Stretch) -> list[StoreKey]:
@@ -196,12 +219,12 @@ class SsdTier:
                 if offset == 0:  # the previous segment's last record ends here
                     segment_id -= 1
                     offset = self._log.size_of(segment_id) or 0
-                key = self._ends_in.get(segment_id, {}).get(offset)
-                if key is None:
+                block = self._ending_at(segment_id, offset)
+                if block < 0:
                     break
-                keys.append(key)
-                offset -= self._index[key].location.length
-                left -= self._index[key].location.length
+                keys.append(self._keys.key_of(block))
+                offset -= self._records.size[block]
+                left -= self._records.size[block]
         return keys
 
     def touch(self, keys: Sequence[StoreKey]) -> None:
@@ -209,12 +232,18 @@ class SsdTier:
         the last one most of all."""
         with self._lock:
             for key in keys:
-                if key in self._index:
-                    self._policy.touch(key)
+                block = self._keys.find(key)
+                if block >= 0:
+                    self._policy.touch(block)
 
     def keys(self) -> list[StoreKey]:
         with self._lock:
-            return list(self._index)
+            return [self._keys.key_of(block) for block in self._keys.mapped_ids()]
+
+    def eviction_order(self) -> list[StoreKey]:
+        """Every key, the first to be evicted first (an O(n) walk: for tests and tools)."""
+        with self._lock:
+            return [self._keys.key_of(block) for block in self._policy.candidates()]
 
     def namespace_bytes(self) -> dict[str, int]:
         """Record bytes per namespace, kept as records come and go (cheap: for every metrics scrape)."""
@@ -225,13 +254,13 @@ class SsdTier:
         """Records and their payload bytes per namespace (walks the index: an admin call)."""
         usage: defaultdict[str, NamespaceUsage] = defaultdict(NamespaceUsage)
         with self._lock:
-            for (namespace, _), record in self._index.items():
-                usage[namespace].add(record.length)
+            for block in self._keys.mapped_ids():
+                usage[self._keys.namespace_of(block)].add(self._records.length[block])
         return dict(usage)
 
     def usage(self) -> TierUsage:
         with self._lock:
-            return TierUsage(self._config.capacity, self._log.stats().bytes, len(self._index))
+            return TierUsage(self._config.capacity, self._log.stats().bytes, len(self._keys))
 
     def failure(self) -> str | None:
         """Why writes are paused (the last disk error), or None when the tier is healthy."""
@@ -262,7 +291,7 @@ class SsdTier:
             after a disk error, or the block cannot fit at all.
         """
         with self._write_lock:
-            if self.failure() is not None or key in self._index:
+            if self.failure() is not None or self.contains(key):
                 return False
             size = record_size(key, len(payload))
             if not self._within_quota(key[0], size) or not self._make_room(size):
@@ -271,14 +300,14 @@ class SsdTier:
             if location is None:
                 return False
             with self._lock:
-                self._add(key, _Record(location, checksum, len(payload)), depth)
+                self._add(key, location, len(payload), checksum, depth)
         self._counters.add("ssd_demotions")
         return True
 
     def bury(self, key: StoreKey) -> None:
         """Write a tombstone for a key deleted (or never indexed) here, so a restart forgets it."""
         with self._write_lock:
-            if key in self._index or not self._make_room(record_size(key, 0)):
+            if self.contains(key) or not self._make_room(record_size(key, 0)):
                 return  # stored again since; or no room: a restart may then resurrect it
             self._append_tombstone(key)
 
@@ -364,11 +393,11 @@ class SsdTier:
         while quota and self._namespace_bytes[namespace] + size > quota:
             with self._lock:
                 scan = islice(self._policy.candidates(), _QUOTA_VICTIM_SCAN)
-                victim = next((key for key in scan if key[0] == namespace), None)
+                victim = next((block for block in scan if self._keys.namespace_of(block) == namespace), None)
                 if victim is None or size > quota:
                     self._counters.add("ssd_quota_refusals")
                     return False
-                self._drop(victim)
+                self._drop_block(victim)
             self._counters.add("ssd_quota_evictions")
         return True
 
@@ -377,7 +406,7 @@ class SsdTier:
             victim = next(iter(self._policy.candidates()), None)
             if victim is None:
                 return False
-            self._drop(victim)
+            self._drop_block(victim)
         self._counters.add("ssd_evictions")
         return True
 
@@ -390,19 +419,21 @@ class SsdTier:
         """
         oldest = segment == self._oldest_segment(self._log.segment_sizes())
         with self._lock:
-            keys = list(self._keys_in.get(segment, {}).values())  # in log order: stretches stay sequential
+            run = self._runs.get(segment)
+            # in log order: stretches stay sequential
+            keys = [self._keys.key_of(block) for block in run.live()] if run is not None else []
             tombstones = list(self._tombstones_in.get(segment, ()))
         for key in keys:
             if not self._move(key, segment):
                 return False
         for key in tombstones if not oldest else ():
-            if key not in self._index and not self._append_tombstone(key):
+            if not self.contains(key) and not self._append_tombstone(key):
                 return False
         with self._lock:
-            left = self._keys_in.pop(segment, {})
-            self._ends_in.pop(segment, None)
-            for key in left.values():  # unreadable (already counted): lost with the segment
-                self._drop(key)
+            left = self._runs.get(segment)
+            for block in left.live() if left is not None else ():  # unreadable (already counted): lost with it
+                self._drop_block(block)
+            self._runs.pop(segment, None)
             self._live.pop(segment, None)
             self._tombstones_in.pop(segment, None)
             self._tombstone_bytes.pop(segment, None)
@@ -412,7 +443,8 @@ class SsdTier:
 
     def _move(self, key: StoreKey, segment: int) -> bool:
         """Copy one live record to the head; False only when the copy could not be written."""
-        record = self._index.get(key)
+        with self._lock:
+            record = self._get(key)
         if record is None or record.location.segment_id != segment:
             return True
         buffer = memoryview(bytearray(record.length))
@@ -422,11 +454,10 @@ class SsdTier:
         if location is None:
             return False
         with self._lock:
-            if self._index.get(key) is record:
-                self._unaccount(key, record)
-                moved = _Record(location, record.checksum, record.length)
-                self._index[key] = moved
-                self._account(key, moved)
+            if self._get(key) == record:
+                self._unaccount(record.block)
+                self._records.set(record.block, location, record.length, record.checksum)
+                self._account(record.block)
         return True
 
     # -- reads (blocking) -----------------------------------------------------
@@ -447,10 +478,10 @@ class SsdTier:
             in its target, or None (a miss, a corrupt record, a read error).
         """
         with self._lock:
-            records = [self._index.get(key) for key in keys]
-            for key, record in reversed(list(zip(keys, records))):  # tail first: the head ends up most recent
+            records = [self._get(key) for key in keys]
+            for record in reversed(records):  # tail first: the head ends up most recent
                 if record is not None and touch:
-                    self._policy.touch(key)
+                    self._policy.touch(record.block)
         # gone, or stored again with another length since the caller asked: a miss
         wanted = [(i, r) for i, r in enumerate(records) if r is not None and r.length == targets[i].nbytes]
         spans = plan_spans([record.location for _, record in wanted])
@@ -506,9 +537,9 @@ class SsdTier:
         """
         for _ in range(_READ_RETRIES):
             with self._lock:
-                record = self._index.get(key)
+                record = self._get(key)
                 if record is not None and touch:
-                    self._policy.touch(key)
+                    self._policy.touch(record.block)
             if record is None or record.length != target.nbytes:
                 break  # gone, or stored again with another length since the caller asked
             try:
@@ -537,39 +568,66 @@ class SsdTier:
     def _corrupt(self, key: StoreKey, record: _Record, exc: CorruptRecord) -> None:
         """Drop a record whose bytes failed a check: it is a miss from now on."""
         with self._lock:
-            if self._index.get(key) is record:
-                self._drop(key)
+            if self._get(key) == record:
+                self._drop_block(record.block)
         self._counters.add("ssd_corrupt_blocks")
         log.error("corrupt SSD record dropped", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
 
     # -- index bookkeeping (caller holds _lock, or runs before threads exist) ----
 
-    def _add(self, key: StoreKey, record: _Record, depth: int = 0) -> None:
-        self._index[key] = record
-        self._account(key, record)
-        self._policy.insert(key, depth)
+    def _get(self, key: StoreKey) -> _Record | None:
+        block = self._keys.find(key)
+        if block < 0:
+            return None
+        records = self._records
+        return _Record(block, records.location(block), records.checksum[block], records.length[block])
+
+    def _ending_at(self, segment_id: int, offset: int) -> int:
+        """The live block whose record ends exactly at ``offset`` of the segment, or -1."""
+        run = self._runs.get(segment_id)
+        if run is None:
+            return -1
+        position, block = run.before(offset)
+        start, _ = run.entry(position)
+        return block if block >= 0 and start + self._records.size[block] == offset else -1
+
+    def _add(self, key: StoreKey, location: Location, length: int, checksum: int, depth: int = 0) -> None:
+        block = self._keys.insert(key)
+        self._records.set(block, location, length, checksum)
+        self._account(block)
+        self._policy.insert(block, depth)
 
     def _drop(self, key: StoreKey) -> bool:
-        record = self._index.pop(key, None)
-        if record is None:
+        block = self._keys.find(key)
+        if block < 0:
             return False
-        self._unaccount(key, record)
-        self._policy.remove(key)
+        self._drop_block(block)
         return True
 
-    def _account(self, key: StoreKey, record: _Record) -> None:
-        self._live[record.location.segment_id] += record.location.length
-        self._keys_in[record.location.segment_id][record.location.offset] = key
-        self._ends_in[record.location.segment_id][record.location.offset + record.location.length] = key
-        self._namespace_bytes[key[0]] += record.location.length
+    def _drop_block(self, block: int) -> None:
+        self._unaccount(block)
+        self._policy.remove(block)
+        self._keys.unmap(block)
+        self._keys.release(block)
 
-    def _unaccount(self, key: StoreKey, record: _Record) -> None:
-        self._live[record.location.segment_id] -= record.location.length
-        self._keys_in[record.location.segment_id].pop(record.location.offset, None)
-        self._ends_in[record.location.segment_id].pop(record.location.offset + record.location.length, None)
-        self._namespace_bytes[key[0]] -= record.location.length
-        if not self._namespace_bytes[key[0]]:
-            del self._namespace_bytes[key[0]]
+    def _account(self, block: int) -> None:
+        records = self._records
+        segment, size = records.segment[block], records.size[block]
+        self._live[segment] += size
+        self._runs[segment].append(records.offset[block], block)
+        self._namespace_bytes[self._keys.namespace_of(block)] += size
+
+    def _unaccount(self, block: int) -> None:
+        records = self._records
+        segment, size = records.segment[block], records.size[block]
+        namespace = self._keys.namespace_of(block)
+        self._live[segment] -= size
+        run = self._runs.get(segment)
+        if run is not None:
+            run.kill(records.offset[block])
+        self._namespace_bytes[namespace] -= size
+        if not self._namespace_bytes[namespace]:
+            del self._namespace_bytes[namespace]
 
     def _note_tombstone(self, key: StoreKey, location: Location) -> None:
         self._tombstones_in[location.segment_id].add(key)

@@ -313,7 +313,7 @@ def test_untouched_reads_do_not_promote_count_or_refresh(s: Harness) -> None:
     assert held[0] is not None and held[0].entry is None and s.in_dram() == [2]
     s.store.release(held)
     assert s.counters.snapshot() == before, (before, s.counters.snapshot())
-    assert list(s.ssd_policy.candidates()) == [k(0), k(1)], "SSD recency must not change"
+    assert s.ssd.eviction_order() == [k(0), k(1)], "SSD recency must not change"
     s.assert_no_leak()
 
 
@@ -462,9 +462,9 @@ def test_a_sequential_reader_finds_the_next_blocks_read_ahead_into_dram(ra: Harn
 def test_blocks_taken_from_read_ahead_are_fresh_on_ssd_as_if_read_from_there(ra: Harness) -> None:
     start_stream(ra)
     wait_until(lambda: ra.counters.get("ssd_read_ahead") == 3, ra.counters.snapshot)
-    assert list(ra.ssd_policy.candidates())[-4:] == [k(1), k(0), k(3), k(2)], "not touched by the read-ahead itself"
+    assert ra.ssd.eviction_order()[-4:] == [k(1), k(0), k(3), k(2)], "not touched by the read-ahead itself"
     ra.read([4, 5])
-    assert list(ra.ssd_policy.candidates())[-2:] == [k(5), k(4)], "taken: most recent, the head last"
+    assert ra.ssd.eviction_order()[-2:] == [k(5), k(4)], "taken: most recent, the head last"
     ra.assert_no_leak()
 
 

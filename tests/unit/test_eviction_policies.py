@@ -25,55 +25,70 @@ KiB = 1024
 SLOTS = 16
 
 
-def order(policy: EvictionPolicy) -> list[object]:
-    return list(policy.candidates())
+def order(policy: EvictionPolicy, names: dict[int, str] | None = None) -> list[object]:
+    """The eviction order, as names where the test gave its block ids names."""
+    return [names[block] if names else block for block in policy.candidates()]
+
+
+class Named:
+    """Block ids for names, so a test reads as the blocks it means."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+
+    def __call__(self, name: str) -> int:
+        if name not in self.ids:
+            self.ids[name] = len(self.ids)
+            self.names[self.ids[name]] = name
+        return self.ids[name]
 
 
 # -- the policies alone -----------------------------------------------------------
 
 
 def test_lru_ignores_depth_and_follows_recency() -> None:
-    lru = LRUPolicy()
+    lru, b = LRUPolicy(), Named()
     for key, depth in (("a", 5), ("b", 0), ("c", 9)):
-        lru.insert(key, depth)
-    lru.touch("a")
-    assert order(lru) == ["b", "c", "a"], order(lru)
+        lru.insert(b(key), depth)
+    lru.touch(b("a"))
+    assert order(lru, b.names) == ["b", "c", "a"], order(lru, b.names)
 
 
 def test_prefix_policy_evicts_the_deepest_first_within_an_epoch() -> None:
-    policy = PrefixAwarePolicy()
+    policy, b = PrefixAwarePolicy(), Named()
     for depth in range(6):  # one chain, head first: all in one epoch
-        policy.insert(f"d{depth}", depth)
-    assert order(policy) == ["d5", "d4", "d3", "d2", "d1", "d0"], order(policy)
+        policy.insert(b(f"d{depth}"), depth)
+    assert order(policy, b.names) == ["d5", "d4", "d3", "d2", "d1", "d0"], order(policy, b.names)
 
 
 def test_prefix_policy_keeps_a_fresh_tail_after_an_old_head_only_across_epochs() -> None:
-    policy = PrefixAwarePolicy(epoch_share=1.0)  # epochs of 16 operations
-    policy.insert("old-head", 0)
+    policy, b = PrefixAwarePolicy(epoch_share=1.0), Named()  # epochs of 16 operations
+    policy.insert(b("old-head"), 0)
     for i in range(15):  # fill the first epoch
-        policy.insert(f"filler{i}", 0)
-    policy.insert("new-tail", 40)  # opens the second epoch
-    victims = order(policy)
+        policy.insert(b(f"filler{i}"), 0)
+    policy.insert(b("new-tail"), 40)  # opens the second epoch
+    victims = order(policy, b.names)
     assert victims.index("old-head") < victims.index("new-tail"), victims
 
 
 def test_prefix_policy_touch_moves_a_block_to_the_current_epoch() -> None:
-    policy = PrefixAwarePolicy(epoch_share=1.0)
+    policy, b = PrefixAwarePolicy(epoch_share=1.0), Named()
     for i in range(16):
-        policy.insert(f"k{i}", 0)
-    policy.insert("late", 0)  # second epoch
-    policy.touch("k0")  # k0 joins the second epoch, after "late"
-    assert order(policy)[-2:] == ["late", "k0"], order(policy)
+        policy.insert(b(f"k{i}"), 0)
+    policy.insert(b("late"), 0)  # second epoch
+    policy.touch(b("k0"))  # k0 joins the second epoch, after "late"
+    assert order(policy, b.names)[-2:] == ["late", "k0"], order(policy, b.names)
     assert len(policy) == 17
 
 
 def test_prefix_policy_remove_and_reinsert() -> None:
-    policy = PrefixAwarePolicy()
-    policy.insert("a", 3)
-    policy.insert("a", 0)  # a re-insert replaces the old place
-    policy.remove("missing")
-    assert order(policy) == ["a"] and len(policy) == 1
-    policy.remove("a")
+    policy, b = PrefixAwarePolicy(), Named()
+    policy.insert(b("a"), 3)
+    policy.insert(b("a"), 0)  # a re-insert replaces the old place
+    policy.remove(b("missing"))
+    assert order(policy, b.names) == ["a"] and len(policy) == 1
+    policy.remove(b("a"))
     assert order(policy) == [] and len(policy) == 0
 
 

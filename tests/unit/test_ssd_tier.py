@@ -71,17 +71,19 @@ class FakeClock:
 
 
 class RecordingLRU(LRUPolicy):
-    """LRU that remembers every key it was told to remove, in order."""
+    """LRU that remembers the key of every block it was told to remove, in order."""
 
-    __slots__ = ("removed",)
+    __slots__ = ("removed", "key_of")
 
     def __init__(self) -> None:
         super().__init__()
-        self.removed: list[object] = []
+        self.removed: list[StoreKey] = []
+        self.key_of: Callable[[int], StoreKey] | None = None  # the tier's, set once it exists
 
-    def remove(self, key: object) -> None:
-        self.removed.append(key)
-        super().remove(key)
+    def remove(self, block: int) -> None:
+        assert self.key_of is not None, "the harness sets key_of"
+        self.removed.append(self.key_of(block))
+        super().remove(block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +131,15 @@ class Harness:
                                 retry_after_error_s=retry_after_error_s, namespace_quota=namespace_quota)
         self.counters = Counters()
         self.policy = RecordingLRU()
-        self.tier = SsdTier(self.config, self.counters, lambda: self.policy)
+        self.tier = self._open()
         self.peak_bytes = 0
         self._watch_appends()
+
+    def _open(self) -> SsdTier:
+        tier = SsdTier.__new__(SsdTier)
+        self.policy.key_of = lambda block: tier._keys.key_of(block)  # the rebuild evicts too
+        tier.__init__(self.config, self.counters, lambda: self.policy)  # type: ignore[misc]
+        return tier
 
     def _watch_appends(self) -> None:
         """Record the bytes on disk after every append, compaction copies included."""
@@ -167,7 +175,7 @@ class Harness:
         return sorted(int(key[1][4:]) for key in self.tier.keys() if key[0] == NS)
 
     def evicted(self) -> list[int]:
-        return [int(key[1][4:]) for key in self.policy.removed]  # type: ignore[index]
+        return [int(key[1][4:]) for key in self.policy.removed]
 
     def segments(self) -> list[int]:
         return self.tier._log.segment_ids()
@@ -176,15 +184,16 @@ class Harness:
         return self.directory / segment_name(segment_id)
 
     def location(self, i: int) -> Location:
-        record = self.tier._index[k(i)]
-        return record.location
+        location = self.tier.location_of(k(i))
+        assert location is not None, f"{k(i)} is not indexed"
+        return location
 
     def reopen(self) -> None:
         """Close and open again on the same files, with fresh counters and policy."""
         self.tier.close()
         self.counters = Counters()
         self.policy = RecordingLRU()
-        self.tier = SsdTier(self.config, self.counters, lambda: self.policy)
+        self.tier = self._open()
         self._watch_appends()
 
     def crash_reopen(self) -> SsdTier:
@@ -192,7 +201,7 @@ class Harness:
         old = self.tier
         self.counters = Counters()
         self.policy = RecordingLRU()
-        self.tier = SsdTier(self.config, self.counters, lambda: self.policy)
+        self.tier = self._open()
         self._watch_appends()
         return old
 
@@ -203,11 +212,14 @@ class Harness:
             got = self.get(i, lengths(i), touch=False)
             assert got == data_for(i, lengths(i)), f"{k(i)} read back {None if got is None else 'other bytes'}"
         live: dict[int, int] = {}
-        for key, record in tier._index.items():
-            live[record.location.segment_id] = live.get(record.location.segment_id, 0) + record.location.length
-            assert tier._keys_in[record.location.segment_id].get(record.location.offset) == key, (
-                f"{key} missing from its segment's records")
-        assert sum(map(len, tier._keys_in.values())) == len(tier._index), "stale records in _keys_in"
+        keys = tier.keys()
+        for key in keys:
+            location = tier.location_of(key)
+            assert location is not None, f"{key} listed but not indexed"
+            live[location.segment_id] = live.get(location.segment_id, 0) + location.length
+            _, block = tier._runs[location.segment_id].at(location.offset)
+            assert block >= 0 and tier._keys.key_of(block) == key, f"{key} missing from its segment's records"
+        assert sum(len(run.live()) for run in tier._runs.values()) == len(keys), "stale records in the runs"
         tracked = {s: n for s, n in tier._live.items() if n}
         assert tracked == live, f"live bytes per segment: tracked {tracked}, index says {live}"
         sizes = tier._log.segment_sizes()
@@ -280,9 +292,9 @@ def test_miss_and_untouched_reads(h: Harness) -> None:
     assert h.get(7) is None
     assert h.get(0, touch=False) == data_for(0)
     assert h.counters.snapshot().get("ssd_misses") == 1 and "ssd_hits" not in h.counters.snapshot()
-    assert list(h.policy.candidates()) == [k(0), k(1)], "touch=False must not refresh recency"
+    assert h.tier.eviction_order() == [k(0), k(1)], "touch=False must not refresh recency"
     assert h.get(0) == data_for(0)
-    assert list(h.policy.candidates()) == [k(1), k(0)]
+    assert h.tier.eviction_order() == [k(1), k(0)]
     assert h.counters.get("ssd_hits") == 1
     h.audit()
 
@@ -488,7 +500,7 @@ def test_read_many_touches_tail_first_so_the_head_stays_longest(h: Harness) -> N
 
 def test_read_many_with_a_corrupt_record_mid_span_serves_the_others(h: Harness) -> None:
     fill(h, 4)  # one segment, back to back: a single span
-    location = h.tier._index[k(2)].location
+    location = h.location(2)
     flip(h.segment_path(location.segment_id), location.offset + location.length - 10)  # a payload byte
     assert read_many(h, [0, 1, 2, 3]) == [data_for(0), data_for(1), None, data_for(3)]
     assert h.counters.get("ssd_corrupt_blocks") == 1 and not h.tier.contains(k(2))
@@ -540,7 +552,7 @@ def test_read_many_of_scattered_records_hints_the_spans_after_the_first(h: Harne
     assert read_many(h, [3, 2, 1, 0]) == [data_for(i) for i in (3, 2, 1, 0)]
     assert hinted == [], "one back-to-back span needs no hint: the kernel reads ahead of it"
     assert read_many(h, [5, 0, 2, 3]) == [data_for(i) for i in (5, 0, 2, 3)]
-    places = {h.tier._index[k(i)].location.offset: i for i in (0, 2, 5)}
+    places = {h.location(i).offset: i for i in (0, 2, 5)}
     assert [[(places[loc.offset], loc.length) for loc in hint] for hint in hinted] == [[(2, 2 * REC), (5, REC)]]
 
 
@@ -695,7 +707,7 @@ def test_reopen_without_close_rebuilds_the_index(h: Harness) -> None:
     old = h.crash_reopen()
     try:
         assert (h.held(), h.tier.usage()) == before, ((h.held(), h.tier.usage()), before)
-        assert list(h.policy.candidates()) == [k(i) for i in range(10) if i != 4], "log order is the LRU order"
+        assert h.tier.eviction_order() == [k(i) for i in range(10) if i != 4], "log order is the LRU order"
         h.audit()
     finally:
         old.close()

@@ -1,0 +1,88 @@
+"""Doubly linked lists threaded through integer nodes, in flat arrays.
+
+Eviction orders hold every block of a tier, so a Python object per block (an
+ordered dict's node, a dataclass) costs more than the block's whole index entry
+may. Here a node is an id from :class:`~kvpool_server.index.keys.KeyTable` and
+costs three 32-bit words; append, move and remove are O(1). A node is in at most
+one list at a time; lists are named by small integers.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+
+_NONE = -1
+
+
+class LinkedLists:
+    """Any number of lists over one id space; a node belongs to at most one of them."""
+
+    __slots__ = ("_prev", "_next", "_owner", "_heads", "_tails", "_sizes")
+
+    def __init__(self) -> None:
+        self._prev = array("i")
+        self._next = array("i")
+        self._owner = array("i")  # list of each node, -1 when in none
+        self._heads: dict[int, int] = {}
+        self._tails: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+
+    def list_of(self, node: int) -> int:
+        """The list holding ``node``, or -1."""
+        return self._owner[node] if node < len(self._owner) else _NONE
+
+    def size(self, lst: int) -> int:
+        return self._sizes.get(lst, 0)
+
+    def append(self, lst: int, node: int) -> None:
+        """Put ``node`` at the tail of ``lst``, taking it out of any list it was in."""
+        if node >= len(self._owner):
+            self._grow(node)
+        elif self._owner[node] != _NONE:
+            self.remove(node)
+        tail = self._tails.get(lst, _NONE)
+        self._prev[node], self._next[node], self._owner[node] = tail, _NONE, lst
+        if tail == _NONE:
+            self._heads[lst] = node
+        else:
+            self._next[tail] = node
+        self._tails[lst] = node
+        self._sizes[lst] = self._sizes.get(lst, 0) + 1
+
+    def remove(self, node: int) -> int:
+        """Take ``node`` out of its list; returns that list (-1: it was in none)."""
+        lst = self.list_of(node)
+        if lst == _NONE:
+            return _NONE
+        prev, nxt = self._prev[node], self._next[node]
+        if prev == _NONE:
+            self._heads[lst] = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt == _NONE:
+            self._tails[lst] = prev
+        else:
+            self._prev[nxt] = prev
+        self._owner[node] = _NONE
+        self._sizes[lst] -= 1
+        if not self._sizes[lst]:
+            del self._heads[lst], self._tails[lst], self._sizes[lst]
+        return lst
+
+    def nodes(self, lst: int) -> Iterator[int]:
+        """``lst`` from head to tail; the list must not change while this is consumed."""
+        node = self._heads.get(lst, _NONE)
+        nxt = self._next
+        while node != _NONE:
+            yield node
+            node = nxt[node]
+
+    def nbytes(self) -> int:
+        return sum(a.itemsize * len(a) for a in (self._prev, self._next, self._owner))
+
+    def _grow(self, node: int) -> None:
+        more = max(node + 1 - len(self._owner), len(self._owner) // 2, 64)
+        filler = array("i", [_NONE]) * more
+        for column in (self._prev, self._next, self._owner):
+            column.extend(filler)
