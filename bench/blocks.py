@@ -40,6 +40,7 @@ BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCHES = (1, 32)
 CLIENTS = (1, 4)
 SYSTEMS = ("memcpy", "socket", "kvpool", "kvpool-shm", "redis")
+DEST_OFFSETS = (0, 16, 64)  # get destinations' offsets from a page; all but 0 for one client's reads only
 FULL_DURATION_S = 1.5
 QUICK_DURATION_S = 0.2
 NOISY_CORES = 0.25  # other processes' CPU above which a cell is measured again
@@ -62,14 +63,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install a missing redis-server")
     parser.add_argument(
+        "--dest-offsets", default=",".join(map(str, DEST_OFFSETS)),
+        help="offsets from a page of get destinations; each one but 0 adds the reads of one client",
+    )
+    parser.add_argument(
         "--ratio-rounds", type=int, default=None,
         help=f"rounds of the cells the target ratios compare, after the full pass ({RATIO_ROUNDS}; --quick: 0)",
     )
     return parser.parse_args(argv)
 
 
-def plan_cells(endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float) -> list[CellSpec]:
-    """Every cell of the run, grouped by system so each server is busy in one stretch."""
+def plan_cells(
+    endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float, dest_offsets: tuple[int, ...] = (0,)
+) -> list[CellSpec]:
+    """Every cell of the run, grouped by system so each server is busy in one stretch.
+
+    Reads go into page-aligned destinations; a one-client read is followed by the same
+    read into destinations at each other offset of ``dest_offsets``.
+    """
     specs: list[CellSpec] = []
     for system in systems:
         ops = ("copy",) if system == "memcpy" else ("put", "get")
@@ -81,6 +92,8 @@ def plan_cells(endpoints: dict[str, Endpoint | None], systems: list[str], durati
                         address, pid = (server.address, server.pid) if server else ("", None)
                         spec = CellSpec(system, op, block, batch, clients, address, duration_s, os.urandom(8), pid)
                         specs.append(spec)
+                        if op != "put" and clients == 1:
+                            specs += [replace(spec, tag=os.urandom(8), dest_offset=o) for o in dest_offsets if o]
     return specs
 
 
@@ -138,6 +151,7 @@ def _disturbed(cell: Cell) -> bool:
 
 def progress_line(index: int, total: int, cell: Cell, elapsed: float) -> str:
     shape = f"{cell.system:6} {cell.op:4} {report.size_label(cell.block_size):>7} x{cell.batch:<2} c{cell.clients}"
+    shape += f" page+{cell.dest_offset}" if cell.dest_offset else ""
     if not cell.ok:
         return f"[{index:2}/{total}] {shape}: missing ({cell.error})"
     server = f"{cell.server_cpu_us:.0f}" if cell.server_cpu_us is not None else "-"
@@ -177,7 +191,8 @@ def run_all(
         endpoints, pools = start_everything(stack, args, systems)
         print(f"servers and clients up in {time.monotonic() - started:.1f} s", file=sys.stderr)
         budget = RetryBudget(retry_s)
-        run_cells(plan_cells(endpoints, systems, duration_s), endpoints, pools, budget, cells)
+        offsets = tuple(int(o) for o in args.dest_offsets.split(",") if o)
+        run_cells(plan_cells(endpoints, systems, duration_s, offsets), endpoints, pools, budget, cells)
         for index in range(ratio_rounds):
             print(f"ratio round {index + 1} of {ratio_rounds}", file=sys.stderr)
             rounds.append([])
@@ -226,6 +241,8 @@ def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any], rounds: li
         print(f"\nRatios over {len(rounds)} interleaved rounds of only the cells they compare (median):")
         print(report.ratio_lines(report.round_ratios(rounds, meta["cpus"])))
     print(report.CEILING_NOTE)
+    if alignment := report.alignment_lines(cells):
+        print(f"\nDestinations at offsets from a page (ratio to page+0):\n{alignment}")
     print(f"\nWrote {out / 'blocks.json'}, {out / 'blocks.md'}, " + ", ".join(str(p) for p in plots))
 
 

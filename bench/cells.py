@@ -47,6 +47,7 @@ class Cell:
     foreign_cores: float | None = None  # CPU used by other processes meanwhile: noise
     attempts: int = 1  # runs of this cell; the least disturbed one is kept
     error: str | None = None
+    dest_offset: int = 0  # get destinations' offset from a page (see CellSpec)
 
     @property
     def ok(self) -> bool:
@@ -78,11 +79,13 @@ def summarize(spec: CellSpec, results: list[WorkerResult]) -> Cell:
         server_cpu_us=sum(server_ns) / ops / 1e3 if server_ns else None,
         ops=ops,
         seconds=seconds,
+        dest_offset=spec.dest_offset,
     )
 
 
 def missing(spec: CellSpec, error: str) -> Cell:
-    return Cell(spec.system, spec.op, spec.block_size, spec.batch, spec.clients, error=error)
+    shape = (spec.system, spec.op, spec.block_size, spec.batch, spec.clients)
+    return Cell(*shape, error=error, dest_offset=spec.dest_offset)
 
 
 def _timed_wall_ns(results: list[WorkerResult]) -> int:

@@ -80,9 +80,12 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes % MiB == 0 else f"{nbytes // KiB} KiB"
 
 
-def find(cells: Sequence[Cell], system: str, op: str, block: int, batch: int, clients: int) -> Cell | None:
+def find(
+    cells: Sequence[Cell], system: str, op: str, block: int, batch: int, clients: int, dest_offset: int = 0
+) -> Cell | None:
+    shape = (system, op, block, batch, clients, dest_offset)
     for cell in cells:
-        if (cell.system, cell.op, cell.block_size, cell.batch, cell.clients) == (system, op, block, batch, clients):
+        if (cell.system, cell.op, cell.block_size, cell.batch, cell.clients, cell.dest_offset) == shape:
             return cell
     return None
 
@@ -150,11 +153,13 @@ def _div(a: float | None, b: float | None) -> float | None:
 def markdown_table(cells: Sequence[Cell]) -> str:
     """Every cell, ordered so the systems of one shape sit next to each other."""
     order = {name: i for i, name in enumerate(SYSTEMS)}
-    rows = sorted(cells, key=lambda c: (c.op != "put", c.block_size, c.batch, c.clients, order.get(c.system, 99)))
+    rows = sorted(
+        cells, key=lambda c: (c.op != "put", c.block_size, c.batch, c.clients, order.get(c.system, 99), c.dest_offset)
+    )
     lines = [
-        "| op | block | batch | clients | system | GB/s | ops/s | p50 us | p99 us | client CPU us/op "
+        "| op | block | batch | clients | system | destination | GB/s | ops/s | p50 us | p99 us | client CPU us/op "
         "| server CPU us/op | other load |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in rows:
         metrics = [
@@ -169,16 +174,44 @@ def markdown_table(cells: Sequence[Cell]) -> str:
         if not c.ok:
             metrics = ["missing"] + [""] * 6
         lines.append(
-            f"| {c.op} | {size_label(c.block_size)} | {c.batch} | {c.clients} | {c.system} | "
+            f"| {c.op} | {size_label(c.block_size)} | {c.batch} | {c.clients} | {c.system} | {destination(c)} | "
             + " | ".join(metrics)
             + " |"
         )
     return "\n".join(lines)
 
 
+def destination(cell: Cell) -> str:
+    """Where a read cell's blocks landed: ``page+N``; a put has none."""
+    return "-" if cell.op == "put" else f"page+{cell.dest_offset}"
+
+
+def alignment_lines(cells: Sequence[Cell]) -> str:
+    """Each read shape measured at other destination offsets: GB/s by offset, and as a
+    ratio to the page-aligned destination of the same run."""
+    lines = []
+    shifted = [c for c in cells if c.dest_offset and c.op != "put"]
+    for shape in dict.fromkeys((c.system, c.op, c.block_size, c.batch, c.clients) for c in shifted):
+        aligned = find(cells, *shape)
+        figures = [f"page+0 {_num(aligned.gbps if aligned else None, 2)}"]
+        for c in (c for c in shifted if (c.system, c.op, c.block_size, c.batch, c.clients) == shape):
+            ratio = _div(c.gbps, aligned.gbps if aligned else None)
+            figures.append(f"page+{c.dest_offset} {_num(c.gbps, 2)} ({_num(ratio, 2)}x)")
+        system, op, block, batch, clients = shape
+        lines.append(f"- {system} {op} {size_label(block)} x{batch} c{clients}: " + ", ".join(figures) + " GB/s")
+    return "\n".join(lines)
+
+
 CEILING_NOTE = (
     "CPU ceiling: the scaling the machine's cores allow if every op costs the CPU (client and server) "
     "it cost with one client; a target above it needs cheaper ops, not more parallelism."
+)
+
+
+ALIGNMENT_NOTE = (
+    "Gets into destinations 16 and 64 bytes past a page, beside the page-aligned ones above (ratio to "
+    "those): sources (the arena, memcpy's region) are page-aligned, so +16 is a copy between buffers "
+    "that differ modulo 64 bytes, as into numpy arrays and bytearrays."
 )
 
 
@@ -240,6 +273,8 @@ def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any], roun
     if rounds:
         text += ["", f"Over {len(rounds)} rounds of only the cells they compare, interleaved (median):", ""]
         text.append(ratio_lines(round_ratios(rounds, meta["cpus"])))
+    if alignment := alignment_lines(cells):
+        text += ["", "## Destinations at offsets from a page", "", ALIGNMENT_NOTE, "", alignment]
     if errors:
         text += ["", "## Missing cells", "", *errors]
     path.write_text("\n".join(text) + "\n")
@@ -283,6 +318,7 @@ def _plot_op(path: Path, cells: Sequence[Cell], title: str) -> None:
 
 def _gbps_of(cells: Sequence[Cell], system: str, block: int, batch: int, clients: int) -> float:
     for c in cells:
-        if (c.system, c.block_size, c.batch, c.clients) == (system, block, batch, clients) and c.gbps is not None:
+        shape = (c.system, c.block_size, c.batch, c.clients, c.dest_offset)
+        if shape == (system, block, batch, clients, 0) and c.gbps is not None:
             return c.gbps
     return 0.0

@@ -23,6 +23,7 @@ REGION_BYTES = 64 * MiB  # block contents per worker
 RING_BYTES = 64 * MiB  # get destinations per worker, cycled through across bursts
 MAX_BURST_OPS = 64  # ops between two barriers: short enough to stop a cell on time
 MAX_WORKERS = 4
+_PAGE = 4096
 _SEED = 20240613
 _KEY = struct.Struct(">8sIQ")  # cell tag, worker, sequence number: 20 bytes
 
@@ -49,6 +50,7 @@ class CellSpec:
     duration_s: float
     tag: bytes
     server_pid: int | None = None
+    dest_offset: int = 0  # get destinations start this many bytes past a page (16: numpy's and bytearrays' usual)
 
     @property
     def op_bytes(self) -> int:
@@ -80,10 +82,24 @@ class BlockRef:
 
 @cache
 def region(worker: int) -> np.ndarray:
-    """The deterministic random bytes worker ``worker``'s blocks are cut from."""
+    """The deterministic random bytes worker ``worker``'s blocks are cut from.
+
+    Page-aligned, as the arena's blocks are: memcpy's copies out of it into page-aligned
+    destinations are copies between equally aligned buffers.
+    """
     rng = np.random.default_rng(_SEED + worker)
     words = rng.integers(0, np.iinfo(np.uint64).max, REGION_BYTES // 8, dtype=np.uint64, endpoint=True)
-    return words.view(np.uint8)
+    aligned = page_aligned(REGION_BYTES)
+    aligned[:] = words.view(np.uint8)
+    return aligned
+
+
+def page_aligned(nbytes: int) -> np.ndarray:
+    """``nbytes`` of memory starting on a page, faulted in (numpy's own arrays start 16
+    bytes into a page)."""
+    raw = np.ones(nbytes + _PAGE, dtype=np.uint8)  # ones, not empty: fault the pages in now
+    start = -raw.ctypes.data % _PAGE
+    return raw[start : start + nbytes]
 
 
 def window(data: np.ndarray, offset: int, size: int) -> memoryview:
@@ -139,27 +155,23 @@ class Plan:
         return BlockRef(_KEY.pack(self.spec.tag, self.worker, key_seq), offset)
 
 
-_PAGE = 4096
-
-
 class TargetRing:
     """Preallocated, pre-faulted get destinations, reused by every cell of a worker."""
 
     def __init__(self, nbytes: int = RING_BYTES) -> None:
-        raw = np.ones(nbytes + _PAGE, dtype=np.uint8)  # ones, not empty: fault the pages in now
-        # Page-aligned, as torch tensors and pinned buffers are: numpy's own start 16 bytes
-        # into a page, which made copies out of the (aligned) arena 2-3x slower.
-        start = -raw.ctypes.data % _PAGE
-        self._data = raw[start : start + nbytes]
+        # Page-aligned, as torch tensors and pinned buffers are, plus a page for a cell's
+        # ``dest_offset``: numpy's own arrays start 16 bytes into a page.
+        self._data = page_aligned(nbytes + _PAGE)
 
     def slots(self, spec: CellSpec, burst: int) -> list[list[np.ndarray]]:
-        """One list of ``batch`` block-sized views per op of burst number ``burst``.
+        """One list of ``batch`` block-sized views per op of burst number ``burst``, each
+        ``spec.dest_offset`` bytes past a page (blocks are whole pages).
 
         Successive bursts move on through the ring, so destinations are cache-cold.
         """
-        size, batch = spec.block_size, spec.batch
+        size, batch, shift = spec.block_size, spec.batch, spec.dest_offset
         ops = ((burst * spec.burst_ops + i) % spec.ring_ops for i in range(spec.burst_ops))
-        return [[self._view((op * batch + i) * size, size) for i in range(batch)] for op in ops]
+        return [[self._view((op * batch + i) * size + shift, size) for i in range(batch)] for op in ops]
 
     def _view(self, offset: int, size: int) -> np.ndarray:
         return self._data[offset : offset + size]
