@@ -9,7 +9,12 @@ falls on both; the medians over the rounds are compared as ratios (new / base).
 The base revision is checked out with ``git worktree`` into a temporary folder, removed
 at the end. Both revisions run in this interpreter's environment.
 
-Run: python bench/revisions.py --base HEAD~3 [--rounds 3] [--transports tcp,shm]
+Gets land in bytearrays (``--into``: also ``numpy`` arrays, placed 16 bytes past a 64-byte
+boundary as numpy's allocator usually places them, and ``torch`` tensors, 64-byte aligned,
+measured side by side; the arena's blocks are page-aligned).
+
+Run: python bench/revisions.py --base HEAD~3 [--new HEAD] [--rounds 3] [--transports tcp,shm]
+     [--into bytearray,numpy,torch] [--block 393216]
 """
 
 from __future__ import annotations
@@ -30,9 +35,20 @@ GETS = 2000  # blocks read per (transport, batch) measurement
 _MEASURE = r"""
 import json, os, shutil, sys, time
 tree, transports, block, gets = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
+kinds = sys.argv[5].split(",")
 sys.path.insert(0, tree)
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_server.local import start_daemon
+
+def destinations(kind, count):  # count buffers of kind
+    if kind == "numpy":  # 16 past a 64-byte boundary, where numpy's allocator usually puts them
+        import numpy
+        raw = [numpy.empty(block + 64, numpy.uint8) for _ in range(count)]
+        return [a[(16 - a.ctypes.data) % 64 :][:block] for a in raw]
+    if kind == "torch":
+        import torch
+        return [torch.empty(block, dtype=torch.uint8) for _ in range(count)]
+    return [bytearray(block) for _ in range(count)]
 
 def cpu_s(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -46,16 +62,18 @@ try:
             with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=transport)) as client:
                 keys = [BlockKey("revisions", bytes([i]) * 32) for i in range(batch)]
                 client.put(keys, [os.urandom(block) for _ in keys]).raise_for_errors()
-                into = [bytearray(block) for _ in keys]
-                for _ in range(100):
-                    client.get(keys, into)
-                calls = gets // batch
-                daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
-                for _ in range(calls):
-                    client.get(keys, into)
-                wall = time.perf_counter() - started
-                mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
-                out[f"{transport} x{batch}"] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
+                for kind in kinds:
+                    into = destinations(kind, len(keys))
+                    for _ in range(100):
+                        client.get(keys, into)
+                    calls = gets // batch
+                    daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
+                    for _ in range(calls):
+                        client.get(keys, into)
+                    wall = time.perf_counter() - started
+                    mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
+                    cell = f"{transport} x{batch}" + (f" {kind}" if kinds != ["bytearray"] else "")
+                    out[cell] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
 finally:
     daemon.stop()
     shutil.rmtree(daemon.workdir, ignore_errors=True)
@@ -63,9 +81,9 @@ print(json.dumps(out))
 """
 
 
-def measure(tree: Path, transports: str) -> dict[str, list[float]]:
+def measure(tree: Path, transports: str, block: int = BLOCK, into: str = "bytearray") -> dict[str, list[float]]:
     """One measurement of every cell with ``tree``'s code: cell -> [wall, client CPU, daemon CPU] us per get."""
-    argv = [sys.executable, "-c", _MEASURE, str(tree), transports, str(BLOCK), str(GETS)]
+    argv = [sys.executable, "-c", _MEASURE, str(tree), transports, str(block), str(GETS), into]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tree, timeout=600)
     if done.returncode:
         raise SystemExit(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
@@ -77,22 +95,33 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the commit to compare the checkout with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--transports", default="tcp,shm")
+    parser.add_argument("--new", default=None, help="a commit to measure instead of the checkout (as it is on disk)")
+    parser.add_argument("--into", default="bytearray", help="comma-separated destinations: bytearray, numpy, torch")
+    parser.add_argument("--block", type=int, default=BLOCK, help="bytes per block")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
-        base = Path(scratch) / "tree"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
+        trees = {"base": _worktree(Path(scratch) / "base", args.base)}
+        trees["new"] = _worktree(Path(scratch) / "new", args.new) if args.new else REPO
         try:
             runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
             for _ in range(args.rounds):
-                runs["base"].append(measure(base, args.transports))
-                runs["new"].append(measure(REPO, args.transports))
+                for rev in ("base", "new"):
+                    runs[rev].append(measure(trees[rev], args.transports, args.block, args.into))
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
-    print(f"384 KiB gets, medians of {args.rounds} alternating rounds; us per get, new/base in brackets")
+            for tree in trees.values():
+                if tree != REPO:
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    print(f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; "
+          "us per get, new/base in brackets")
     for cell in runs["base"][0]:
         base_m, new_m = ([statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new"))
         wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({_ratio(n, b)})" for b, n in zip(base_m, new_m))
         print(f"{cell:8s} wall {wall} | client CPU {client} | daemon CPU {daemon}")
+
+
+def _worktree(path: Path, commit: str) -> Path:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(path), commit], check=True)
+    return path
 
 
 def _ratio(new: float, base: float) -> str:
