@@ -193,8 +193,14 @@ class RepairLoop:
         self._retry = retry
         self._latest: Topology | None = None
         self._changed = asyncio.Event()
-        self._retry_handle: asyncio.TimerHandle | None = None
+        self._retry_handle: asyncio.TimerHandle | None = None  # None: no retry pending
         self._task: asyncio.Task[None] | None = None
+        self._parked = False  # the loop waits for a change (or a retry's wake-up)
+
+    @property
+    def idle(self) -> bool:
+        """Whether nothing runs until :meth:`observe` sees a change: no settle delay, run or retry pending."""
+        return self._parked and not self._changed.is_set() and self._retry_handle is None
 
     def observe(self, topology: Topology) -> None:
         """Take the latest topology; a change (re)starts the settle delay and cancels a run started after settling."""
@@ -208,8 +214,8 @@ class RepairLoop:
 
     async def close(self, timeout_s: float = _STOP_S) -> None:
         """Cancel the run in progress and stop (bounded wait)."""
-        if self._retry_handle is not None:
-            self._retry_handle.cancel()
+        self._cancel_retry()
+        self._parked = False
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -219,12 +225,13 @@ class RepairLoop:
         clock = asyncio.get_running_loop().time
         deadline: float | None = None  # the cap: kept across cancelled runs, so cancelling cannot starve repair
         while True:
+            self._parked = True
             await self._changed.wait()
+            self._parked = False
             if deadline is None:
                 deadline = clock() + _SETTLE_CAP * self._settle_s
             capped = await self._settle(deadline)
-            if self._retry_handle is not None:
-                self._retry_handle.cancel()
+            self._cancel_retry()
             assert self._latest is not None
             ok = await (self._guarded(self._latest) if capped else self._run_until_changed(self._latest))
             if ok is None:
@@ -233,7 +240,16 @@ class RepairLoop:
             if ok:
                 self._retry.reset()
             else:
-                self._retry_handle = asyncio.get_running_loop().call_later(self._retry.next(), self._changed.set)
+                self._retry_handle = asyncio.get_running_loop().call_later(self._retry.next(), self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry_handle = None
+        self._changed.set()
+
+    def _cancel_retry(self) -> None:
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
 
     async def _settle(self, deadline: float) -> bool:
         """Return once no change came for ``settle_s`` or ``deadline`` passed; True: the deadline did."""
@@ -308,6 +324,11 @@ class MembershipRepair:
         self._unsubscribe = self._view.subscribe(lambda snapshot: self._loop.observe(topology_of(snapshot, replicas)))
         await self._loop.start()
         await self._view.start()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the repair waits for a membership change with no run, settle delay or retry pending."""
+        return self._loop.idle
 
     async def close(self) -> None:
         """Cancel a run in progress, stop watching (bounded waits)."""

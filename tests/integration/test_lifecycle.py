@@ -22,6 +22,7 @@ from kvpool_client import AsyncKVPoolClient, BlockKey, ErrorCode, KVPoolClient
 from kvpool_client.wire import GetRequest, Op, StatusResponse, encode
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection, put_frame
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -129,11 +130,11 @@ def test_sigterm_lets_in_flight_put_finish(daemon_factory: Callable[..., DaemonP
     frame = put_frame(7, NS, blocks)
     with RawConnection(daemon.data_address) as conn:
         conn.send(frame[: len(frame) // 2])  # half of a 4 MiB put is in the daemon
-        time.sleep(0.1)
+        wait_put_begun(daemon)
         daemon.process.send_signal(signal.SIGTERM)
         assert wait_refused(daemon.data_port, within=5.0), f"still accepting after SIGTERM\n{daemon.log()}"
         assert health(daemon.address) == health_pb2.HealthCheckResponse.NOT_SERVING
-        time.sleep(0.3)
+        time.sleep(0.3)  # a deliberate stall of the peer mid-put, well within the grace
         assert daemon.process.poll() is None, f"exited with a put in flight\n{daemon.log()}"
         conn.send(frame[len(frame) // 2 :])
         answer = conn.read_frame().message
@@ -142,10 +143,18 @@ def test_sigterm_lets_in_flight_put_finish(daemon_factory: Callable[..., DaemonP
     assert arena_files(daemon.process.pid) == []
 
 
+def wait_put_begun(daemon: DaemonProcess) -> None:
+    """Wait until the daemon has read the header of the first put sent to it: the put is in flight there."""
+    with KVPoolClient([daemon.address]) as client:
+        wait_until(lambda: client.stats(daemon.address).counters["requests_put"], lambda puts: puts >= 1,
+                   "the daemon to read the put's header")
+
+
 def _stall_mid_put(daemon: DaemonProcess) -> RawConnection:
     conn = RawConnection(daemon.data_address)
     frame = put_frame(9, NS, [(os.urandom(32), os.urandom(MiB))])
     conn.send(frame[: len(frame) // 2])
+    wait_put_begun(daemon)
     return conn
 
 
@@ -157,6 +166,7 @@ def _stall_mid_get(daemon: DaemonProcess) -> RawConnection:
     conn = RawConnection(daemon.data_address)
     conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     conn.send(encode(GetRequest(9, NS, [k.hash for k in keys])))
+    assert conn.sock.recv(1, socket.MSG_PEEK), "no reply began"  # the daemon is sending, and will block
     return conn
 
 
@@ -170,7 +180,6 @@ def test_shutdown_past_grace_with_stalled_peer_still_cleans_up(
     leaked_arenas.append(daemon.process.pid)
     conn = stall(daemon)
     try:
-        time.sleep(0.2)
         code = daemon.stop(signal.SIGTERM, timeout=10)
     finally:
         conn.close()

@@ -30,6 +30,7 @@ from kvpool_client.wire import PutRequest, encode
 from kvpool_server.local import DaemonProcess, LocalCluster, start_daemon
 from tests.support.etcd import requires_etcd
 from tests.support.rawwire import RawConnection
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, requires_etcd]
 
@@ -124,17 +125,14 @@ def cluster_client(cluster: LocalCluster) -> KVPoolClient:
                                             replicas=2, write_quorum=2, request_timeout_s=2.0))  # fmt: skip
 
 
-def wait_quiet(client: KVPoolClient, daemons: list[DaemonProcess], names: tuple[str, ...]) -> dict[str, int]:
-    """Wait until the named counters of every daemon stop moving for a second; their sum by name."""
-    last: dict[str, int] = {}
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        now = {n: sum(counter(client, d, n) for d in daemons) for n in names}
-        if now == last:
-            return now
-        last = now
-        time.sleep(1.0)
-    raise AssertionError(f"counters still moving: {last}")
+def repaired_totals(client: KVPoolClient, daemons: list[DaemonProcess], nodes: int,
+                    names: tuple[str, ...]) -> dict[str, int]:
+    """The named counters summed over ``daemons``, once each has logged the end of a repair run over
+    ``nodes`` active nodes: the run the last membership change caused. A copy it failed (BUSY: the
+    other holder was storing the same block) was made by that holder, so a retry copies nothing."""
+    wait_until(lambda: {d.node_id: len(repair_summaries(d, nodes)) for d in daemons}, lambda runs: all(runs.values()),
+               f"a repair over {nodes} nodes to end on every daemon (runs by node)", WAIT_S)
+    return {n: sum(counter(client, d, n) for d in daemons) for n in names}
 
 
 @pytest.mark.timeout(90)
@@ -147,7 +145,7 @@ def test_a_join_copies_to_the_new_owner_exactly_what_it_owns(pool: Callable[...,
         assert put.ok and all(len(nodes) == 2 for nodes in put.stored_on), put.stored_on
         old = list(cluster.daemons)
         names = ("requests_put", "repair_copies", "repair_runs")
-        before = wait_quiet(client, old, names)
+        before = repaired_totals(client, old, 3, names)
         holders = {d.node_id: held_by(d, keys) for d in old}
 
         joined = cluster.add_daemon(*flags(shm), node_id="node-3")
@@ -155,7 +153,7 @@ def test_a_join_copies_to_the_new_owner_exactly_what_it_owns(pool: Callable[...,
         owned = owned_by(client, keys, "node-3")
         assert 0 < len(owned) < len(keys)
         wait_held(joined, owned)
-        after = wait_quiet(client, old, names)
+        after = repaired_totals(client, old, 4, names)
 
         assert held_by(joined, keys) == owned, "a node gets copies only of the blocks it owns"
         assert after["requests_put"] == before["requests_put"], "no copy went to an owner that had the block"

@@ -44,10 +44,10 @@ async def until(condition: Callable[[], bool], what: Callable[[], object]) -> No
         await asyncio.sleep(0.02)
 
 
-async def gives_up_after(counters: Counters, runs: int) -> None:
-    """Wait for ``runs`` repair runs in all, then make sure no retry follows."""
-    await until(lambda: counters.get("repair_runs") >= runs, counters.snapshot)
-    await asyncio.sleep(1.0)  # ten retry delays
+async def gives_up_after(repair: MembershipRepair, counters: Counters, runs: int) -> None:
+    """Wait until the repair has made ``runs`` runs in all and then gave up: idle, it runs again
+    only after a membership change, so no retry can follow."""
+    await until(lambda: counters.get("repair_runs") >= runs and repair.idle, counters.snapshot)
     assert counters.get("repair_runs") == runs, counters.snapshot()
 
 
@@ -58,9 +58,9 @@ async def repair_against(cluster: LocalCluster, blocks: BlockStore, counters: Co
         repair = MembershipRepair(blocks, store, cluster.cluster, "holder", counters, Credentials(), SETTINGS)
         await repair.start()
         try:
-            await gives_up_after(counters, 3)
+            await gives_up_after(repair, counters, 3)
             await update_config(store, cluster.cluster, lambda _: ClusterConfig(replicas=2))  # R=1 before
-            await gives_up_after(counters, 6)
+            await gives_up_after(repair, counters, 6)
         finally:
             await repair.close()
     return counters.snapshot()

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient, NodeUnavailable
-from kvpool_client.breaker import CircuitState
+from kvpool_client.breaker import CircuitBreaker, CircuitState
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_server.local import DaemonProcess, LocalCluster
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -128,11 +129,18 @@ def test_kill_nine_loses_no_block_and_the_first_read_fails_over_at_once(trio: Lo
 # Every get asks its node: a same-node client would go on copying blocks it read before out of
 # a stopped daemon's arena (still the right bytes) without noticing the hang.
 HUNG_NODE_SETTINGS = {"replicas": 2, "request_timeout_s": 0.5, "connect_timeout_s": 0.5, "location_ttl_s": 0.0}
+BACKOFF_PASSED_S = 0.6  # past the breaker's first back-off (at most 0.5 s): the next request probes the node
+
+
+def breaker_on(clock: FakeClock, config: ClientConfig) -> CircuitBreaker:
+    """The client's breaker on a clock the test moves: a back-off passes when the test says so."""
+    return CircuitBreaker(clock, probe_timeout_s=config.probe_timeout_s)
 
 
 def test_sigstop_times_out_fails_over_and_sigcont_brings_the_node_back(trio: LocalCluster) -> None:
     keys = new_keys()
-    with KVPoolClient(config=config_for(trio, **HUNG_NODE_SETTINGS)) as client:
+    config, clock = config_for(trio, **HUNG_NODE_SETTINGS), FakeClock()
+    with KVPoolClient(config=config, breaker=breaker_on(clock, config)) as client:
         assert client.put(keys, [pattern(k) for k in keys]).ok
         assert client.get(keys).ok
         victim = trio.daemons[1]
@@ -150,7 +158,7 @@ def test_sigstop_times_out_fails_over_and_sigcont_brings_the_node_back(trio: Loc
         assert time.monotonic() - started < 0.4, "an open circuit must skip the hung node"
 
         victim.process.send_signal(signal.SIGCONT)
-        time.sleep(0.6)  # the first back-off is at most 0.5 s: the next request probes the node
+        clock.advance(BACKOFF_PASSED_S)
         before = reads_served(client, victim)
         back = client.get(keys)
         assert_all_read(back.statuses, back.buffers, keys)
@@ -239,7 +247,8 @@ def test_async_client_sigstop_times_out_and_fails_over(trio: LocalCluster) -> No
     keys = new_keys()
 
     async def scenario() -> None:
-        async with AsyncKVPoolClient(config=config_for(trio, **HUNG_NODE_SETTINGS)) as client:
+        config, clock = config_for(trio, **HUNG_NODE_SETTINGS), FakeClock()
+        async with AsyncKVPoolClient(config=config, breaker=breaker_on(clock, config)) as client:
             assert (await client.put(keys, [pattern(k) for k in keys])).ok
             assert (await client.get(keys)).ok
             victim = trio.daemons[2]
@@ -251,7 +260,7 @@ def test_async_client_sigstop_times_out_and_fails_over(trio: LocalCluster) -> No
             assert 0.4 <= elapsed < 1.5, f"took {elapsed:.2f}s"
             assert client.breaker.state(victim.address) is CircuitState.OPEN
             victim.process.send_signal(signal.SIGCONT)
-            await asyncio.sleep(0.6)
+            clock.advance(BACKOFF_PASSED_S)
             back = await client.get(keys)
             assert_all_read(back.statuses, back.buffers, keys)
             assert client.breaker.state(victim.address) is CircuitState.CLOSED

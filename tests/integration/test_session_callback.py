@@ -9,6 +9,7 @@ one connection, over raw sockets, and check order, bytes and released pins.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -111,7 +112,9 @@ def test_a_reply_the_socket_cannot_take_is_finished_by_the_loop(node: DaemonProc
         assert client.put(keys, [d for _, d in blocks]).stored == len(blocks)
         with RawConnection(node.data_address, timeout=10, receive_buffer=64 << 10) as reader:
             reader.send(encode(GetRequest(1, NS, [h for h, _ in blocks])) + encode(PingRequest(2)))
-            time.sleep(0.3)  # the daemon's send stopped part-way: the reply now waits in its loop
+            # Its first bytes here: the daemon holds the blocks and has begun a reply larger than both
+            # sockets' buffers, so its send stops part-way and the rest waits in its loop.
+            assert reader.sock.recv(1, socket.MSG_PEEK), "the node closed the connection instead of replying"
             assert client.get(keys[:2]).statuses == (ErrorCode.OK, ErrorCode.OK), "another client must be served meanwhile"
             assert client.delete(keys) == [True] * len(keys)
             pinned = _dram_usage(node)

@@ -28,6 +28,7 @@ from kvpool_client import AsyncKVPoolClient, BlockKey, CircuitState, ClientConfi
 from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.etcd import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +172,9 @@ def test_concurrent_clients_each_read_their_own_and_shared_blocks(node: DaemonPr
 # -- races -----------------------------------------------------------------------------------
 
 
+RACED_READS = 200  # keys read OK and keys found missing, each, before the race stops
+
+
 def test_eviction_racing_reads_never_returns_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:
@@ -204,12 +208,13 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
     for thread in threads:
         thread.start()
-    time.sleep(2.0)
-    stop.set()
-    for thread in threads:
-        thread.join(30)
+    try:  # until the race has really happened, many times over
+        wait_until(lambda: dict(seen), lambda now: min(now.values()) >= RACED_READS, "reads of both outcomes", 60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
     assert not wrong, f"{len(wrong)} gets returned bytes of another block"
-    assert seen["ok"] > 0 and seen["missing"] > 0, seen  # the race really happened
 
 
 def test_shm_rereads_copy_known_locations_until_a_block_goes(node: DaemonProcess) -> None:
@@ -269,8 +274,8 @@ def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
 
         reader = threading.Thread(target=read)
         reader.start()
-        time.sleep(0.3)
-        daemon.stop(signal.SIGKILL)
+        wait_until(lambda: list(outcomes), lambda done: len(done) >= 2 or not reader.is_alive(), "the reader's first gets")
+        daemon.stop(signal.SIGKILL)  # the reader is in its loop of gets: one is in flight
         reader.join(15)
         assert not wrong, f"keys {wrong[:5]} came back with wrong bytes"
         assert outcomes and outcomes[0] == (OK,) * 32

@@ -474,11 +474,15 @@ def test_reads_out_of_order_or_with_read_ahead_off_read_nothing_ahead(make: Call
     s = make(read_ahead=window)
     for i in range(12):
         s.put_ssd(i)
+    started: list[int] = []
+    before_read_ahead(s, lambda: started.append(1))
     reads = [[0, 1], [2, 3]] if not window else [[0, 1, 2, 3, 4, 5], [8, 9], [11]]
     for batch in reads:
         assert s.read(batch) == [data_for(i) for i in batch]
-    time.sleep(0.05)  # a read-ahead would have started by now
-    assert "ssd_read_ahead" not in s.counters.snapshot(), s.counters.snapshot()
+    # A read-ahead is in flight from the read that planned it until it ends: once none is,
+    # every one these reads started has read, so none started.
+    wait_until(lambda: not s.store._reading_ahead, lambda: s.store._reading_ahead)
+    assert not started and "ssd_read_ahead" not in s.counters.snapshot(), s.counters.snapshot()
     s.assert_no_leak()
 
 
@@ -498,13 +502,19 @@ def test_a_reader_walking_the_log_down_is_read_ahead_of_too(make: Callable[..., 
 
 
 def test_a_get_of_blocks_being_read_ahead_waits_for_them_instead_of_reading_twice(ra: Harness) -> None:
-    gate = gate_read_ahead(ra)
+    reading, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        reading.set()
+        assert gate.wait(10), "the test never opened the gate"
+
+    before_read_ahead(ra, hold)
     start_stream(ra)
+    assert reading.wait(10), "no read-ahead started after a stream of reads"
 
     async def get_while_read_ahead_runs() -> list[bytes | None]:
         get = asyncio.ensure_future(ra.store.acquire([k(4), k(5)]))
-        await asyncio.sleep(0.05)
-        assert not get.done(), "the get did not wait for the read-ahead"
+        await asyncio.sleep(0)  # the get's first step: it finds blocks 4 and 5 still being read ahead
         gate.set()
         held = await get
         try:

@@ -63,7 +63,7 @@ def test_a_burst_of_changes_causes_one_run_with_the_last_topology() -> None:
             loop.observe(topo("a", "b") if n % 2 else topo("a", "b", "c"))
             await asyncio.sleep(SETTLE_S / 5)
         await until(lambda: len(runs.finished) == 1)
-        await asyncio.sleep(4 * SETTLE_S)
+        await until(lambda: loop.idle)  # nothing more runs until a change
         await loop.close()
         assert runs.started == [topo("a", "b", "c")]
 
@@ -77,8 +77,9 @@ def test_the_same_topology_again_is_not_a_change() -> None:
         await loop.start()
         loop.observe(topo("a", "b"))
         await until(lambda: len(runs.finished) == 1)
+        await until(lambda: loop.idle)
         loop.observe(topo("a", "b"))  # a lease renewal re-put the same records
-        await asyncio.sleep(4 * SETTLE_S)
+        assert loop.idle, "the same topology started a settle delay"
         await loop.close()
         assert len(runs.started) == 1
 
@@ -112,9 +113,33 @@ def test_a_failed_run_is_retried_after_the_back_off_and_a_good_one_is_not() -> N
         await until(lambda: len(runs.finished) == 2)  # the first failed: retried with the same topology
         runs.outcome = True
         await until(lambda: len(runs.finished) == 3)
-        await asyncio.sleep(0.5)  # well past the back-off: no retry after a clean run
+        await until(lambda: loop.idle)  # no retry pending after a clean run: nothing runs until a change
         await loop.close()
         assert runs.finished == [topo("a", "b")] * 3
+
+    asyncio.run(scenario())
+
+
+def test_the_loop_is_idle_only_while_nothing_is_pending() -> None:
+    async def scenario() -> None:
+        runs = Runs(outcome=False, duration_s=SETTLE_S)
+        loop = loop_with(runs, retry_s=10.0)
+        assert not loop.idle, "not started"
+        await loop.start()
+        await until(lambda: loop.idle)
+        loop.observe(topo("a", "b"))
+        assert not loop.idle, "a change starts the settle delay"
+        await until(lambda: len(runs.started) == 1)
+        assert not loop.idle, "a run is in progress"
+        await until(lambda: len(runs.finished) == 1)
+        assert not loop.idle, "the run's outcome is being taken, or its retry is pending (it failed)"
+        runs.outcome = True
+        loop.observe(topo("a", "b", "c"))  # a change replaces the pending retry
+        await until(lambda: len(runs.finished) == 2)
+        await until(lambda: loop.idle)
+        await loop.close()
+        assert not loop.idle, "closed"
+        assert runs.started == [topo("a", "b"), topo("a", "b", "c")]
 
     asyncio.run(scenario())
 
