@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from kvpool_server.index.lists import LinkedLists
 
 _ORDER = 0
@@ -19,6 +21,10 @@ class LRUPolicy:
 
     def insert(self, block: int, depth: int = 0) -> None:  # depth plays no part in LRU
         self._lists.append(_ORDER, block)
+
+    def extend(self, blocks: np.ndarray) -> None:
+        """Insert ``blocks`` in order, as many :meth:`insert` calls would (a rebuild at start)."""
+        self._lists.extend(_ORDER, blocks)
 
     def touch(self, block: int) -> None:
         if self._lists.list_of(block) == _ORDER:

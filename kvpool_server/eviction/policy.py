@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+import numpy as np
+
 
 class EvictionPolicy(Protocol):
     """Orders the evictable blocks of one size class, named by their index ids.
@@ -17,6 +19,10 @@ class EvictionPolicy(Protocol):
     """
 
     def insert(self, block: int, depth: int = 0) -> None: ...
+
+    def extend(self, blocks: np.ndarray) -> None:
+        """Insert ``blocks`` at depth 0 in order, as many ``insert`` calls would, faster where it can."""
+        ...
 
     def touch(self, block: int) -> None: ...
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
+import numpy as np
+
 from kvpool_server.index.lists import LinkedLists
 
 _MIN_EPOCH_OPS = 16
@@ -69,6 +71,11 @@ class PrefixAwarePolicy:
         self.remove(block)
         self._place(block, depth)
         self._size += 1
+
+    def extend(self, blocks: np.ndarray) -> None:
+        """Insert ``blocks`` at depth 0, in order (a rebuild at start), one by one: epochs close as they go."""
+        for block in blocks.tolist():
+            self.insert(block)
 
     def touch(self, block: int) -> None:
         lst = self._lists.list_of(block)

@@ -1,9 +1,9 @@
 """Block keys to dense integer ids, in flat arrays: the index's only per-key map.
 
 A daemon holds millions of blocks, so a dict of key tuples to objects (about 680
-bytes a block, measured) is too dear. Here a key costs its hash's bytes object in
-one list, a namespace number, and a slot in an open-addressing table of 64-bit
-digests and 32-bit ids (linear probing, at most 70% full, deletion by backward shift so
+bytes a block, measured) is too dear. Here a key costs its hash's bytes in a cell
+of one bytearray, a namespace number, and a slot in an open-addressing table of
+64-bit digests and 32-bit ids (linear probing, at most 70% full, deletion by backward shift so
 no tombstones pile up). Everything else a tier knows about a block lives in
 columns indexed by the id (:mod:`kvpool_server.index.columns`).
 
@@ -17,7 +17,6 @@ plain ints; numpy is used where whole arrays move at once (growth).
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Iterator
 
@@ -31,8 +30,71 @@ _MIN_SLOTS = 16
 _MAX_LOAD = 0.7
 
 
-def _digest(namespace_id: int, block_hash: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(block_hash, namespace_id)
+def digest(namespace_number: int, block_hash: bytes) -> int:
+    """A key's 64-bit digest: xxh3 of its block hash, seeded with its namespace's number in the table."""
+    return xxhash.xxh3_64_intdigest(block_hash, namespace_number)
+
+
+class HashCells:
+    """Block hashes by id, each in a fixed-width cell of one bytearray.
+
+    Cells are as wide as the longest hash stored so far (engines use one length,
+    usually 32 bytes), so a hash costs its length plus two bytes, not the 70-odd a
+    bytes object and its list slot take. A longer hash widens every cell once.
+    """
+
+    __slots__ = ("_cells", "_lengths", "_width")
+
+    def __init__(self) -> None:
+        self._cells = bytearray()
+        self._lengths = array("H")
+        self._width = 0
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def append(self, block_hash: bytes) -> None:
+        if len(block_hash) > self._width:
+            self._widen(len(block_hash))
+        self._cells += block_hash.ljust(self._width, b"\0")
+        self._lengths.append(len(block_hash))
+
+    def set(self, index: int, block_hash: bytes) -> None:
+        if len(block_hash) > self._width:
+            self._widen(len(block_hash))
+        start = index * self._width
+        self._cells[start : start + len(block_hash)] = block_hash
+        self._lengths[index] = len(block_hash)
+
+    def clear(self, index: int) -> None:
+        self._lengths[index] = 0
+
+    def get(self, index: int) -> bytes:
+        start = index * self._width
+        return bytes(self._cells[start : start + self._lengths[index]])
+
+    def equals(self, index: int, block_hash: bytes) -> bool:
+        if self._lengths[index] != len(block_hash):
+            return False
+        start = index * self._width
+        return self._cells[start : start + len(block_hash)] == block_hash
+
+    def nbytes(self) -> int:
+        return len(self._cells) + self._lengths.itemsize * len(self._lengths)
+
+    def load(self, rows: np.ndarray, lengths: np.ndarray) -> None:
+        """Take ``rows`` (one hash per row, zero-padded) as ids 0..n-1; only into empty cells."""
+        if len(self._lengths):
+            raise ValueError("load() fills empty cells only")
+        self._width = rows.shape[1] if rows.ndim == 2 else 0
+        self._cells = bytearray(np.ascontiguousarray(rows, dtype=np.uint8).tobytes())
+        self._lengths = array("H", lengths.astype(np.uint16).tobytes())
+
+    def _widen(self, width: int) -> None:
+        cells = np.zeros((len(self._lengths), width), dtype=np.uint8)
+        if self._width:
+            cells[:, : self._width] = np.frombuffer(self._cells, dtype=np.uint8).reshape(-1, self._width)
+        self._cells, self._width = bytearray(cells.tobytes()), width
 
 
 class KeyTable:
@@ -48,7 +110,7 @@ class KeyTable:
     def __init__(self, expected: int = 0) -> None:
         self._namespaces: list[str] = []
         self._ns_ids: dict[str, int] = {}
-        self._hashes: list[bytes] = []  # by id; kept after unmapping until the id is released
+        self._hashes = HashCells()  # by id; kept after unmapping until the id is released
         self._ns = array("I")  # namespace number by id
         self._free = array("i")  # released ids, reused last-in first-out
         self._mapped = 0
@@ -61,7 +123,7 @@ class KeyTable:
     @property
     def id_bound(self) -> int:
         """One past the largest id ever handed out: the length columns indexed by id need."""
-        return len(self._hashes)
+        return len(self._ns)
 
     def find(self, key: StoreKey) -> int:
         """The id mapped to ``key``, or -1."""
@@ -69,7 +131,7 @@ class KeyTable:
         ns = self._ns_ids.get(namespace)
         if ns is None:
             return _EMPTY
-        slot = self._slot_of(ns, block_hash)
+        slot = self._probe(ns, block_hash, digest(ns, block_hash))
         return self._ids_view[slot] if slot >= 0 else _EMPTY
 
     def insert(self, key: StoreKey) -> int:
@@ -80,18 +142,21 @@ class KeyTable:
         """
         namespace, block_hash = key
         ns = self._namespace_id(namespace)
-        if self._slot_of(ns, block_hash) >= 0:
-            raise KeyError(f"{key!r} is mapped already")
         if (self._mapped + 1) > _MAX_LOAD * len(self._ids_view):
             self._resize(len(self._ids_view) * 2)
+        key_digest = digest(ns, block_hash)
+        slot = self._probe(ns, block_hash, key_digest)
+        if slot >= 0:
+            raise KeyError(f"{key!r} is mapped already")
         ident = self._new_id(ns, block_hash)
-        self._place(_digest(ns, block_hash), ident)
+        self._digest_view[-1 - slot], self._ids_view[-1 - slot] = key_digest, ident
         self._mapped += 1
         return ident
 
     def unmap(self, ident: int) -> None:
         """Forget which key ``ident`` holds for lookups; :meth:`key_of` still answers until released."""
-        slot = self._slot_of(self._ns[ident], self._hashes[ident])
+        ns, block_hash = self._ns[ident], self._hashes.get(ident)
+        slot = self._probe(ns, block_hash, digest(ns, block_hash))
         if slot < 0 or self._ids_view[slot] != ident:
             raise KeyError(f"id {ident} is not mapped")
         self._remove_slot(slot)
@@ -99,14 +164,39 @@ class KeyTable:
 
     def release(self, ident: int) -> None:
         """Hand an unmapped id back for reuse."""
-        self._hashes[ident] = b""
+        self._hashes.clear(ident)
         self._free.append(ident)
 
     def key_of(self, ident: int) -> StoreKey:
-        return self._namespaces[self._ns[ident]], self._hashes[ident]
+        return self._namespaces[self._ns[ident]], self._hashes.get(ident)
 
     def namespace_of(self, ident: int) -> str:
         return self._namespaces[self._ns[ident]]
+
+    def load(self, namespaces: list[str], namespace_ids: np.ndarray, hashes: np.ndarray, hash_lens: np.ndarray,
+             digests: np.ndarray) -> None:
+        """Map n distinct keys at once, as ids 0..n-1 in the order given (a rebuild at start).
+
+        Args:
+            namespaces: the keys' namespaces, each once; ``namespace_ids`` indexes them per key.
+            hashes: one block hash per row, zero-padded; ``hash_lens`` gives each one's length.
+            digests: each key's :func:`digest`.
+
+        Raises:
+            ValueError: the table is not empty.
+        """
+        if len(self._ns) or self._mapped:
+            raise ValueError("load() fills an empty table only")
+        table_ids = np.array([self._namespace_id(name) for name in namespaces], dtype=np.uint32)
+        self._hashes.load(hashes, hash_lens)
+        self._ns = array("I", table_ids[namespace_ids].tobytes() if len(namespace_ids) else b"")
+        self._mapped = len(digests)
+        self._resize(max(_MIN_SLOTS, 1 << int(len(digests) / _MAX_LOAD).bit_length()),
+                     (digests.astype(np.uint64), np.arange(len(digests), dtype=np.int32)))
+
+    def namespace_number(self, namespace: str) -> int:
+        """The number this table gives ``namespace`` (the seed of its keys' digests)."""
+        return self._namespace_id(namespace)
 
     def mapped_ids(self) -> Iterator[int]:
         """Every mapped id, in table order (no particular meaning)."""
@@ -115,8 +205,7 @@ class KeyTable:
 
     def nbytes(self) -> int:
         """Bytes this table holds (arrays, the hashes and their list), for benchmarks and tests."""
-        hashes = sys.getsizeof(self._hashes) + sum(map(sys.getsizeof, self._hashes))
-        return len(self._digests) + len(self._slot_ids) + hashes + self._ns.itemsize * len(self._ns)
+        return len(self._digests) + len(self._slot_ids) + self._hashes.nbytes() + self._ns.itemsize * len(self._ns)
 
     # -- internals ------------------------------------------------------------
 
@@ -130,30 +219,29 @@ class KeyTable:
     def _new_id(self, ns: int, block_hash: bytes) -> int:
         if self._free:
             ident = self._free.pop()
-            self._hashes[ident] = block_hash
+            self._hashes.set(ident, block_hash)
             self._ns[ident] = ns
             return ident
         self._hashes.append(block_hash)
         self._ns.append(ns)
-        return len(self._hashes) - 1
+        return len(self._ns) - 1
 
-    def _slot_of(self, ns: int, block_hash: bytes) -> int:
-        """The table slot holding this key, or -1."""
-        digest = _digest(ns, block_hash)
+    def _probe(self, ns: int, block_hash: bytes, key_digest: int) -> int:
+        """The table slot holding this key; where it is absent, ``-1 - s`` for the empty slot ``s`` ending its probe."""
         digests, ids, mask = self._digest_view, self._ids_view, self._mask
-        slot = digest & mask
+        slot = key_digest & mask
         while (ident := ids[slot]) != _EMPTY:
-            if digests[slot] == digest and self._hashes[ident] == block_hash and self._ns[ident] == ns:
+            if digests[slot] == key_digest and self._hashes.equals(ident, block_hash) and self._ns[ident] == ns:
                 return slot
             slot = (slot + 1) & mask
-        return -1
+        return -1 - slot
 
-    def _place(self, digest: int, ident: int) -> None:
+    def _place(self, key_digest: int, ident: int) -> None:
         ids, mask = self._ids_view, self._mask
-        slot = digest & mask
+        slot = key_digest & mask
         while ids[slot] != _EMPTY:
             slot = (slot + 1) & mask
-        self._digest_view[slot] = digest
+        self._digest_view[slot] = key_digest
         ids[slot] = ident
 
     def _remove_slot(self, hole: int) -> None:
@@ -171,13 +259,15 @@ class KeyTable:
                 hole = slot
         ids[hole] = _EMPTY
 
-    def _resize(self, slots: int) -> None:
-        """Rebuild the table with ``slots`` slots (a power of two), placing members in bulk."""
-        old = getattr(self, "_slot_ids", None)
-        members = np.zeros(0, dtype=np.int32) if old is None else np.frombuffer(old, dtype=np.int32)
-        keep = members != _EMPTY
-        digests_in = np.zeros(0, dtype=np.uint64) if old is None else np.frombuffer(self._digests, np.uint64)[keep]
-        ids_in = members[keep]
+    def _resize(self, slots: int, members: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Rebuild the table with ``slots`` slots (a power of two), placing its members (or ``members``) in bulk."""
+        if members is None:
+            old = getattr(self, "_slot_ids", None)
+            ids = np.zeros(0, dtype=np.int32) if old is None else np.frombuffer(old, dtype=np.int32)
+            keep = ids != _EMPTY
+            members = (np.zeros(0, np.uint64) if old is None else np.frombuffer(self._digests, np.uint64)[keep],
+                       ids[keep])
+        digests_in, ids_in = members
         self._digests = bytearray(8 * slots)
         self._slot_ids = bytearray(np.full(slots, _EMPTY, dtype=np.int32).tobytes())
         self._digest_view = memoryview(self._digests).cast("Q")
@@ -185,8 +275,8 @@ class KeyTable:
         self._mask = slots - 1
         overflow = _bulk_place(np.frombuffer(self._digests, np.uint64), np.frombuffer(self._slot_ids, np.int32),
                                digests_in, ids_in)
-        for digest, ident in overflow:
-            self._place(digest, ident)
+        for key_digest, ident in overflow:
+            self._place(key_digest, ident)
 
 
 def _bulk_place(digests: np.ndarray, ids: np.ndarray, new_digests: np.ndarray, new_ids: np.ndarray) -> list[tuple[int, int]]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 
+import numpy as np
+
 _NONE = -1
 
 
@@ -69,6 +71,32 @@ class LinkedLists:
         if not self._sizes[lst]:
             del self._heads[lst], self._tails[lst], self._sizes[lst]
         return lst
+
+    def extend(self, lst: int, nodes: np.ndarray) -> None:
+        """Append ``nodes``, in order, to the tail of ``lst``; none of them may be in a list.
+
+        Raises:
+            ValueError: a node is in a list already.
+        """
+        if not len(nodes):
+            return
+        nodes = nodes.astype(np.int32)
+        if int(nodes.max()) >= len(self._owner):
+            self._grow(int(nodes.max()))
+        owner = np.frombuffer(self._owner, dtype=np.int32)
+        if (owner[nodes] != _NONE).any():
+            raise ValueError("extend() takes nodes in no list")
+        tail = self._tails.get(lst, _NONE)
+        np.frombuffer(self._prev, dtype=np.int32)[nodes] = np.concatenate(([tail], nodes[:-1]))
+        np.frombuffer(self._next, dtype=np.int32)[nodes] = np.concatenate((nodes[1:], [_NONE]))
+        owner[nodes] = lst
+        del owner  # the arrays may grow again: no view may outlive this call
+        if tail == _NONE:
+            self._heads[lst] = int(nodes[0])
+        else:
+            self._next[tail] = int(nodes[0])
+        self._tails[lst] = int(nodes[-1])
+        self._sizes[lst] = self._sizes.get(lst, 0) + len(nodes)
 
     def nodes(self, lst: int) -> Iterator[int]:
         """``lst`` from head to tail; the list must not change while this is consumed."""

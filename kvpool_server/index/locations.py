@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 from kvpool_server.tiers.segments import Location
 
 
@@ -25,6 +27,16 @@ class RecordLocations:
                 column.append(0)
         self.segment[block], self.offset[block], self.size[block] = location.segment_id, location.offset, location.length
         self.length[block], self.checksum[block] = length, checksum
+
+    def load(self, segments: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
+             checksums: np.ndarray) -> None:
+        """Take these columns as blocks 0..n-1 (a rebuild at start, into empty columns)."""
+        if len(self.segment):
+            raise ValueError("load() fills empty columns only")
+        for column, values, dtype in ((self.segment, segments, np.uint32), (self.offset, offsets, np.uint64),
+                                      (self.size, sizes, np.uint32), (self.length, lengths, np.uint32),
+                                      (self.checksum, checksums, np.uint64)):
+            column.frombytes(values.astype(dtype).tobytes())
 
     def location(self, block: int) -> Location:
         return Location(self.segment[block], self.offset[block], self.size[block])

@@ -12,6 +12,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 
+import numpy as np
+
 _DEAD = -1
 
 
@@ -34,6 +36,14 @@ class SegmentRecords:
             raise ValueError(f"record at {offset} is not past the last one at {self._starts[-1]}")
         self._starts.append(offset)
         self._ids.append(block)
+
+    @classmethod
+    def of(cls, starts: np.ndarray, blocks: np.ndarray) -> SegmentRecords:
+        """Records at ``starts`` (ascending) holding ``blocks`` (a rebuild at start)."""
+        run = cls()
+        run._starts = array("Q", starts.astype(np.uint64).tobytes())
+        run._ids = array("i", blocks.astype(np.int32).tobytes())
+        return run
 
     def kill(self, offset: int) -> None:
         """The record at ``offset`` is no longer live."""

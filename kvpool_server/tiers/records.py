@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -262,6 +262,9 @@ def walk_records(read_at: ReadAt, size: int, verify: bool, result: WalkResult) -
     ``CORRUPT``, unless everything from it to ``size`` is zero bytes (``TORN``). A
     partial header or a record past ``size`` stops it as ``TORN``.
 
+    Sound records are parsed in bulk from large reads (:func:`_walk_sound`); the
+    first record that is anything else is judged alone, by the rules above.
+
     Args:
         read_at: ``(offset, n) -> bytes``, fewer than ``n`` only at the end.
         size: how many bytes the run holds.
@@ -270,21 +273,89 @@ def walk_records(read_at: ReadAt, size: int, verify: bool, result: WalkResult) -
     """
     offset = 0
     while offset < size:
-        header = _next_header(read_at, offset, size, result)
-        if header is None:
+        if not verify:
+            offset = yield from _walk_sound(read_at, offset, size, result)
+            if offset >= size:
+                break
+        found, after = judge_record(read_at, offset, size, verify, result)
+        if after is None:
             return
-        try:
-            namespace, hash_ = split_key(header, read_at(offset + HEADER_SIZE, header.key_len))
-            payload_at = offset + HEADER_SIZE + header.key_len
-            if verify and not _payload_ok(read_at, header, payload_at):
-                raise CorruptRecord("payload checksum mismatch")
-            found: FoundRecord | None = FoundRecord(offset, header, namespace, hash_)
-        except CorruptRecord:
-            found, result.corrupt = None, result.corrupt + 1
-        offset = result.good_end = offset + header.record_len
+        offset = after
         if found is not None:
             yield found
     result.stop = WalkStop.END
+
+
+def judge_record(read_at: ReadAt, offset: int, size: int, verify: bool,
+                 result: WalkResult) -> tuple[FoundRecord | None, int | None]:
+    """One step of :func:`walk_records`, by its rules: the record at ``offset``, if valid, and where the walk goes on.
+
+    Returns:
+        ``(record, next offset)``; the record is None when it was skipped as corrupt
+        (counted); the next offset is None when the walk stops here (``result.stop`` set).
+    """
+    header = _next_header(read_at, offset, size, result)
+    if header is None:
+        return None, None
+    try:
+        namespace, hash_ = split_key(header, read_at(offset + HEADER_SIZE, header.key_len))
+        payload_at = offset + HEADER_SIZE + header.key_len
+        if verify and not _payload_ok(read_at, header, payload_at):
+            raise CorruptRecord("payload checksum mismatch")
+        found: FoundRecord | None = FoundRecord(offset, header, namespace, hash_)
+    except CorruptRecord:
+        found, result.corrupt = None, result.corrupt + 1
+    result.good_end = offset + header.record_len
+    return found, result.good_end
+
+
+_WINDOW = 1 << 20  # bytes read at once by the bulk walk among small records
+_SMALL_READ = 4096  # ... and after a large one, whose payload it skips
+_RECORD_HEAD = struct.Struct("<4sBBHHHQQII")  # the header's fields and its checksum
+_FLAG_VALUES = {int(flag): flag for flag in (RecordFlags.NONE, RecordFlags.TOMBSTONE)}
+
+
+def _walk_sound(read_at: ReadAt, offset: int, size: int, result: WalkResult) -> Generator[FoundRecord, None, int]:
+    """Yield records from ``offset`` on while each is whole and passes every check.
+
+    Rebuilding the index of millions of small records is bound by the cost per
+    record, so this reads a window at a time and checks headers inline, without a
+    call per field. It makes no judgement: at the first record that is not plainly
+    sound (a bad checksum, bounds, a record past ``size``) it returns that record's
+    offset, for :func:`walk_records` to judge by its rules.
+    """
+    window, base, pos, record_len = b"", offset, 0, 0
+    view = memoryview(window)
+    while base + pos < size:
+        if pos + HEADER_SIZE > len(window):
+            base, pos = base + pos, 0
+            # after a large record, read only what the next header and key need
+            wanted = _WINDOW if record_len <= _WINDOW // 16 else _SMALL_READ
+            window = read_at(base, min(wanted, size - base))
+            view = memoryview(window)
+            if len(window) < HEADER_SIZE:
+                break
+        magic, version, flags, ns_len, hash_len, reserved, payload_len, payload_sum, key_sum, head_sum = (
+            _RECORD_HEAD.unpack_from(window, pos))
+        key_at = pos + HEADER_SIZE
+        key_end = key_at + ns_len + hash_len
+        record_len = HEADER_SIZE + ns_len + hash_len + payload_len
+        if (magic != MAGIC or version != VERSION or reserved or flags not in _FLAG_VALUES or ns_len > MAX_NAMESPACE_LEN
+                or not 1 <= hash_len <= MAX_HASH_LEN or base + pos + record_len > size
+                or xxhash.xxh32_intdigest(view[pos:key_at - _CHECKSUM.size]) != head_sum):
+            break
+        if key_end > len(window):  # the key runs past the window: read on from this record
+            if pos == 0:
+                break  # a key longer than a window: leave it to the careful path
+            base, pos, window = base + pos, 0, b""
+            continue
+        if xxhash.xxh32_intdigest(view[key_at:key_end]) != key_sum:
+            break
+        header = RecordHeader(_FLAG_VALUES[flags], ns_len, hash_len, payload_len, payload_sum, key_sum)
+        yield FoundRecord(base + pos, header, window[key_at:key_at + ns_len], window[key_at + ns_len:key_end])
+        pos += record_len
+        result.good_end = base + pos
+    return base + pos
 
 
 def _next_header(read_at: ReadAt, offset: int, size: int, result: WalkResult) -> RecordHeader | None:

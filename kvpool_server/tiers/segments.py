@@ -34,6 +34,7 @@ past the span, into the records written after it: a prefix chain's next blocks).
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpool_server.index import StoreKey
+from kvpool_server.tiers.record_columns import RecordColumns, scan_columns
 from kvpool_server.tiers.records import (
     HEADER_SIZE,
     CorruptRecord,
@@ -225,42 +227,34 @@ def _check_record(front: bytearray, payload: memoryview, location: Location, key
     verify_payload(header, payload)
 
 
-class _ReadWindow:
-    """Small reads of a file, served from one larger ``pread`` where they fall inside it.
-
-    A scan asks for each record's header and key in file order: with small blocks
-    that is two system calls per record, which made rebuilding the index of millions
-    of records take minutes. One window holds hundreds of small records; for large
-    ones it costs one read of ``size`` bytes per record instead of two tiny ones.
-    """
-
-    __slots__ = ("_fd", "_size", "_start", "_data")
-
-    def __init__(self, fd: int, size: int = 64 * 1024) -> None:
-        self._fd, self._size = fd, size
-        self._start, self._data = 0, b""
-
-    def __call__(self, offset: int, n: int) -> bytes:
-        if offset < self._start or offset + n > self._start + len(self._data):
-            if n > self._size:
-                return os.pread(self._fd, n, offset)
-            self._start, self._data = offset, os.pread(self._fd, self._size, offset)
-        return self._data[offset - self._start : offset - self._start + n]
-
-
 def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
                   walk: WalkResult) -> Iterator[ScanEntry]:
     """Yield the valid records of one segment file in order; see :func:`walk_records`."""
-    for found in walk_records(_ReadWindow(fd), size, verify, walk):
-        try:
-            key = (found.namespace.decode(), found.hash)
-        except UnicodeDecodeError:
-            walk.corrupt += 1  # checksums matched, so it was written so: never serve it
-            continue
-        location = Location(segment_id, found.offset, found.header.record_len)
+    namespaces: dict[bytes, str] = {}  # a segment holds few namespaces: decode each once
+    for found in walk_records(lambda offset, n: os.pread(fd, n, offset), size, verify, walk):
+        namespace = namespaces.get(found.namespace)
+        if namespace is None:
+            try:
+                namespace = namespaces[found.namespace] = found.namespace.decode()
+            except UnicodeDecodeError:
+                walk.corrupt += 1  # checksums matched, so it was written so: never serve it
+                continue
         header = found.header
-        tombstone = bool(header.flags & RecordFlags.TOMBSTONE)
-        yield ScanEntry(key, location, header.payload_checksum, header.payload_len, tombstone)
+        location = Location(segment_id, found.offset, header.record_len)
+        tombstone = header.flags == RecordFlags.TOMBSTONE
+        yield ScanEntry((namespace, found.hash), location, header.payload_checksum, header.payload_len, tombstone)
+
+
+def _scan_mapped(fd: int, size: int, walk: WalkResult) -> RecordColumns:
+    """:func:`scan_columns` over a segment file mapped read-only (an empty one cannot be mapped)."""
+    if not size:
+        return scan_columns(b"", 0, walk)
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return scan_columns(view, size, walk)
+        finally:
+            view.release()
 
 
 class SegmentLog:
@@ -312,8 +306,7 @@ class SegmentLog:
     def _recover_tail(self, segment: _Segment) -> bool:
         """Truncate a torn tail off ``segment``; return whether appends may continue there."""
         walk = WalkResult()
-        for _ in _scan_segment(segment.id, segment.fd, segment.size, False, walk):
-            pass
+        _scan_mapped(segment.fd, segment.size, walk)
         if walk.stop is WalkStop.CORRUPT:
             return False
         if walk.stop is WalkStop.TORN:
@@ -569,6 +562,29 @@ class SegmentLog:
             with self._meta_lock:
                 self._corrupt += walk.corrupt
                 self._lost += size - walk.good_end if walk.stop is WalkStop.CORRUPT else 0
+
+    def scan_columns(self) -> Iterator[tuple[int, RecordColumns]]:
+        """Every readable record, a segment at a time as columns, oldest segment first.
+
+        What :meth:`scan` finds (without ``verify``), parsed in bulk
+        (:mod:`~kvpool_server.tiers.record_columns`): the rebuild of a large index at start.
+        """
+        with self._meta_lock:
+            snapshot = sorted((s.id, s.size) for s in self._segments.values())
+        for segment_id, size in snapshot:
+            try:
+                segment = self._acquire(segment_id)
+            except SegmentMissing:
+                continue  # deleted since the snapshot
+            walk = WalkResult()
+            try:
+                columns = _scan_mapped(segment.fd, size, walk)
+            finally:
+                self._release(segment)
+            with self._meta_lock:
+                self._corrupt += walk.corrupt
+                self._lost += size - walk.good_end if walk.stop is WalkStop.CORRUPT else 0
+            yield segment_id, columns
 
     # -- introspection --------------------------------------------------------
 
