@@ -31,7 +31,8 @@ UNLINKED = 2  # gone from the index; memory freed on the last release
 class BlockRecords:
     """What a DRAM tier knows about each block, one array per field, indexed by block id."""
 
-    __slots__ = ("offset", "length", "slot_size", "checksum", "pins", "last_access", "depth", "flags", "read_ahead")
+    __slots__ = ("offset", "length", "slot_size", "checksum", "pins", "last_access", "depth", "flags", "read_ahead",
+                 "_columns")
 
     def __init__(self) -> None:
         self.offset = array("Q")
@@ -44,18 +45,17 @@ class BlockRecords:
         self.flags = array("B")  # COMPLETE, UNLINKED; changed under the tier's lock only
         self.read_ahead = array("B")  # read ahead from SSD and not yet read by a client (its own
         # column: the store sets it without the tier's lock, so it must not share a word with flags)
-
-    def columns(self) -> tuple[array, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__)
+        self._columns = (self.offset, self.length, self.slot_size, self.checksum, self.pins, self.last_access,
+                         self.depth, self.flags, self.read_ahead)
 
     def ensure(self, ident: int) -> None:
         """Make room for ``ident`` (ids come densely from a KeyTable, so this appends at most one)."""
         while len(self.flags) <= ident:
-            for column in self.columns():
+            for column in self._columns:
                 column.append(0)
 
     def nbytes(self) -> int:
-        return sum(column.itemsize * len(column) for column in self.columns())
+        return sum(column.itemsize * len(column) for column in self._columns)
 
 
 class BlockEntry:
