@@ -27,8 +27,7 @@ class LRUPolicy:
         self._lists.extend(_ORDER, blocks)
 
     def touch(self, block: int) -> None:
-        if self._lists.list_of(block) == _ORDER:
-            self._lists.append(_ORDER, block)
+        self._lists.move_to_tail(block)
 
     def remove(self, block: int) -> None:
         self._lists.remove(block)

@@ -86,7 +86,7 @@ class PrefixAwarePolicy:
             self._take(block)
             self._place(block, depth)
         else:
-            self._lists.append(lst, block)
+            self._lists.move_to_tail(block)
             self._tick()
 
     def remove(self, block: int) -> None:

@@ -52,6 +52,24 @@ class LinkedLists:
         self._tails[lst] = node
         self._sizes[lst] = self._sizes.get(lst, 0) + 1
 
+    def move_to_tail(self, node: int) -> bool:
+        """Move ``node`` to the tail of the list it is in (a hit); False when it is in none."""
+        lst = self._owner[node] if node < len(self._owner) else _NONE
+        if lst == _NONE:
+            return False
+        tail = self._tails[lst]
+        if tail == node:
+            return True
+        prev, nxt = self._prev[node], self._next[node]  # nxt is a node: this one is not the tail
+        if prev == _NONE:
+            self._heads[lst] = nxt
+        else:
+            self._next[prev] = nxt
+        self._prev[nxt] = prev
+        self._next[tail], self._prev[node], self._next[node] = node, tail, _NONE
+        self._tails[lst] = node
+        return True
+
     def remove(self, node: int) -> int:
         """Take ``node`` out of its list; returns that list (-1: it was in none)."""
         lst = self.list_of(node)

@@ -102,6 +102,14 @@ class ListsMachine(RuleBasedStateMachine):
         self.lists.append(lst, node)
 
     @rule(node=st.integers(0, 200))
+    def move_to_tail(self, node: int) -> None:
+        owner = next((lst for lst, members in self.model.items() if node in members), -1)
+        if owner >= 0:
+            self.model[owner].remove(node)
+            self.model[owner].append(node)
+        assert self.lists.move_to_tail(node) == (owner >= 0), f"node {node} was in {owner}"
+
+    @rule(node=st.integers(0, 200))
     def remove(self, node: int) -> None:
         owner = next((lst for lst, members in self.model.items() if node in members), -1)
         if owner >= 0:
