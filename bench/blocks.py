@@ -1,8 +1,9 @@
-"""Block put/get benchmark of kvpool on loopback, with memcpy, raw TCP and Redis baselines.
+"""Block put/get benchmark of kvpool on loopback, against Mooncake Store and memcpy, raw TCP and Redis baselines.
 
 Usage: ``.venv/bin/python bench/blocks.py [--quick] [--out bench/results]``
 
-One run starts a kvpool daemon, redis-server and a raw socket server, spawns 1 and
+One run starts a kvpool daemon, redis-server, a raw socket server and Mooncake's master
+and store node (bench/mooncake_peer), spawns 1 and
 4 client processes (``kvpool`` reads over TCP, ``kvpool-shm`` out of the daemon's
 shared arena, as a client on its node does), and measures every (system, op, block size, batch, clients)
 cell for a bounded time. Every block a get returns is verified against the
@@ -30,16 +31,18 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import machine, report
+from bench import machine, mooncake_peer, report
 from bench.cells import Cell, missing, summarize
 from bench.harness import CellFailed, Pools
+from bench.mooncake_peer.servers import mooncake_servers
 from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
 from bench.workload import CellSpec, KiB, MiB
+from kvpool_server.config import parse_byte_size
 
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCHES = (1, 32)
 CLIENTS = (1, 4)
-SYSTEMS = ("memcpy", "socket", "kvpool", "kvpool-shm", "redis")
+SYSTEMS = ("memcpy", "socket", "kvpool", "kvpool-shm", "redis", *mooncake_peer.SYSTEMS)
 DEST_OFFSETS = (0, 16, 64)  # get destinations' offsets from a page; all but 0 for one client's reads only
 FULL_DURATION_S = 1.5
 QUICK_DURATION_S = 0.2
@@ -61,7 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--retry-budget", type=float, default=None, help="seconds for re-measuring cells disturbed by other processes"
     )
-    parser.add_argument("--no-install", action="store_true", help="do not apt-get install a missing redis-server")
+    parser.add_argument(
+        "--no-install", action="store_true",
+        help="do not apt-get install a missing redis-server or the libraries Mooncake links",
+    )
     parser.add_argument(
         "--dest-offsets", default=",".join(map(str, DEST_OFFSETS)),
         help="offsets from a page of get destinations; each one but 0 adds the reads of one client",
@@ -88,9 +94,7 @@ def plan_cells(
             for block in BLOCK_SIZES:
                 for batch in BATCHES:
                     for op in ops:
-                        server = endpoints.get(system)
-                        address, pid = (server.address, server.pid) if server else ("", None)
-                        spec = CellSpec(system, op, block, batch, clients, address, duration_s, os.urandom(8), pid)
+                        spec = _spec(endpoints.get(system), system, op, block, batch, clients, duration_s)
                         specs.append(spec)
                         if op != "put" and clients == 1:
                             specs += [replace(spec, tag=os.urandom(8), dest_offset=o) for o in dest_offsets if o]
@@ -100,13 +104,21 @@ def plan_cells(
 def plan_ratio_round(endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float, index: int) -> list[CellSpec]:
     """One round of the cells the target ratios compare; every other round in reverse, so
     that over the rounds no system is always measured first."""
-    specs = []
-    for system, batch, clients in report.ratio_shapes(systems):
-        server = endpoints.get(system)
-        address, pid = (server.address, server.pid) if server else ("", None)
-        specs.append(CellSpec(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, address, duration_s,
-                              os.urandom(8), pid))
+    specs = [
+        _spec(endpoints.get(system), system, report.read_op(system), report.RATIO_BLOCK, batch, clients, duration_s)
+        for system, batch, clients in report.ratio_shapes(systems)
+    ]
     return specs[::-1] if index % 2 else specs
+
+
+def _spec(
+    server: Endpoint | None, system: str, op: str, block: int, batch: int, clients: int, duration_s: float
+) -> CellSpec:
+    """A cell with fresh keys (a new tag), reading from ``server`` (None: memcpy, or not running)."""
+    if server is None:
+        return CellSpec(system, op, block, batch, clients, "", duration_s, os.urandom(8))
+    return CellSpec(system, op, block, batch, clients, server.address, duration_s, os.urandom(8), server.pid,
+                    also_server_pids=server.also)  # fmt: skip
 
 
 def run_cell(spec: CellSpec, pools: Pools, available: bool) -> Cell:
@@ -177,6 +189,11 @@ def start_everything(
         )
     if "socket" in systems:
         endpoints["socket"] = stack.enter_context(socket_server())
+    if set(mooncake_peer.SYSTEMS) & set(systems):
+        capacity = parse_byte_size(args.dram_capacity)
+        servers = stack.enter_context(mooncake_servers(capacity, not args.no_install))
+        endpoints |= servers.endpoints() if servers else dict.fromkeys(mooncake_peer.SYSTEMS)
+    stack.callback(pools.close)  # on the way out, clients leave before the servers they talk to stop
     return endpoints, pools
 
 

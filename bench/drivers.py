@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import redis
 
-from bench import sockio
+from bench import mooncake_peer, sockio
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient, Namespace
 
@@ -196,4 +196,8 @@ def open_driver(system: str, endpoint: str, worker: int) -> Driver:
         return SocketDriver(endpoint, worker)
     if system == "memcpy":
         return MemcpyDriver(worker)
+    if system in mooncake_peer.SYSTEMS:
+        from bench.mooncake_peer.drivers import open_mooncake  # Mooncake loads only in workers that read it
+
+        return open_mooncake(system, endpoint)
     raise ValueError(f"unknown system {system!r}")

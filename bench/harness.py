@@ -212,7 +212,7 @@ class _Worker:
 
     def _bursts(self, driver: Driver, plan: Plan) -> WorkerResult:
         spec = plan.spec
-        log = _BurstLog(spec.server_pid if self.index == 0 else None)
+        log = _BurstLog(spec.server_pids if self.index == 0 else None)
         started = 0.0
         while True:
             first = WARMUP_OPS + len(log.spans) * spec.burst_ops
@@ -237,10 +237,10 @@ class _BurstLog:
     """What one worker measured over a cell's bursts.
 
     Attributes:
-        server_pid: the server whose CPU time this worker samples (worker 0 only).
+        server_pids: the server's processes, whose CPU time this worker samples (worker 0 only).
     """
 
-    server_pid: int | None
+    server_pids: tuple[int, ...] | None
     latencies: list[np.ndarray] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
     cpu_ns: int = 0
@@ -249,8 +249,8 @@ class _BurstLog:
 
     def run(self, step: OpStep, count: int) -> list[Any]:
         """Time one burst of ``count`` ops; returns what each op returned."""
-        if self.server_pid is not None:
-            self._server_mark = process_cpu_ns(self.server_pid)
+        if self.server_pids:
+            self._server_mark = _cpu_ns(self.server_pids)
         cpu_start = time.process_time_ns()
         latencies, outputs, span = _timed_burst(step, count)
         self.cpu_ns += time.process_time_ns() - cpu_start
@@ -260,15 +260,19 @@ class _BurstLog:
 
     def all_done(self) -> None:
         """Every client has finished the burst: close the server's CPU window."""
-        if self.server_pid is not None:
-            self.server_ns += process_cpu_ns(self.server_pid) - self._server_mark
+        if self.server_pids:
+            self.server_ns += _cpu_ns(self.server_pids) - self._server_mark
 
     def result(self, spec: CellSpec) -> WorkerResult:
         ops = len(self.spans) * spec.burst_ops
-        server_ns = self.server_ns if self.server_pid is not None else None
+        server_ns = self.server_ns if self.server_pids else None
         return WorkerResult(
             ops, ops * spec.op_bytes, np.concatenate(self.latencies), self.spans, self.cpu_ns, server_ns
         )
+
+
+def _cpu_ns(pids: tuple[int, ...]) -> int:
+    return sum(process_cpu_ns(pid) for pid in pids)
 
 
 def _op_step(driver: Driver, plan: Plan, refs: list[list[BlockRef]], targets: list[list[np.ndarray]]) -> OpStep:

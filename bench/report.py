@@ -9,10 +9,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import mooncake_peer
 from bench.cells import Cell
 from bench.workload import KiB, MiB
 
-SYSTEMS = ("kvpool", "kvpool-shm", "redis", "socket", "memcpy")
+SYSTEMS = ("kvpool", "kvpool-shm", "redis", *mooncake_peer.SYSTEMS, "socket", "memcpy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,20 @@ RATIO_SPECS = (
     # What two cores leave four clients with no kvpool in the way: the ceiling of the scaling targets.
     RatioSpec("384 KiB raw socket batch-32: 4 clients / 1 client", ("socket", 32, 4), ("socket", 32, 1), None),
     RatioSpec("384 KiB memcpy batch-32: 4 clients / 1 client", ("memcpy", 32, 4), ("memcpy", 32, 1), None),
+    # Mooncake Store, the system users compare kvpool with: its bytes and zero-copy APIs over TCP, and
+    # its same-host mode (bytes, and zero-copy into its own shared pool) against kvpool's same-node reads.
+    RatioSpec("384 KiB get, 1 client: kvpool single / Mooncake TCP get", ("kvpool", 1, 1), ("mooncake", 1, 1), 2.5),
+    RatioSpec(
+        "384 KiB get, 1 client: kvpool single / Mooncake TCP get_into", ("kvpool", 1, 1), ("mooncake-zc", 1, 1), 2.5
+    ),
+    RatioSpec(
+        "384 KiB get, 1 client: kvpool-shm single / Mooncake same-host get",
+        ("kvpool-shm", 1, 1), ("mooncake-local", 1, 1), 3.0,
+    ),
+    RatioSpec(
+        "384 KiB get, 1 client: kvpool-shm single / Mooncake same-host get_into its pool",
+        ("kvpool-shm", 1, 1), ("mooncake-local-zc", 1, 1), 3.0,
+    ),
 )
 RATIO_BLOCK = 384 * KiB
 
@@ -182,8 +197,12 @@ def markdown_table(cells: Sequence[Cell]) -> str:
 
 
 def destination(cell: Cell) -> str:
-    """Where a read cell's blocks landed: ``page+N``; a put has none."""
-    return "-" if cell.op == "put" else f"page+{cell.dest_offset}"
+    """Where a read cell's blocks landed: ``page+N`` (in Mooncake's shared pool for its same-host
+    zero-copy reads); a put has none."""
+    if cell.op == "put":
+        return "-"
+    where = "mooncake pool " if cell.system in mooncake_peer.POOL_SYSTEMS else ""
+    return f"{where}page+{cell.dest_offset}"
 
 
 def alignment_lines(cells: Sequence[Cell]) -> str:

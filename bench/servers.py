@@ -36,6 +36,7 @@ _START_TIMEOUT_S = 20.0
 class Endpoint:
     address: str  # host:port
     pid: int  # the serving process, for CPU accounting
+    also: tuple[int, ...] = ()  # other server processes whose CPU counts as the server's (Mooncake's master)
 
 
 # -- kvpool ---------------------------------------------------------------------

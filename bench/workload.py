@@ -51,6 +51,12 @@ class CellSpec:
     tag: bytes
     server_pid: int | None = None
     dest_offset: int = 0  # get destinations start this many bytes past a page (16: numpy's and bytearrays' usual)
+    also_server_pids: tuple[int, ...] = ()  # more processes of the server, CPU summed with server_pid's
+
+    @property
+    def server_pids(self) -> tuple[int, ...]:
+        """Every process whose CPU per op counts as the server's."""
+        return (self.server_pid, *self.also_server_pids) if self.server_pid is not None else ()
 
     @property
     def op_bytes(self) -> int:
