@@ -27,6 +27,8 @@ class SharedArenaInfo:
     arena_id: int
     capacity_bytes: int
     verify_checksums: bool = False  # the node checks each block it serves (reads it does not see are checked here)
+    index_offset: int = 0  # the published index's header, inside the arena file; 0: none
+    hit_marks_path: str = ""  # the file same-node readers mark their reads through the index in
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,8 @@ class NodeInfo:
         endpoints = {e.transport: e.address for e in info.endpoints}
         arena = info.shared_arena if info.HasField("shared_arena") else None
         shared = None if arena is None else SharedArenaInfo(
-            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes, arena.verify_checksums
+            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes, arena.verify_checksums,
+            arena.index_offset, arena.hit_marks_path,
         )
         return cls(
             address,

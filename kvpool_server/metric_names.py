@@ -127,6 +127,10 @@ _PLAIN_COUNTERS = (
     _counter("ssd_quota_refusals", "SSD writes refused because the namespace was at its quota with nothing to evict"),
     _counter("ssd_read_ahead", "blocks read ahead from SSD into DRAM"),
     _counter("ssd_read_ahead_hits", "blocks read ahead that a client then read"),
+    _counter("shared_index_skipped",
+             "blocks left out of the shared index (no free entry in their probe window): same-node reads ask instead"),
+    _counter("shared_index_touches",
+             "blocks refreshed in the eviction order because same-node clients read them through the shared index"),
 )
 
 FAMILIES: tuple[Family, ...] = (*_GAUGES, *_TIER_COUNTERS, *_TRAFFIC_COUNTERS, *_PLAIN_COUNTERS)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvpool/v1/kvpool.proto\x12\tkvpool.v1\"9\n\x15\x46lushNamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x17\n\x15ListNamespacesRequest\"P\n\x0eNamespaceUsage\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\">\n\rNamespaceList\x12-\n\nnamespaces\x18\x01 \x03(\x0b\x32\x19.kvpool.v1.NamespaceUsage\")\n\x16\x46lushNamespaceResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"1\n\x0fSetStateRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07handoff\x18\x02 \x01(\x08\"\x16\n\x14GetServerInfoRequest\"2\n\x0c\x44\x61taEndpoint\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x81\x01\n\x0bSharedArena\x12\x12\n\narena_path\x18\x01 \x01(\t\x12\x1a\n\x12generations_offset\x18\x02 \x01(\x04\x12\x10\n\x08\x61rena_id\x18\x03 \x01(\x06\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x18\n\x10verify_checksums\x18\x05 \x01(\x08\"K\n\nWireLimits\x12\x10\n\x08max_keys\x18\x01 \x01(\r\x12\x16\n\x0emax_block_size\x18\x02 \x01(\x04\x12\x13\n\x0bmax_payload\x18\x03 \x01(\x04\"\xd4\x02\n\nServerInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12*\n\tendpoints\x18\x04 \x03(\x0b\x32\x17.kvpool.v1.DataEndpoint\x12\x1b\n\x13\x64ram_capacity_bytes\x18\x05 \x01(\x04\x12\x11\n\tslab_size\x18\x06 \x01(\x04\x12%\n\x06limits\x18\x07 \x01(\x0b\x32\x15.kvpool.v1.WireLimits\x12\r\n\x05state\x18\x08 \x01(\t\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12ssd_capacity_bytes\x18\n \x01(\x04\x12,\n\x0cshared_arena\x18\x0b \x01(\x0b\x32\x16.kvpool.v1.SharedArena\x12\x13\n\x0bmetrics_url\x18\x0c \x01(\t\"0\n\x0bKeysRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"%\n\x0eLookupResponse\x12\x13\n\x0bprefix_hits\x18\x01 \x01(\r\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\x08\"\x11\n\x0fGetStatsRequest\"\xe9\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x0e\n\x06misses\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x12\n\npromotions\x18\x08 \x01(\x04\x12\x11\n\tdemotions\x18\t \x01(\x04\x12\x16\n\x0e\x63orrupt_blocks\x18\n \x01(\x04\x12\x11\n\tio_errors\x18\x0b \x01(\x04\x12\x0f\n\x07\x66\x61ilure\x18\x0c \x01(\t\"\xb2\x01\n\x05Stats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12#\n\x05tiers\x18\x03 \x03(\x0b\x32\x14.kvpool.v1.TierStats\x12\x30\n\x08\x63ounters\x18\x04 \x03(\x0b\x32\x1e.kvpool.v1.Stats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa6\x04\n\x06KVPool\x12G\n\rGetServerInfo\x12\x1f.kvpool.v1.GetServerInfoRequest\x1a\x15.kvpool.v1.ServerInfo\x12;\n\x06\x45xists\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.ExistsResponse\x12;\n\x06Lookup\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.LookupResponse\x12;\n\x06\x44\x65lete\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.DeleteResponse\x12\x38\n\x08GetStats\x12\x1a.kvpool.v1.GetStatsRequest\x1a\x10.kvpool.v1.Stats\x12=\n\x08SetState\x12\x1a.kvpool.v1.SetStateRequest\x1a\x15.kvpool.v1.ServerInfo\x12U\n\x0e\x46lushNamespace\x12 .kvpool.v1.FlushNamespaceRequest\x1a!.kvpool.v1.FlushNamespaceResponse\x12L\n\x0eListNamespaces\x12 .kvpool.v1.ListNamespacesRequest\x1a\x18.kvpool.v1.NamespaceListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvpool/v1/kvpool.proto\x12\tkvpool.v1\"9\n\x15\x46lushNamespaceRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x17\n\x15ListNamespacesRequest\"P\n\x0eNamespaceUsage\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\">\n\rNamespaceList\x12-\n\nnamespaces\x18\x01 \x03(\x0b\x32\x19.kvpool.v1.NamespaceUsage\")\n\x16\x46lushNamespaceResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"1\n\x0fSetStateRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07handoff\x18\x02 \x01(\x08\"\x16\n\x14GetServerInfoRequest\"2\n\x0c\x44\x61taEndpoint\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xaf\x01\n\x0bSharedArena\x12\x12\n\narena_path\x18\x01 \x01(\t\x12\x1a\n\x12generations_offset\x18\x02 \x01(\x04\x12\x10\n\x08\x61rena_id\x18\x03 \x01(\x06\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x18\n\x10verify_checksums\x18\x05 \x01(\x08\x12\x14\n\x0cindex_offset\x18\x06 \x01(\x04\x12\x16\n\x0ehit_marks_path\x18\x07 \x01(\t\"K\n\nWireLimits\x12\x10\n\x08max_keys\x18\x01 \x01(\r\x12\x16\n\x0emax_block_size\x18\x02 \x01(\x04\x12\x13\n\x0bmax_payload\x18\x03 \x01(\x04\"\xd4\x02\n\nServerInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12*\n\tendpoints\x18\x04 \x03(\x0b\x32\x17.kvpool.v1.DataEndpoint\x12\x1b\n\x13\x64ram_capacity_bytes\x18\x05 \x01(\x04\x12\x11\n\tslab_size\x18\x06 \x01(\x04\x12%\n\x06limits\x18\x07 \x01(\x0b\x32\x15.kvpool.v1.WireLimits\x12\r\n\x05state\x18\x08 \x01(\t\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12ssd_capacity_bytes\x18\n \x01(\x04\x12,\n\x0cshared_arena\x18\x0b \x01(\x0b\x32\x16.kvpool.v1.SharedArena\x12\x13\n\x0bmetrics_url\x18\x0c \x01(\t\"0\n\x0bKeysRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"%\n\x0eLookupResponse\x12\x13\n\x0bprefix_hits\x18\x01 \x01(\r\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\x08\"\x11\n\x0fGetStatsRequest\"\xe9\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x0e\n\x06misses\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x12\n\npromotions\x18\x08 \x01(\x04\x12\x11\n\tdemotions\x18\t \x01(\x04\x12\x16\n\x0e\x63orrupt_blocks\x18\n \x01(\x04\x12\x11\n\tio_errors\x18\x0b \x01(\x04\x12\x0f\n\x07\x66\x61ilure\x18\x0c \x01(\t\"\xb2\x01\n\x05Stats\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12#\n\x05tiers\x18\x03 \x03(\x0b\x32\x14.kvpool.v1.TierStats\x12\x30\n\x08\x63ounters\x18\x04 \x03(\x0b\x32\x1e.kvpool.v1.Stats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa6\x04\n\x06KVPool\x12G\n\rGetServerInfo\x12\x1f.kvpool.v1.GetServerInfoRequest\x1a\x15.kvpool.v1.ServerInfo\x12;\n\x06\x45xists\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.ExistsResponse\x12;\n\x06Lookup\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.LookupResponse\x12;\n\x06\x44\x65lete\x12\x16.kvpool.v1.KeysRequest\x1a\x19.kvpool.v1.DeleteResponse\x12\x38\n\x08GetStats\x12\x1a.kvpool.v1.GetStatsRequest\x1a\x10.kvpool.v1.Stats\x12=\n\x08SetState\x12\x1a.kvpool.v1.SetStateRequest\x1a\x15.kvpool.v1.ServerInfo\x12U\n\x0e\x46lushNamespace\x12 .kvpool.v1.FlushNamespaceRequest\x1a!.kvpool.v1.FlushNamespaceResponse\x12L\n\x0eListNamespaces\x12 .kvpool.v1.ListNamespacesRequest\x1a\x18.kvpool.v1.NamespaceListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,27 +50,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATAENDPOINT']._serialized_start=385
   _globals['_DATAENDPOINT']._serialized_end=435
   _globals['_SHAREDARENA']._serialized_start=438
-  _globals['_SHAREDARENA']._serialized_end=567
-  _globals['_WIRELIMITS']._serialized_start=569
-  _globals['_WIRELIMITS']._serialized_end=644
-  _globals['_SERVERINFO']._serialized_start=647
-  _globals['_SERVERINFO']._serialized_end=987
-  _globals['_KEYSREQUEST']._serialized_start=989
-  _globals['_KEYSREQUEST']._serialized_end=1037
-  _globals['_EXISTSRESPONSE']._serialized_start=1039
-  _globals['_EXISTSRESPONSE']._serialized_end=1072
-  _globals['_LOOKUPRESPONSE']._serialized_start=1074
-  _globals['_LOOKUPRESPONSE']._serialized_end=1111
-  _globals['_DELETERESPONSE']._serialized_start=1113
-  _globals['_DELETERESPONSE']._serialized_end=1146
-  _globals['_GETSTATSREQUEST']._serialized_start=1148
-  _globals['_GETSTATSREQUEST']._serialized_end=1165
-  _globals['_TIERSTATS']._serialized_start=1168
-  _globals['_TIERSTATS']._serialized_end=1401
-  _globals['_STATS']._serialized_start=1404
-  _globals['_STATS']._serialized_end=1582
-  _globals['_STATS_COUNTERSENTRY']._serialized_start=1535
-  _globals['_STATS_COUNTERSENTRY']._serialized_end=1582
-  _globals['_KVPOOL']._serialized_start=1585
-  _globals['_KVPOOL']._serialized_end=2135
+  _globals['_SHAREDARENA']._serialized_end=613
+  _globals['_WIRELIMITS']._serialized_start=615
+  _globals['_WIRELIMITS']._serialized_end=690
+  _globals['_SERVERINFO']._serialized_start=693
+  _globals['_SERVERINFO']._serialized_end=1033
+  _globals['_KEYSREQUEST']._serialized_start=1035
+  _globals['_KEYSREQUEST']._serialized_end=1083
+  _globals['_EXISTSRESPONSE']._serialized_start=1085
+  _globals['_EXISTSRESPONSE']._serialized_end=1118
+  _globals['_LOOKUPRESPONSE']._serialized_start=1120
+  _globals['_LOOKUPRESPONSE']._serialized_end=1157
+  _globals['_DELETERESPONSE']._serialized_start=1159
+  _globals['_DELETERESPONSE']._serialized_end=1192
+  _globals['_GETSTATSREQUEST']._serialized_start=1194
+  _globals['_GETSTATSREQUEST']._serialized_end=1211
+  _globals['_TIERSTATS']._serialized_start=1214
+  _globals['_TIERSTATS']._serialized_end=1447
+  _globals['_STATS']._serialized_start=1450
+  _globals['_STATS']._serialized_end=1628
+  _globals['_STATS_COUNTERSENTRY']._serialized_start=1581
+  _globals['_STATS_COUNTERSENTRY']._serialized_end=1628
+  _globals['_KVPOOL']._serialized_start=1631
+  _globals['_KVPOOL']._serialized_end=2181
 # @@protoc_insertion_point(module_scope)

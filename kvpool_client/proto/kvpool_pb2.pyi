@@ -63,18 +63,22 @@ class DataEndpoint(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class SharedArena(_message.Message):
-    __slots__ = ("arena_path", "generations_offset", "arena_id", "capacity_bytes", "verify_checksums")
+    __slots__ = ("arena_path", "generations_offset", "arena_id", "capacity_bytes", "verify_checksums", "index_offset", "hit_marks_path")
     ARENA_PATH_FIELD_NUMBER: _ClassVar[int]
     GENERATIONS_OFFSET_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERIFY_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIT_MARKS_PATH_FIELD_NUMBER: _ClassVar[int]
     arena_path: str
     generations_offset: int
     arena_id: int
     capacity_bytes: int
     verify_checksums: bool
-    def __init__(self, arena_path: _Optional[str] = ..., generations_offset: _Optional[int] = ..., arena_id: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_checksums: bool = ...) -> None: ...
+    index_offset: int
+    hit_marks_path: str
+    def __init__(self, arena_path: _Optional[str] = ..., generations_offset: _Optional[int] = ..., arena_id: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., verify_checksums: bool = ..., index_offset: _Optional[int] = ..., hit_marks_path: _Optional[str] = ...) -> None: ...
 
 class WireLimits(_message.Message):
     __slots__ = ("max_keys", "max_block_size", "max_payload")

@@ -21,6 +21,13 @@ The client keeps the locations it read lately (:class:`KnownLocations`) and copi
 a block it read before without asking the node again, checking the generation
 before the copy (a block gone costs no copy) and after it, as above.
 
+Where the node publishes its blocks' locations in shared memory (the published
+index, :mod:`kvpool_client.wire.published`), a block the client never read is found
+there the same way, lock-free, and each such read is marked for the node's eviction
+order. A block missing from the table, or one whose entry is being rewritten, is
+located by asking, as before. A table the node retired (it shut down) marks the
+mapping stale, so the node's next arena is mapped.
+
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
 """
@@ -38,6 +45,7 @@ from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
 from kvpool_client.transport.copy import address, copy_into
 from kvpool_client.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
+from kvpool_client.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
 
 
 _ORDERED_LOADS = ("x86_64", "amd64")  # CPUs that never reorder a load before an earlier one
@@ -59,6 +67,8 @@ class Location:
 
 
 KNOWN_LOCATIONS = 1 << 16  # locations a client keeps per node: 24 GiB of 384 KiB blocks
+# (location, checksum) of a block found without asking the node, or None.
+Finder = Callable[[str, bytes], "tuple[Location, int] | None"]
 
 
 class KnownLocations:
@@ -69,25 +79,40 @@ class KnownLocations:
     these reads: a block read often is still located that often, which refreshes
     its place in the node's eviction order, and a node that restarted (a new arena;
     the old mapping's generations never move again) is noticed within it.
-    ``ttl_s`` 0 asks the node on every get.
+    ``ttl_s`` 0 asks the node on every get (the arena then passes no ``published``).
+
+    Args:
+        published: finds a block not known here (or known too long) in the node's
+            published index; None: the node has none.
     """
 
-    def __init__(self, ttl_s: float, capacity: int = KNOWN_LOCATIONS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        capacity: int = KNOWN_LOCATIONS,
+        clock: Callable[[], float] = time.monotonic,
+        published: Finder | None = None,
+    ) -> None:
         self._ttl = ttl_s
         self._capacity = capacity
         self._clock = clock
+        self._published = published
         self._entries: dict[tuple[str, bytes], tuple[Location, int, float]] = {}
 
     def lookup(self, namespace: str, hashes: Sequence[bytes]) -> list[tuple[Location, int]] | None:
-        """(location, checksum) of every block, if all are known and fresh; else None."""
-        if not self._ttl:
+        """(location, checksum) of every block, if all are known and fresh or published; else None."""
+        if not self._ttl and self._published is None:
             return None
-        now, found = self._clock(), []
+        now, found, published = self._clock(), [], self._published
         for block in hashes:
-            known = self._entries.get((namespace, block))
-            if known is None or known[2] < now:
+            known = self._entries.get((namespace, block)) if self._ttl else None
+            if known is not None and known[2] >= now:
+                found.append((known[0], known[1]))
+                continue
+            hit = None if published is None else published(namespace, block)
+            if hit is None:
                 return None
-            found.append((known[0], known[1]))
+            found.append(hit)
         return found
 
     def remember(self, namespace: str, block: bytes, location: Location, checksum: int) -> None:
@@ -107,7 +132,8 @@ class SharedArena:
     Args:
         info: the arena as the node's server info describes it.
         location_ttl_s: how long a block's location is reused without asking the
-            node (see :class:`KnownLocations`).
+            node (see :class:`KnownLocations`); 0 also leaves the node's published
+            index unread, so every get asks the node.
 
     Raises:
         SharedArenaUnavailable: a file is missing or unreadable, or it is not the
@@ -116,7 +142,6 @@ class SharedArena:
 
     def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0) -> None:
         self.info = info
-        self.known = KnownLocations(location_ttl_s)
         try:
             self._map = _map_readonly(info.arena_path)
             self.header = _check_header(self._map, info)
@@ -126,7 +151,10 @@ class SharedArena:
         self._address = address(self._view)  # where block copies start from (copy_into's alignment check)
         start = info.generations_offset + HEADER_BYTES
         self._generations = self._view[start : info.generations_offset + self.header.nbytes].cast("Q")
-        self.stale = False  # set when the node answered for another arena (it restarted)
+        self.stale = False  # set when the node answered for another arena, or retired its index (it restarted)
+        # ttl 0 asks the node on every get (a client that wants a hung node noticed at once)
+        self.published = _open_published(self._view, info) if location_ttl_s else None
+        self.known = KnownLocations(location_ttl_s, published=self._find if self.published is not None else None)
 
     @property
     def arena_id(self) -> int:
@@ -142,6 +170,19 @@ class SharedArena:
         if end > self.info.capacity_bytes or len(target) != location.length:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
         copy_into(target, self._view[location.offset : end], self._address + location.offset)
+
+    def _find(self, namespace: str, block: bytes) -> tuple[Location, int] | None:
+        """The block's location in the node's published index, its read marked; None: ask the node."""
+        assert self.published is not None
+        reader, marks = self.published
+        entry = reader.find(namespace, block)
+        if entry is None:
+            return None
+        if not reader.live:  # the node shut down: its next arena is another file
+            self.stale = True
+            return None
+        marks.mark(entry.index, time.monotonic_ns() >> MARK_SHIFT)
+        return Location(entry.offset, entry.length, entry.generation), entry.checksum
 
     def unchanged(self, location: Location) -> bool:
         """Whether the block's slot is still in the generation it was located in."""
@@ -176,6 +217,28 @@ def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl
     except SharedArenaUnavailable:
         if transport == "shm":
             raise
+        return None
+
+
+def _open_published(arena: memoryview, info: SharedArenaInfo) -> tuple[PublishedReader, MarkWriter] | None:
+    """The node's published index in the mapped arena and its hit marks mapped writable; None: not offered or unusable.
+
+    Without the marks (no write permission, say) the table is not used either: reads
+    through it would be lost to the node's eviction order.
+    """
+    if not info.index_offset or not info.hit_marks_path:
+        return None
+    try:
+        reader = PublishedReader(arena[info.index_offset :])
+        if reader.header.arena_id != info.arena_id or info.index_offset < info.capacity_bytes:
+            return None
+        fd = os.open(info.hit_marks_path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            marks = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return reader, MarkWriter(memoryview(marks), reader.header.entries)
+    except (OSError, ValueError):
         return None
 
 

@@ -34,16 +34,19 @@ class SharedArena:
             start and the hot path takes no page faults.
         extra: bytes mapped past ``capacity``, outside the blocks: bookkeeping that
             same-node readers map along with them (the slot generations).
+        mode: the file's permissions (by default the daemon writes and its group reads).
 
     Raises:
         OSError: the file exists already, or the memory cannot be reserved.
     """
 
-    def __init__(self, directory: str, name: str, capacity: int, prefault: bool = True, extra: int = 0) -> None:
+    def __init__(
+        self, directory: str, name: str, capacity: int, prefault: bool = True, extra: int = 0, mode: int = _ARENA_MODE
+    ) -> None:
         self.path = Path(directory) / name
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, _ARENA_MODE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
-            os.fchmod(fd, _ARENA_MODE)  # whatever the umask: same-node readers come in by group
+            os.fchmod(fd, mode)  # whatever the umask: same-node readers come in by group
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process exits
             os.posix_fallocate(fd, 0, capacity + extra)
             # MAP_POPULATE maps every page now: a first write into a fresh slot would

@@ -36,6 +36,8 @@ class SharedArenaIdentity:
     arena_id: int
     capacity_bytes: int
     verify_checksums: bool = False  # the node checks blocks it serves; readers of the arena should too
+    index_offset: int = 0  # the published index inside the arena file; 0: none
+    hit_marks_path: str = ""  # where readers of the published index mark their reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +166,8 @@ def _shared_arena(arena: SharedArenaIdentity | None) -> pb.SharedArena | None:
         return None
     return pb.SharedArena(arena_path=arena.arena_path, generations_offset=arena.generations_offset,
                           arena_id=arena.arena_id, capacity_bytes=arena.capacity_bytes,
-                          verify_checksums=arena.verify_checksums)
+                          verify_checksums=arena.verify_checksums, index_offset=arena.index_offset,
+                          hit_marks_path=arena.hit_marks_path)
 
 
 def _tier_stats(report: TierReport) -> pb.TierStats:

@@ -5,6 +5,9 @@ that reads or changes the index takes the tier's lock, for a few array operation
 The index is compact (:mod:`kvpool_server.index`): a key table, one record column
 per field, intrusive eviction lists and a per-slab map of slot to block, about 150
 bytes a block in all.
+Readable blocks are also published in a fixed-size table in shared memory
+(:mod:`kvpool_server.index.published`), where same-node clients find them without a
+request; their reads come back as hit marks (:meth:`DramTier.touch_published`).
 Byte transfers happen outside the lock, straight into or out of the
 ``memoryview`` slices this tier hands out, while the block is pinned.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from itertools import count, islice, takewhile
 
 import xxhash
@@ -26,6 +29,7 @@ from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.index.entry import COMPLETE, UNLINKED, BlockRecords
 from kvpool_server.index.keys import KeyTable
+from kvpool_server.index.published import PublishedIndex
 from kvpool_server.index.slots import SlabSlots
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
@@ -34,6 +38,8 @@ from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 _SLAB_VICTIM_SCAN = 64
 # How far down each class's order to look for a block of a namespace over its quota.
 _QUOTA_VICTIM_SCAN = 4096
+# Blocks refreshed from hit marks per hold of the lock.
+_TOUCH_BATCH = 1024
 
 
 def checksum(data: memoryview | bytes) -> int:
@@ -54,6 +60,9 @@ class DramTier:
             when a pinned block is unlinked (its free waits for the last reader).
         namespace_quota: most slot bytes one namespace may hold (0: no quota); past
             it, the namespace's own least recent blocks make room.
+        published: the shared table same-node readers find blocks in without asking
+            (needs ``generations``): a block is published once committed and
+            withdrawn when unlinked.
     """
 
     def __init__(
@@ -65,11 +74,13 @@ class DramTier:
         on_evict: Callable[[StoreKey], None] | None = None,
         generations: SlotGenerations | None = None,
         namespace_quota: int = 0,
+        published: PublishedIndex | None = None,
     ) -> None:
         self._quota = namespace_quota
         self._ns_bytes: Counter[str] = Counter()  # slot bytes per namespace, writing blocks included
         self._on_evict = on_evict
         self.generations = generations
+        self._published = published if generations is not None else None
         self._arena = arena
         self._alloc = allocator
         self._counters = counters
@@ -136,14 +147,18 @@ class DramTier:
         if known_checksum is None:  # outside the lock: the writer owns the slot
             known_checksum = checksum(self.view(entry))
         block, blocks = entry.ident, self._blocks
+        digest = self._published.digest(entry.key) if self._published is not None else None
         with self._lock:
             blocks.checksum[block] = known_checksum
             blocks.flags[block] |= COMPLETE
             blocks.last_access[block] = next(self._ticks)
             self._policy(blocks.slot_size[block]).insert(block, blocks.depth[block])
+            published = self._publish(block, digest) if digest is not None else True
             if not keep_pin:
                 self._release_pin(block)
         self._counters.add("dram_blocks_written")
+        if not published:
+            self._counters.add("shared_index_skipped")
 
     def abort(self, entry: BlockEntry) -> None:
         """Drop a reservation whose bytes never fully arrived."""
@@ -181,6 +196,26 @@ class DramTier:
                 if entry.readable:
                     self._blocks.last_access[entry.ident] = next(self._ticks)
                     self._policies[entry.slot_size].touch(entry.ident)
+
+    def touch_published(self, entries: Sequence[int]) -> int:
+        """Refresh the blocks in these published entries, in order: same-node clients read them
+        through the shared index, which the daemon does not see (their hit marks say so).
+
+        Returns:
+            How many blocks were refreshed (entries withdrawn meanwhile are passed over).
+        """
+        if self._published is None:
+            return 0
+        touched, blocks = 0, self._blocks
+        for start in range(0, len(entries), _TOUCH_BATCH):  # let puts and gets in between batches
+            with self._lock:
+                for index in entries[start : start + _TOUCH_BATCH]:
+                    block = self._published.block_at(index)
+                    if block >= 0 and blocks.flags[block] & (COMPLETE | UNLINKED) == COMPLETE:
+                        blocks.last_access[block] = next(self._ticks)
+                        self._policies[blocks.slot_size[block]].touch(block)
+                        touched += 1
+        return touched
 
     def release(self, entry: BlockEntry) -> None:
         """Unpin a block acquired for reading."""
@@ -295,6 +330,14 @@ class DramTier:
         self._slots.set(allocation.offset, allocation.slot_size, block)
         self._ns_bytes[key[0]] += allocation.slot_size
         return self._handle(block, key)
+
+    def _publish(self, block: int, digest: tuple[int, int]) -> bool:
+        """Publish a just-committed block with its slot's current generation; False: no room in its window."""
+        assert self._published is not None and self.generations is not None
+        blocks = self._blocks
+        offset = blocks.offset[block]
+        return self._published.publish(block, digest, offset, blocks.length[block], blocks.checksum[block],
+                                       self.generations.get(offset))
 
     def _handle(self, block: int, key: StoreKey) -> BlockEntry:
         """The one handle of a pinned block (readers of the same block share it)."""
@@ -429,6 +472,8 @@ class DramTier:
         if flags & UNLINKED:
             return
         self._keys.unmap(block)
+        if self._published is not None:
+            self._published.withdraw(block)
         policy = self._policies.get(blocks.slot_size[block])
         if policy is not None:
             policy.remove(block)

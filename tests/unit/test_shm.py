@@ -168,7 +168,7 @@ def test_a_cpu_that_reorders_loads_never_maps_the_arena(node: Node, monkeypatch:
 
 @pytest.mark.parametrize("broken", ["missing file", "other arena id", "too small", "no generations there"])
 def test_an_arena_that_is_not_the_nodes_falls_back_to_tcp(node: Node, tmp_path: Path, broken: str) -> None:
-    path, offset, arena_id, capacity, _ = dataclasses.astuple(node.info)
+    path, offset, arena_id, capacity, *_ = dataclasses.astuple(node.info)
     if broken == "missing file":
         path = str(tmp_path / "gone")
     elif broken == "other arena id":  # e.g. another host's file at the same path
