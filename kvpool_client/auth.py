@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import ssl
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,22 +141,6 @@ class Credentials:
 
     token: bytes | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
-
-
-def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
-    """``KVPOOL_TLS_CA_FILE`` (+ ``KVPOOL_TLS_CLIENT_CERT_FILE``, ``KVPOOL_TLS_CLIENT_KEY_FILE``), if set."""
-    if not env.get("KVPOOL_TLS_CA_FILE"):
-        return None
-    return TlsFiles(env["KVPOOL_TLS_CA_FILE"], env.get("KVPOOL_TLS_CLIENT_CERT_FILE", ""),
-                    env.get("KVPOOL_TLS_CLIENT_KEY_FILE", ""))
-
-
-def etcd_tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
-    """``KVPOOL_ETCD_CA_FILE`` (+ ``KVPOOL_ETCD_CERT_FILE``, ``KVPOOL_ETCD_KEY_FILE``), the daemon's settings too."""
-    ca, cert = env.get("KVPOOL_ETCD_CA_FILE", ""), env.get("KVPOOL_ETCD_CERT_FILE", "")
-    if not (ca or cert):
-        return None
-    return TlsFiles(ca, cert, env.get("KVPOOL_ETCD_KEY_FILE", ""))
 
 
 def _read(path: str) -> bytes:

@@ -1,25 +1,116 @@
-"""Client settings: where the nodes are (a static list or etcd) and how long to wait for them."""
+"""Client settings: where the nodes are (a static list or etcd) and how long to wait for them.
+
+:class:`ClientSettings` declares what a client's environment (``KVPOOL_*``) and kvpoolctl
+read, through the loader every kvpool program shares (:mod:`kvpool_client.settings`);
+:class:`ClientConfig` is what a client runs with, its defaults taken from those declarations.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
-from kvpool_client.auth import Credentials, TlsFiles, etcd_tls_from_env, read_token, tls_from_env
+from kvpool_client.auth import Credentials, TlsFiles, read_token
 from kvpool_client.errors import UsageError
 from kvpool_client.membership.records import MAX_REPLICAS, check_name
+from kvpool_client.settings import Schema, env_layer, load, setting
 
 TRANSPORTS = ("auto", "tcp", "shm", "ucx")  # how block bytes move; see ClientConfig.transport
 
-# Every variable ClientConfig.from_env reads. The daemon reads some as its own settings too,
-# and ignores the rest, so a client's environment never stops a daemon.
-ENV_VARS = frozenset({
-    "KVPOOL_NODES", "KVPOOL_ETCD_ENDPOINTS", "KVPOOL_CLUSTER", "KVPOOL_TRANSPORT", "KVPOOL_AUTH_TOKEN_FILE",
-    "KVPOOL_REQUEST_TIMEOUT_S", "KVPOOL_LOCATION_TTL_S", "KVPOOL_REPLICAS", "KVPOOL_WRITE_QUORUM",
-    "KVPOOL_TLS_CA_FILE", "KVPOOL_TLS_CLIENT_CERT_FILE", "KVPOOL_TLS_CLIENT_KEY_FILE",
-    "KVPOOL_ETCD_CA_FILE", "KVPOOL_ETCD_CERT_FILE", "KVPOOL_ETCD_KEY_FILE",
-})
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """The client's settings as users write them: ``KVPOOL_<NAME>`` where ``env`` is not False.
+
+    The rules on values are :class:`ClientConfig`'s; here only types and choices are checked.
+    """
+
+    nodes: tuple[str, ...] = setting((), "control addresses of the nodes, host:port, comma separated")
+    etcd_endpoints: tuple[str, ...] = setting(
+        (), "etcd client URLs (http://host:port), comma separated: the nodes come from etcd and follow it live"
+    )
+    cluster: str = setting("default", "cluster name in etcd: /kvpool/<cluster>/")
+    transport: str = setting("auto", "how block bytes move: auto, tcp, shm or ucx", choices=TRANSPORTS)
+    request_timeout_s: float = setting(10.0, "most seconds one request to one node may take")
+    connect_timeout_s: float = setting(3.0, "most seconds to open a connection", env=False)
+    location_ttl_s: float = setting(
+        0.5, "over shm, seconds a block's place in a node's arena is reused (0: ask each get)"
+    )
+    replicas: int | None = setting(None, "copies per key; none: the cluster config's in etcd, else 1")
+    write_quorum: int | None = setting(None, "owners that must store a key for a put to succeed; none: as replicas")
+    verify_checksums: bool = setting(False, "check each received block against the node's checksum", env=False)
+    max_idle_connections: int = setting(8, "idle data connections kept per node", env=False)
+    io_threads: int = setting(8, "threads the blocking client uses to talk to several nodes at once", env=False)
+    auth_token_file: str = setting("", "file with the cluster's shared token, for nodes that require one")
+    tls_ca_file: str = setting("", "PEM CA verifying the nodes' gRPC certificates: gRPC over TLS")
+    tls_client_cert_file: str = setting("", "PEM client certificate for nodes that require one (mTLS)")
+    tls_client_key_file: str = setting("", "PEM private key of tls_client_cert_file")
+    etcd_ca_file: str = setting("", "PEM CA verifying etcd's certificate: etcd over TLS")
+    etcd_cert_file: str = setting("", "PEM client certificate for etcd's --client-cert-auth")
+    etcd_key_file: str = setting("", "PEM private key of etcd_cert_file")
+
+    def tls(self) -> TlsFiles | None:
+        """TLS to the nodes' gRPC ports, when a CA is set."""
+        if not self.tls_ca_file:
+            return None
+        return TlsFiles(self.tls_ca_file, self.tls_client_cert_file, self.tls_client_key_file)
+
+    def etcd_tls(self) -> TlsFiles | None:
+        """TLS to etcd, when a CA or a client certificate is set."""
+        if not (self.etcd_ca_file or self.etcd_cert_file):
+            return None
+        return TlsFiles(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file)
+
+    def config_values(self) -> dict[str, Any]:
+        """:class:`ClientConfig`'s arguments: the plain settings, the token read, the TLS files.
+
+        Raises:
+            UsageError: the token file cannot be read or holds no valid token.
+        """
+        values: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN}
+        values["auth_token"] = read_token(self.auth_token_file) if self.auth_token_file else None
+        values["tls"], values["etcd_tls"] = self.tls(), self.etcd_tls()
+        return values
+
+
+CLIENT_SCHEMA = Schema(ClientSettings)
+_DEFAULTS = ClientSettings()
+_FILES = ("auth_token_file", "tls_ca_file", "tls_client_cert_file", "tls_client_key_file", "etcd_ca_file",
+          "etcd_cert_file", "etcd_key_file")
+_PLAIN = tuple(key for key in CLIENT_SCHEMA.settings if key not in _FILES)
+
+# Every variable a client reads. The daemon reads some as its own settings too, and ignores
+# the rest, so a client's environment never stops a daemon.
+ENV_VARS = frozenset(spec.env_name for spec in CLIENT_SCHEMA if spec.env)
+
+
+def settings_from_env(env: Mapping[str, str] | None = None, only: Collection[str] | None = None) -> ClientSettings:
+    """The client's settings from ``KVPOOL_*`` variables (blank ones count as unset).
+
+    Args:
+        env: the environment (default ``os.environ``).
+        only: read just these settings (e.g. the TLS files), so a bad unrelated variable is not an error.
+    Raises:
+        ConfigError: a malformed value or a choice not offered, naming the variable.
+    """
+    env = os.environ if env is None else env
+    if only is not None:
+        names = {CLIENT_SCHEMA.settings[key].env_name for key in only}
+        env = {var: value for var, value in env.items() if var in names}
+    settings, _ = load(CLIENT_SCHEMA, env_layer(CLIENT_SCHEMA, env, strict=False, skip_blank=True))
+    return cast(ClientSettings, settings)
+
+
+def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
+    """``KVPOOL_TLS_CA_FILE`` (+ ``KVPOOL_TLS_CLIENT_CERT_FILE``, ``KVPOOL_TLS_CLIENT_KEY_FILE``), if set."""
+    return settings_from_env(env, only=("tls_ca_file", "tls_client_cert_file", "tls_client_key_file")).tls()
+
+
+def etcd_tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
+    """``KVPOOL_ETCD_CA_FILE`` (+ ``KVPOOL_ETCD_CERT_FILE``, ``KVPOOL_ETCD_KEY_FILE``), the daemon's settings too."""
+    return settings_from_env(env, only=("etcd_ca_file", "etcd_cert_file", "etcd_key_file")).etcd_tls()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +157,17 @@ class ClientConfig:
     """
 
     nodes: tuple[str, ...] = field(default_factory=tuple)
-    request_timeout_s: float = 10.0
-    connect_timeout_s: float = 3.0
-    max_idle_connections: int = 8
-    verify_checksums: bool = False
+    request_timeout_s: float = _DEFAULTS.request_timeout_s
+    connect_timeout_s: float = _DEFAULTS.connect_timeout_s
+    max_idle_connections: int = _DEFAULTS.max_idle_connections
+    verify_checksums: bool = _DEFAULTS.verify_checksums
     etcd_endpoints: tuple[str, ...] = field(default_factory=tuple)
-    cluster: str = "default"
+    cluster: str = _DEFAULTS.cluster
     replicas: int | None = None
     write_quorum: int | None = None
-    io_threads: int = 8
-    transport: str = "auto"
-    location_ttl_s: float = 0.5
+    io_threads: int = _DEFAULTS.io_threads
+    transport: str = _DEFAULTS.transport
+    location_ttl_s: float = _DEFAULTS.location_ttl_s
     auth_token: bytes | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
     etcd_tls: TlsFiles | None = None
@@ -134,52 +225,20 @@ class ClientConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ClientConfig:
-        """Settings from the environment, then ``overrides``.
+        """Settings from the ``KVPOOL_*`` variables of :class:`ClientSettings` (:data:`ENV_VARS`), then ``overrides``.
 
-        Reads ``KVPOOL_NODES`` and ``KVPOOL_ETCD_ENDPOINTS`` (comma separated),
-        ``KVPOOL_CLUSTER``, ``KVPOOL_REPLICAS``, ``KVPOOL_WRITE_QUORUM``,
-        ``KVPOOL_REQUEST_TIMEOUT_S``, ``KVPOOL_TRANSPORT`` (auto, tcp, shm or ucx),
-        ``KVPOOL_LOCATION_TTL_S`` and
-        ``KVPOOL_AUTH_TOKEN_FILE`` (the token's file, the daemon's setting too) and
-        ``KVPOOL_TLS_CA_FILE`` (with ``KVPOOL_TLS_CLIENT_CERT_FILE`` and
-        ``KVPOOL_TLS_CLIENT_KEY_FILE`` for mTLS) and ``KVPOOL_ETCD_CA_FILE`` (with
-        ``KVPOOL_ETCD_CERT_FILE`` and ``KVPOOL_ETCD_KEY_FILE``).
-
+        Args:
+            env: the environment (default ``os.environ``); blank variables count as unset.
+            overrides: :class:`ClientConfig` arguments that win over the environment.
         Raises:
-            UsageError: a malformed number, or an invalid combination (see the class).
+            UsageError: a malformed value (:class:`~kvpool_client.settings.ConfigError`, naming
+                the variable), an unreadable token file, or an invalid combination (see the class).
         """
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        if env.get("KVPOOL_NODES"):
-            values["nodes"] = _split(env["KVPOOL_NODES"])
-        if env.get("KVPOOL_ETCD_ENDPOINTS"):
-            values["etcd_endpoints"] = _split(env["KVPOOL_ETCD_ENDPOINTS"])
-        if env.get("KVPOOL_CLUSTER"):
-            values["cluster"] = env["KVPOOL_CLUSTER"].strip()
-        if env.get("KVPOOL_TRANSPORT"):
-            values["transport"] = env["KVPOOL_TRANSPORT"].strip().lower()
-        if env.get("KVPOOL_AUTH_TOKEN_FILE"):
-            values["auth_token"] = read_token(env["KVPOOL_AUTH_TOKEN_FILE"])
-        values["tls"] = tls_from_env(env)
-        values["etcd_tls"] = etcd_tls_from_env(env)
-        for name, var, kind in (
-            ("request_timeout_s", "KVPOOL_REQUEST_TIMEOUT_S", float),
-            ("location_ttl_s", "KVPOOL_LOCATION_TTL_S", float),
-            ("replicas", "KVPOOL_REPLICAS", int),
-            ("write_quorum", "KVPOOL_WRITE_QUORUM", int),
-        ):
-            if env.get(var):
-                values[name] = _number(var, env[var], kind)
+        values = settings_from_env(env).config_values()
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
 
+
 def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _number(var: str, text: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(text)
-    except ValueError:
-        raise UsageError(f"{var}={text!r} is not {'an integer' if kind is int else 'a number'}") from None

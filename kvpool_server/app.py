@@ -29,7 +29,8 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvpool_client.auth import Credentials, read_token, tls_from_env
+from kvpool_client.auth import Credentials, read_token
+from kvpool_client.config import tls_from_env
 from kvpool_client.errors import KVPoolError, UsageError
 from kvpool_client.membership.records import NodeRecord, NodeState
 from kvpool_client.proto import kvpool_pb2_grpc
@@ -53,12 +54,12 @@ from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
-from kvpool_server.membership.repair import MembershipRepair, RepairSettings
+from kvpool_server.membership.repair import MembershipRepair
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
 from kvpool_server.tiers.dram import DramTier
-from kvpool_server.tiers.ssd import SsdConfig, SsdTier
+from kvpool_server.tiers.ssd import SsdTier
 from kvpool_server.tiers.store import BlockStore
 
 if TYPE_CHECKING:
@@ -173,9 +174,7 @@ class Daemon:
 
     def _open_ssd(self) -> SsdTier:
         cfg = self.config
-        ssd_config = SsdConfig(cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_segment_size, cfg.ssd_fsync,
-                               gc_live_ratio=cfg.ssd_gc_live_ratio, namespace_quota=cfg.ssd_namespace_quota)
-        return SsdTier(ssd_config, self.counters, POLICIES[cfg.eviction_policy])
+        return SsdTier(cfg.ssd.tier_config(), self.counters, POLICIES[cfg.dram.eviction_policy])
 
     def _start_data_plane(self, store: BlockStore) -> None:
         """Worker loops and the TCP listener that hands them connections."""
@@ -295,9 +294,9 @@ class Daemon:
     async def _start_repair(self, blocks: BlockStore, node_id: str) -> None:
         """Re-replicate after membership changes, in the background (with etcd and ``repair_enabled``)."""
         cfg = self.config
-        if not cfg.repair_enabled or self.presence.store is None:
+        if not cfg.repair.enabled or self.presence.store is None:
             return
-        settings = RepairSettings(cfg.repair_settle_s, cfg.repair_bandwidth, cfg.repair_replicas)
+        settings = cfg.repair.settings()
         credentials = Credentials(self._token, tls_from_env(os.environ))
         self._repair = MembershipRepair(blocks, self.presence.store, self.presence.cluster, node_id, self.counters,
                                         credentials, settings)  # fmt: skip

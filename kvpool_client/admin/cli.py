@@ -71,7 +71,8 @@ from kvpool_client.admin.inputs import (
     positive_int_arg,
     setting_arg,
 )
-from kvpool_client.auth import Credentials, etcd_tls_from_env, read_token, tls_from_env
+from kvpool_client.auth import Credentials, read_token
+from kvpool_client.config import CLIENT_SCHEMA, etcd_tls_from_env, tls_from_env
 from kvpool_client.errors import KVPoolError
 from kvpool_client.version import package_version
 
@@ -92,28 +93,37 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
     def default(value: object) -> object:
         return value if top else argparse.SUPPRESS
 
-    env = os.environ
+    def help_text(key: str, fallback: object = None) -> str:
+        spec = CLIENT_SCHEMA.settings[key]
+        return f"{spec.help} (default: ${spec.env_name}{f' or {fallback}' if fallback else ''})"
+
     parser.add_argument("--nodes", type=nodes_arg, metavar="HOST:PORT[,...]",
-                        default=default(env.get("KVPOOL_NODES") or DEFAULT_NODES),
-                        help=f"control addresses of the nodes (default: $KVPOOL_NODES or {DEFAULT_NODES})")
+                        default=default(_env_text("nodes") or DEFAULT_NODES), help=help_text("nodes", DEFAULT_NODES))
     parser.add_argument("--etcd", type=etcd_arg, metavar="HOST:PORT[,...]",
-                        default=default(env.get("KVPOOL_ETCD_ENDPOINTS") or None),
-                        help="etcd endpoints: take the nodes from etcd instead of --nodes "
-                             "(default: $KVPOOL_ETCD_ENDPOINTS)")
+                        default=default(_env_text("etcd_endpoints")),
+                        help=help_text("etcd_endpoints") + "; --nodes is then ignored")
     parser.add_argument("--cluster", type=cluster_arg, metavar="NAME",
-                        default=default(env.get("KVPOOL_CLUSTER") or DEFAULT_CLUSTER),
-                        help=f"cluster name in etcd (default: $KVPOOL_CLUSTER or {DEFAULT_CLUSTER})")
+                        default=default(_env_text("cluster") or DEFAULT_CLUSTER),
+                        help=help_text("cluster", DEFAULT_CLUSTER))
     # None until resolved in main(): watch reads an explicit --timeout as how long to watch.
     parser.add_argument("--timeout", type=positive_float_arg, metavar="SECONDS", default=default(None),
-                        help=f"most seconds to wait for a node or etcd (default: $KVPOOL_REQUEST_TIMEOUT_S or "
+                        help=f"most seconds to wait for a node or etcd (default: ${_env_name('request_timeout_s')} or "
                              f"{DEFAULT_TIMEOUT_S}); for watch: stop after this many seconds")
-    parser.add_argument("--auth-token-file", metavar="PATH", default=default(env.get("KVPOOL_AUTH_TOKEN_FILE") or None),
-                        help="the cluster's shared token, for nodes that require one "
-                             "(default: $KVPOOL_AUTH_TOKEN_FILE)")
+    parser.add_argument("--auth-token-file", metavar="PATH", default=default(_env_text("auth_token_file")),
+                        help=help_text("auth_token_file"))
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print machine-readable JSON on stdout")
     parser.add_argument("--debug", action="store_true", default=default(False),
                         help="print a traceback on unexpected errors")
+
+
+def _env_name(key: str) -> str:
+    return CLIENT_SCHEMA.settings[key].env_name
+
+
+def _env_text(key: str) -> str | None:
+    """The text of client setting ``key``'s variable, if set: the flag's type checks it as it checks the flag."""
+    return os.environ.get(_env_name(key), "").strip() or None
 
 
 def _add_key(parser: argparse.ArgumentParser) -> None:
@@ -272,11 +282,11 @@ def _settle_timeout(args: argparse.Namespace) -> None:
     if args.command == "watch":
         args.duration, given = given, None
     if given is None:
-        text = os.environ.get("KVPOOL_REQUEST_TIMEOUT_S") or DEFAULT_TIMEOUT_S
+        text = _env_text("request_timeout_s") or DEFAULT_TIMEOUT_S
         try:
             given = positive_float_arg(text)
         except argparse.ArgumentTypeError as exc:
-            raise CliError(ExitCode.USAGE, f"KVPOOL_REQUEST_TIMEOUT_S: {exc}") from None
+            raise CliError(ExitCode.USAGE, f"{_env_name('request_timeout_s')}: {exc}") from None
     args.timeout = given
 
 

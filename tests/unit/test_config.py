@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvpool_server.config import (
     CLIENT_ENV_VARS,
+    SCHEMA,
     GiB,
     KiB,
     MiB,
@@ -27,7 +28,7 @@ from kvpool_server.config import (
     validate_config,
 )
 
-FIELD_NAMES = [f.name for f in dataclasses.fields(ServerConfig)]
+FIELD_NAMES = list(SCHEMA.settings)
 
 
 @pytest.fixture
@@ -75,12 +76,14 @@ def test_load_with_no_sources_gives_defaults() -> None:
 def test_config_is_frozen_and_slotted() -> None:
     config = ServerConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.host = "0.0.0.0"  # type: ignore[misc]
-    assert not hasattr(config, "__dict__")
+        config.net.host = "0.0.0.0"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.dram = config.dram  # type: ignore[misc]
+    assert not hasattr(config, "__dict__") and not hasattr(config.ssd, "__dict__")
 
 
 def test_every_field_has_help() -> None:
-    assert all(f.metadata["help"] for f in dataclasses.fields(ServerConfig))
+    assert all(spec.help for spec in SCHEMA)
 
 
 # --- node id and advertised address -------------------------------------------------------------
@@ -89,20 +92,20 @@ def test_every_field_has_help() -> None:
 def test_effective_node_id(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "box")
     assert ServerConfig().effective_node_id() == "box-50051"
-    assert ServerConfig(grpc_port=0).effective_node_id(bound_grpc_port=40001) == "box-40001"
-    assert ServerConfig(node_id="n1").effective_node_id(40001) == "n1"
+    assert ServerConfig.of(grpc_port=0).effective_node_id(bound_grpc_port=40001) == "box-40001"
+    assert ServerConfig.of(node_id="n1").effective_node_id(40001) == "n1"
 
 
 def test_effective_advertise_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "box")
     assert ServerConfig().effective_advertise_host() == "127.0.0.1"
-    assert ServerConfig(host="0.0.0.0").effective_advertise_host() == "box"
-    assert ServerConfig(host="0.0.0.0", advertise_host="10.0.0.5").effective_advertise_host() == "10.0.0.5"
+    assert ServerConfig.of(host="0.0.0.0").effective_advertise_host() == "box"
+    assert ServerConfig.of(host="0.0.0.0", advertise_host="10.0.0.5").effective_advertise_host() == "10.0.0.5"
 
 
 def test_resolved_fills_node_id_and_advertise_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("socket.gethostname", lambda: "box")
-    resolved = ServerConfig(grpc_port=0, host="::").resolved(bound_grpc_port=5000)
+    resolved = ServerConfig.of(grpc_port=0, host="::").resolved(bound_grpc_port=5000)
     assert (resolved.node_id, resolved.advertise_host, resolved.grpc_port) == ("box-5000", "box", 0)
 
 
@@ -129,7 +132,7 @@ def test_yaml_file_via_env(tmp_path: Path, shm: str) -> None:
 
 def test_empty_yaml_file_gives_defaults(tmp_path: Path, shm: str) -> None:
     path = write_yaml(tmp_path, "# nothing set\n")
-    assert load_config(["--config", path, "--shm-dir", shm], {}) == ServerConfig(shm_dir=shm)
+    assert load_config(["--config", path, "--shm-dir", shm], {}) == ServerConfig.of(shm_dir=shm)
 
 
 def test_env_source(shm: str) -> None:
@@ -168,9 +171,9 @@ def test_flag_source(shm: str) -> None:
 
 def test_client_env_vars_and_other_vars_are_ignored(shm: str) -> None:
     """Every variable the client reads is accepted; those the daemon shares stay its settings."""
-    own = {env_name(f.name) for f in dataclasses.fields(ServerConfig)}
+    own = {env_name(name) for name in FIELD_NAMES}
     env = {name: "x" for name in CLIENT_ENV_VARS - own} | {"KVPOOL_SHM_DIR": shm, "HOME": "/root"}
-    assert load_config([], env) == ServerConfig(shm_dir=shm)
+    assert load_config([], env) == ServerConfig.of(shm_dir=shm)
     assert load_config([], env | {"KVPOOL_CLUSTER": "shared"}).cluster == "shared"
 
 
@@ -359,7 +362,7 @@ def test_announce_file_directory_must_exist(tmp_path: Path, shm: str) -> None:
 
 def test_validate_config_without_origins_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"^slab_size=8KiB: must be <= dram_capacity=4KiB \(default\)$"):
-        validate_config(ServerConfig(dram_capacity=4096, slab_size=8192))
+        validate_config(ServerConfig.of(dram_capacity=4096, slab_size=8192))
 
 
 # --- byte sizes ---------------------------------------------------------------------------------
@@ -446,20 +449,21 @@ def test_etcd_tls_files(tmp_path: Path, shm: str) -> None:
     assert "not an existing file" in load_error(["--etcd-ca-file", str(tmp_path / "missing")], {"KVPOOL_SHM_DIR": shm})
 
 
-def test_the_client_variables_are_listed_once() -> None:
-    """ENV_VARS names exactly the variables the client's settings read."""
+def test_the_client_variables_come_from_one_declaration() -> None:
+    """ENV_VARS is derived from ClientSettings, and no client module reads a KVPOOL_* variable by hand."""
     import re
 
+    import kvpool_client.admin.cli
     import kvpool_client.auth
     import kvpool_client.config
+    from kvpool_client.config import CLIENT_SCHEMA, ENV_VARS
 
-    read = set()
-    for module in (kvpool_client.config, kvpool_client.auth):
-        read |= set(re.findall(r'env(?:\.get\(|\[)"(KVPOOL_[A-Z_]+)"', Path(module.__file__).read_text()))
-        read |= set(re.findall(r'\("\w+", "(KVPOOL_[A-Z_]+)"', Path(module.__file__).read_text()))
-    from kvpool_client.config import ENV_VARS
-
-    assert read == ENV_VARS, f"read but not listed: {read - ENV_VARS}; listed but not read: {ENV_VARS - read}"
+    assert ENV_VARS == {spec.env_name for spec in CLIENT_SCHEMA if spec.env}
+    assert {"KVPOOL_NODES", "KVPOOL_AUTH_TOKEN_FILE", "KVPOOL_TLS_CA_FILE", "KVPOOL_ETCD_KEY_FILE"} <= ENV_VARS
+    for module in (kvpool_client.config, kvpool_client.auth, kvpool_client.admin.cli):
+        text = Path(module.__file__).read_text()
+        by_hand = re.findall(r'(?:env(?:iron)?(?:\.get\(|\[))"(KVPOOL_[A-Z_]+)"', text)
+        assert not by_hand, f"{module.__name__} reads {by_hand} itself: declare them in ClientSettings"
 
 
 def test_the_configuration_docs_name_every_setting() -> None:
