@@ -109,7 +109,7 @@ def _sound_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -
     found = np.array(starts, dtype=np.int64)
     if not len(found):
         return found
-    headers = array[found[:, None] + np.arange(HEADER_SIZE)].view(_HEADER)[:, 0]
+    headers = _rows(array, found, HEADER_SIZE).view(_HEADER)[:, 0]
     ok = ((headers["magic"] == MAGIC) & (headers["version"] == VERSION) & (headers["reserved"] == 0)
           & ((headers["flags"] & ~np.uint8(_KNOWN_FLAGS)) == 0) & (headers["ns_len"] <= MAX_NAMESPACE_LEN)
           & (headers["hash_len"] >= 1) & (headers["hash_len"] <= MAX_HASH_LEN))
@@ -128,8 +128,7 @@ def _sound_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -
 
 def _columns(array: np.ndarray, starts: list[np.ndarray]) -> RecordColumns:
     offsets = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
-    headers = array[offsets[:, None] + np.arange(HEADER_SIZE)].view(_HEADER)[:, 0] if len(offsets) else (
-        np.zeros(0, dtype=_HEADER))
+    headers = _rows(array, offsets, HEADER_SIZE).view(_HEADER)[:, 0]
     ns_lens = headers["ns_len"].astype(np.int64)
     hash_lens = headers["hash_len"].astype(np.int64)
     payload_lens = headers["payload_len"].astype(np.int64)
@@ -151,10 +150,34 @@ def _columns(array: np.ndarray, starts: list[np.ndarray]) -> RecordColumns:
 def _gather(array: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """One row per record: ``lengths[i]`` bytes from ``starts[i]``, zero-padded to the longest."""
     width = int(lengths.max()) if len(lengths) else 0
-    columns = np.arange(width)
-    inside = columns < lengths[:, None]
-    rows = array[np.where(inside, starts[:, None] + columns, 0)]
-    rows[~inside] = 0
+    rows = _rows(array, starts, width)
+    rows[np.arange(width) >= lengths[:, None]] = 0
+    return rows
+
+
+def _rows(array: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """A copy of ``width`` bytes from each of ``starts``, reading past the array's end as zeros.
+
+    Records of one size lie at a constant stride, so each stretch of constant stride
+    is one strided view copied whole (memory speed), not a gather of every byte.
+    """
+    rows = np.zeros((len(starts), width), dtype=np.uint8)
+    if not len(starts) or not width:
+        return rows
+    whole = int(np.searchsorted(starts, len(array) - width, side="right"))  # rows that end inside the array
+    steps = np.diff(starts[:whole])
+    cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 2 if len(steps) > 1 else np.zeros(0, dtype=np.int64)
+    for first, end in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [whole])).tolist(),
+                          strict=True):
+        if end <= first:
+            continue
+        stride = int(starts[first + 1] - starts[first]) if end - first > 1 else 1
+        view = np.lib.stride_tricks.as_strided(array[int(starts[first]):], shape=(end - first, width),
+                                               strides=(stride, 1), writeable=False)
+        rows[first:end] = view
+    for i in range(whole, len(starts)):  # the last few, cut at the array's end
+        tail = array[int(starts[i]) : int(starts[i]) + width]
+        rows[i, : len(tail)] = tail
     return rows
 
 

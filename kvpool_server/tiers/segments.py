@@ -281,6 +281,7 @@ class SegmentLog:
         self._meta_lock = threading.Lock()  # segment table, sizes, reader counts
         self._segments: dict[int, _Segment] = {}
         self._corrupt = self._lost = self._truncated = 0
+        self._tail_scan: tuple[int, int, RecordColumns, WalkResult] | None = None
         for segment_id in _segment_ids(self._dir):
             fd = _open_segment(self._dir / segment_name(segment_id), 0)
             self._segments[segment_id] = _Segment(segment_id, fd, os.fstat(fd).st_size)
@@ -306,15 +307,14 @@ class SegmentLog:
     def _recover_tail(self, segment: _Segment) -> bool:
         """Truncate a torn tail off ``segment``; return whether appends may continue there."""
         walk = WalkResult()
-        _scan_mapped(segment.fd, segment.size, walk)
-        if walk.stop is WalkStop.CORRUPT:
-            return False
+        columns = _scan_mapped(segment.fd, segment.size, walk)
         if walk.stop is WalkStop.TORN:
             os.ftruncate(segment.fd, walk.good_end)
             self._sync(segment.fd)
             self._truncated += segment.size - walk.good_end
             segment.size = walk.good_end
-        return True
+        self._tail_scan = (segment.id, segment.size, columns, walk)  # the rebuild's scan takes it, once
+        return walk.stop is not WalkStop.CORRUPT
 
     def _new_segment(self) -> _Segment:
         """Create the next segment file and make it active. Caller holds the write lock."""
@@ -571,16 +571,18 @@ class SegmentLog:
         """
         with self._meta_lock:
             snapshot = sorted((s.id, s.size) for s in self._segments.values())
+        tail, self._tail_scan = self._tail_scan, None  # what the tail recovery parsed at start, if still so
         for segment_id, size in snapshot:
-            try:
-                segment = self._acquire(segment_id)
-            except SegmentMissing:
-                continue  # deleted since the snapshot
-            walk = WalkResult()
-            try:
-                columns = _scan_mapped(segment.fd, size, walk)
-            finally:
-                self._release(segment)
+            columns, walk = tail[2:] if tail is not None and tail[:2] == (segment_id, size) else (None, WalkResult())
+            if columns is None:
+                try:
+                    segment = self._acquire(segment_id)
+                except SegmentMissing:
+                    continue  # deleted since the snapshot
+                try:
+                    columns = _scan_mapped(segment.fd, size, walk)
+                finally:
+                    self._release(segment)
             with self._meta_lock:
                 self._corrupt += walk.corrupt
                 self._lost += size - walk.good_end if walk.stop is WalkStop.CORRUPT else 0
