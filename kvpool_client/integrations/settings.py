@@ -7,21 +7,34 @@ comes from the ``KVPOOL_*`` environment.
 
 from __future__ import annotations
 
-import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool_client.auth import read_token
-from kvpool_client.config import ClientConfig
+from kvpool_client.config import ClientConfig, ClientSettings
 from kvpool_client.errors import UsageError
+from kvpool_client.settings import Report, Schema, env_layer, load, mapping_layer, section, setting
 
-# The pool settings a user may give, as ClientConfig fields.
-_POOL_KEYS = ("nodes", "etcd_endpoints", "cluster", "transport", "request_timeout_s", "connect_timeout_s",
-              "replicas", "write_quorum", "verify_checksums")
-_OWN_KEYS = ("auth_token_file", "model_id", "lookup_threads")
-KNOWN_KEYS = (*_POOL_KEYS, *_OWN_KEYS)
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What an engine's config may set: every client setting, by its flat key, and the integration's own."""
+
+    pool: ClientSettings = section(ClientSettings, "Pool")
+    model_id: str = setting("", "the model's name in the namespace; empty: the engine's", env=False)
+    lookup_threads: int = setting(1, "threads lookups run on, where the integration has its own", env=False)
+
+    def check(self, report: Report) -> None:
+        if "model_id" in report.origins and not self.model_id:
+            report.fail("model_id", "must not be empty (leave it out for the engine's model name)")
+        if self.lookup_threads < 1:
+            report.fail("lookup_threads", "must be >= 1")
+
+
+ENGINE_SCHEMA = Schema(EngineSettings)
+KNOWN_KEYS = tuple(ENGINE_SCHEMA.settings)
 
 
 # torch dtype name -> the namespace's dtype field (kvpool_client.connector.layout's names).
@@ -72,27 +85,14 @@ class PoolSettings:
 
         Raises:
             UsageError: an unknown key (the nearest known one is named), a bad value, or no
-                pool at all; each message names ``source``.
+                pool at all; each message names ``source`` (or the ``KVPOOL_*`` variable at fault).
         """
         extra = {k: v for k, v in dict(extra or {}).items() if k not in ignore}
-        for key in extra:
-            if key not in KNOWN_KEYS:
-                near = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-                hint = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(KNOWN_KEYS)}"
-                raise UsageError(f"{source}: unknown key {key!r}{hint}")
-        overrides = {k: extra[k] for k in _POOL_KEYS if k in extra}
+        from_env = env_layer(ENGINE_SCHEMA, os.environ if env is None else env, strict=False, skip_blank=True)
+        given = mapping_layer(ENGINE_SCHEMA, extra, source, list_known=True)
+        settings, _ = load(ENGINE_SCHEMA, from_env, given)  # errors name the key's source: source or variable
         try:
-            if extra.get("auth_token_file") is not None:
-                overrides["auth_token"] = read_token(str(extra["auth_token_file"]))
-            client = ClientConfig.from_env(env, **overrides)
-        except UsageError as exc:
+            client = ClientConfig(**settings.pool.config_values())
+        except UsageError as exc:  # rules across settings (no pool at all, quorum > replicas), the token file
             raise UsageError(f"{source}: {exc.args[0]}") from None
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"{source}: {exc}") from None
-        threads = extra.get("lookup_threads", 1)
-        if type(threads) is not int or threads < 1:
-            raise UsageError(f"{source}: lookup_threads must be an int >= 1, not {threads!r}")
-        model_id = extra.get("model_id")
-        if model_id is not None and (not isinstance(model_id, str) or not model_id):
-            raise UsageError(f"{source}: model_id must be a non-empty string, not {model_id!r}")
-        return cls(client, model_id, threads)
+        return cls(client, settings.model_id or None, settings.lookup_threads)

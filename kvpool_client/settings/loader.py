@@ -18,12 +18,13 @@ from kvpool_client.settings.values import ConfigError, did_you_mean
 Layer = dict[str, tuple[str, Any]]  # flat key -> (where it came from, typed value)
 
 
-def mapping_layer(schema: Schema, data: Mapping[Any, Any], source: str) -> Layer:
+def mapping_layer(schema: Schema, data: Mapping[Any, Any], source: str, *, list_known: bool = False) -> Layer:
     """Settings from a mapping of flat keys, or of section names to mappings of field names.
 
     Args:
         data: e.g. a parsed YAML file; ``{"dram_capacity": "1GiB"}`` or ``{"dram": {"capacity": "1GiB"}}``.
         source: its name in messages (a path, ``kv_connector_extra_config``).
+        list_known: an unknown key with no near one lists the keys (for short schemas).
     Raises:
         ConfigError: an unknown key (with the nearest known one), a section that is not a
             mapping, a setting given twice, or a malformed value.
@@ -35,7 +36,10 @@ def mapping_layer(schema: Schema, data: Mapping[Any, Any], source: str) -> Layer
         elif key in schema.settings:
             _put(layer, schema, str(key), raw, f"{source}: {key}")
         else:
-            raise ConfigError(f"{source}: unknown key {key!r}{did_you_mean(str(key), _spellings(schema))}")
+            hint = did_you_mean(str(key), _spellings(schema))
+            if not hint and list_known:
+                hint = f"; known: {', '.join(schema.settings)}"
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
     return layer
 
 
