@@ -289,7 +289,8 @@ class KVPoolClient:
 
     def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
-        found = self._direct_job(keys, batching.expected_sizes(targets))
+        sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
+        found = self._direct_job(keys, sizes)
         if found is None:
             return None
         job, limits = found
@@ -421,7 +422,7 @@ class KVPoolClient:
     def _node(self, member: Member) -> _Node:
         """The node state for ``member``; replaced (and its failures forgotten) if its addresses changed."""
         node = self._nodes.get(member.node_id)
-        if node is not None and node.serves(member):
+        if node is not None and (node.member is member or node.serves(member)):  # the first: the usual case, inline
             return node
         with self._nodes_lock:
             old = self._nodes.get(member.node_id)

@@ -40,6 +40,7 @@ from kvpool_client.wire import (
     decode_message,
     encode,
 )
+from kvpool_client.wire.codec import decode_get_one
 
 T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20
@@ -154,7 +155,12 @@ def get(
         block whose length differs from its target is drained: ``SIZE_MISMATCH``.
     """
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.GET, limits, _get_meta(len(request.hashes)))
+    expected_meta = _get_meta(len(request.hashes))
+    head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
+    one = decode_get_one(head, request.request_id, limits) if len(targets) == 1 else None
+    if one is not None:
+        return (yield from _get_one(*one, targets[0], verify))
+    response = yield from _response(request.request_id, Op.GET, limits, expected_meta, head)
     if not isinstance(response, GetResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} GET results, got {response!r}")
     statuses = list(response.statuses)
@@ -179,6 +185,24 @@ def get(
             if view is not None and xxhash.xxh3_64_intdigest(view) != response.checksums[i]:
                 statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled
+
+
+def _get_one(
+    status: int, length: int, checksum: int, target: memoryview | None, verify: bool
+) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+    """The rest of :func:`get` for one key whose answer :func:`decode_get_one` read: what the
+    general path returns for it, without its per-key lists."""
+    if status != ErrorCode.OK:
+        return [status], [None]
+    if target is None:
+        target = memoryview(bytearray(length))
+    if len(target) != length:
+        yield ReceiveInto(_scratch_slices(memoryview(bytearray(min(_DRAIN_CHUNK, length))), length))
+        return [int(ErrorCode.SIZE_MISMATCH)], [None]
+    yield ReceiveInto([target])
+    if verify and xxhash.xxh3_64_intdigest(target) != checksum:
+        return [int(ErrorCode.CHECKSUM_MISMATCH)], [None]
+    return [status], [target]
 
 
 def get_shared(
@@ -332,14 +356,18 @@ def hello(request: HelloRequest, limits: WireLimits) -> Exchange[None]:
         raise ProtocolError(f"expected a HELLO response, got {response!r}")
 
 
-def _response(request_id: int, op: Op, limits: WireLimits, expected_meta: int) -> Exchange[Response]:
+def _response(
+    request_id: int, op: Op, limits: WireLimits, expected_meta: int, head: bytes = b""
+) -> Exchange[Response]:
     """Read one response frame's header and meta; raise the node's error if it sent one.
 
     Header and meta usually come in one receive of up to ``HEADER_SIZE + expected_meta``
     bytes: the meta of a successful answer has exactly that size, so the read never
-    reaches into the payload; an error answer has no payload at all.
+    reaches into the payload; an error answer has no payload at all. ``head``: the
+    first bytes of the frame, when that receive was made already.
     """
-    head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
+    if not head:
+        head = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
     while len(head) < HEADER_SIZE:
         head += yield ReceiveUpTo(HEADER_SIZE + expected_meta - len(head))
     header = decode_header(head[:HEADER_SIZE], limits)

@@ -118,6 +118,12 @@ def direct_job(
     is one exchange whose :func:`get_result` or :func:`probe_result` is what the plan
     would return, without the plan's cost on every call.
     """
+    if len(keys) == 1:  # a scheduler's lookup or a layer's load: nothing to group, and one key fits any frame
+        key = keys[0]
+        order = placement.router.placement(key).read_order
+        if len(order) != 1 or (limits := cached_limits(order[0])) is None:
+            return None
+        return batching.Job(order[0], key.namespace, [0], [key.hash], [key.depth]), limits
     member: Member | None = None
     for key in keys:
         order = placement.router.placement(key).read_order

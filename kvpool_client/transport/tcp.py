@@ -16,7 +16,7 @@ from typing import TypeVar
 from kvpool_client.errors import NodeUnavailable, RequestTimeout
 from kvpool_client.transport.aio_socket import AsyncSocketChannel
 from kvpool_client.transport.iovec import IOV_MAX, advance
-from kvpool_client.transport.liveness import reusable
+from kvpool_client.transport.liveness import IdleProbe
 
 # Large kernel buffers let one sendmsg hand over a whole block and cut wake-ups.
 SOCKET_BUFFER_BYTES = 4 << 20
@@ -71,12 +71,22 @@ class TcpConnection:
         self._sock.settimeout(None)
         self._armed = {socket.SO_SNDTIMEO: 0.0, socket.SO_RCVTIMEO: 0.0}  # kernel timeout set, seconds (0: none)
         self._slack = min(ARM_SLACK_S, timeout / 20)
+        self._idle = IdleProbe(self._sock)
 
     def start_request(self) -> None:
         """Give the next request the full timeout."""
         self._deadline = time.monotonic() + self._timeout
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
+        if len(buffers) == 1 and type(buffers[0]) is bytes:  # a request without payload: no views to make
+            data = buffers[0]
+            while data:
+                self._arm(socket.SO_SNDTIMEO, "send")
+                try:
+                    data = data[self._sock.send(data) :]
+                except OSError as exc:
+                    raise _socket_error(exc, self.address, "send") from exc
+            return
         pending = [memoryview(b).cast("B") for b in buffers if len(b)]
         while pending:
             self._arm(socket.SO_SNDTIMEO, "send")
@@ -87,6 +97,9 @@ class TcpConnection:
             pending = advance(pending, sent)
 
     def recv_into(self, targets: list[memoryview]) -> None:
+        if len(targets) == 1:  # one block: no list of views to keep
+            self._recv_one(targets[0])
+            return
         pending = [t for t in targets if len(t)]
         while pending:
             self._arm(socket.SO_RCVTIMEO, "receive")
@@ -98,6 +111,17 @@ class TcpConnection:
             if received == 0:
                 raise NodeUnavailable(f"{self.address} closed the connection")
             pending = advance(pending, received)
+
+    def _recv_one(self, target: memoryview) -> None:
+        while len(target):
+            self._arm(socket.SO_RCVTIMEO, "receive")
+            try:
+                received = self._sock.recv_into(target, 0, socket.MSG_WAITALL)
+            except OSError as exc:
+                raise _socket_error(exc, self.address, "receive") from exc
+            if received == 0:
+                raise NodeUnavailable(f"{self.address} closed the connection")
+            target = target[received:]
 
     def recv_exactly(self, nbytes: int) -> bytearray:
         data = bytearray(nbytes)
@@ -123,7 +147,7 @@ class TcpConnection:
         return received
 
     def reusable(self) -> bool:
-        return reusable(self._sock)
+        return self._idle.reusable()
 
     def close(self) -> None:
         self._sock.close()

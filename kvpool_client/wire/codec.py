@@ -273,6 +273,78 @@ def decode_header(data: bytes | bytearray | memoryview, limits: WireLimits) -> F
     return FrameHeader(op, status, request_id, meta_len, payload_len)
 
 
+# The usual answer to a one-key GET, header and meta in one: count 1 | status | length | checksum.
+_GET_ONE_ANSWER = struct.Struct("<2sBBHHQIQIBIQ")
+GET_ONE_ANSWER_SIZE = _GET_ONE_ANSWER.size
+_GET_ONE_META = GET_ONE_ANSWER_SIZE - HEADER_SIZE
+_GET_ANSWER_OP = Op.GET | RESPONSE_BIT
+
+
+def decode_get_one(data: bytes, request_id: int, limits: WireLimits) -> tuple[int, int, int] | None:
+    """(status, length, checksum) of ``data`` when it is exactly a well-formed GET answer to
+    one key of ``request_id`` (header and meta); None for anything else (an error frame, a
+    partial read, a broken frame): :func:`decode_header` and :func:`decode_message` then
+    read it the general way and say what is wrong.
+
+    One unpack instead of a header, a reader and a message: a single-block get is made of
+    little else.
+    """
+    if len(data) != GET_ONE_ANSWER_SIZE:
+        return None
+    magic, version, op, status, _, rid, meta_len, payload_len, count, key_status, length, checksum = (
+        _GET_ONE_ANSWER.unpack(data)
+    )
+    if (
+        magic != MAGIC or version != PROTOCOL_VERSION or op != _GET_ANSWER_OP or status or rid != request_id
+        or meta_len != _GET_ONE_META or count != 1 or payload_len != length or length > limits.max_block_size
+        or length > limits.max_payload
+        or (length and key_status != ErrorCode.OK)
+    ):
+        return None
+    return key_status, length, checksum
+
+
+def encode_get_one(request_id: int, status: int, length: int, checksum: int) -> bytes:
+    """The answer to a one-key GET, header and meta, as ``encode(GetResponse(...))`` makes it.
+
+    Raises:
+        ProtocolError: a status that is not OK with a length, or a field out of range.
+    """
+    if status != ErrorCode.OK and length:
+        raise ProtocolError("a key that is not OK cannot carry payload bytes")
+    args = (MAGIC, PROTOCOL_VERSION, _GET_ANSWER_OP, 0, 0, request_id, _GET_ONE_META, length, 1, status, length, checksum)
+    return _pack(_GET_ONE_ANSWER, *args)
+
+
+_REQUEST_HEAD = struct.Struct("<2sBBHHQIQB")  # a keyed request's header and ns_len
+
+
+def decode_get_one_request(data: bytes | bytearray, limits: WireLimits) -> tuple[int, str, bytes, int] | None:
+    """(request id, namespace, hash, frame size) when ``data`` starts with a whole, well-formed GET
+    of one key; None for anything else (not here whole, another op, a broken frame), which
+    :func:`decode_header` and :func:`decode_message` then read the general way.
+
+    Reads the buffer in place: the daemon answers most single-block gets from here.
+    """
+    if len(data) < _REQUEST_HEAD.size:
+        return None
+    magic, version, op, _, _, request_id, meta_len, payload_len, ns_len = _REQUEST_HEAD.unpack_from(data)
+    tail = HEADER_SIZE + 1 + ns_len  # hash_size u8 | count u32
+    end = HEADER_SIZE + meta_len
+    if magic != MAGIC or version != PROTOCOL_VERSION or op != Op.GET or payload_len or not ns_len or len(data) < end:
+        return None
+    if end < tail + _KEYS_TAIL.size or meta_len > limits.max_meta:
+        return None
+    size, count = _KEYS_TAIL.unpack_from(data, tail)
+    if count != 1 or not 0 < size <= MAX_HASH_BYTES or tail + _KEYS_TAIL.size + size != end or limits.max_keys < 1:
+        return None
+    try:
+        namespace = str(data[HEADER_SIZE + 1 : tail], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    return request_id, namespace, bytes(data[end - size : end]), end
+
+
 def header_identity(data: bytes | bytearray | memoryview) -> tuple[int, Op]:
     """(request id, op) of a header that failed to decode, to address the error reply.
 

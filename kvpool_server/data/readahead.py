@@ -57,6 +57,11 @@ class ReadAhead:
         socket's receive: done when it returns, so one buffer serves every call)."""
         self._pending += self._chunk[: recv_now(self._chunk)]
 
+    @property
+    def pending(self) -> bytearray:
+        """What is buffered, in place: to read from, never to change (:meth:`skip` takes bytes out)."""
+        return self._pending
+
     def peek(self, start: int, end: int) -> bytes | None:
         """Bytes ``start:end`` of what is buffered, left there; None while they are not all in."""
         return bytes(self._pending[start:end]) if len(self._pending) >= end else None

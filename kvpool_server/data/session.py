@@ -55,6 +55,7 @@ from kvpool_client.wire import (
     encode,
     header_identity,
 )
+from kvpool_client.wire.codec import decode_get_one_request, encode_get_one
 from kvpool_client.wire.frames import MAX_TOKEN_BYTES
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.readahead import HEAD_CHUNK, ReadAhead
@@ -286,10 +287,18 @@ class Session:
     def _whole_request(self) -> tuple[Request | None, float]:
         """The next buffered frame, decoded and taken from the buffer, if it is a request
         without payload that has arrived whole; else (None, 0), and the frame stays buffered."""
-        raw = self._reader.peek(0, HEADER_SIZE)
-        if raw is None or not self._authenticated:
+        if not self._authenticated:
             return None, 0.0
         started = time.perf_counter()
+        one = decode_get_one_request(self._reader.pending, self._config.limits)
+        if one is not None:  # the usual single-block get, read in place
+            request_id, namespace, block, size = one
+            self._reader.skip(size)
+            self._counters.add("requests_get")
+            return GetRequest(request_id, namespace, [block]), started
+        raw = self._reader.peek(0, HEADER_SIZE)
+        if raw is None:
+            return None, 0.0
         try:
             header = decode_header(raw, self._config.limits)
             if header.payload_len or header.op not in _WITHOUT_PAYLOAD:
@@ -467,6 +476,8 @@ class Session:
                 return [encode(PingResponse(request.request_id))]
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
+        if len(held) == 1:
+            return self._get_one_reply(request.request_id, held[0])
         statuses, lengths, sums, views = [], [], [], []
         for block in held:
             status = self._check(block)
@@ -481,6 +492,18 @@ class Session:
             return [self._error_frame(request.request_id, Op.GET, too_big)]
         self._counters.add("bytes_out", sum(lengths))
         return [encode(GetResponse(request.request_id, statuses, lengths, sums)), *views]
+
+    def _get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
+        """What :meth:`_get_reply` answers a get of one key, in one pack."""
+        status = self._check(block)
+        if block is None or status is not ErrorCode.OK:
+            return [encode_get_one(request_id, int(status), 0, 0)]
+        length = len(block.view)
+        if length > self._config.limits.max_payload:
+            too_big = LimitExceeded(f"the blocks add up to {length} bytes, over {self._config.limits.max_payload}")
+            return [self._error_frame(request_id, Op.GET, too_big)]
+        self._counters.add("bytes_out", length)
+        return [encode_get_one(request_id, int(status), length, block.checksum), block.view]
 
     def _locate_reply(self, request: LocateRequest, keys: list[StoreKey], held: list[HeldBlock | None]) -> Reply:
         """Where each block lies in the shared arena; the same-node client copies it itself.

@@ -434,6 +434,48 @@ def test_run_sync_exists_delete_and_errors() -> None:
     assert len(conn.sent) == 3
 
 
+ONE_KEY_CASES = {  # (status, stored bytes, checksum sent, target size or None, verify)
+    "hit": (OK, b"hello", xxh(b"hello"), 5, True),
+    "hit-allocated": (OK, b"hello", xxh(b"hello"), None, True),
+    "size-mismatch": (OK, b"hello", xxh(b"hello"), 3, True),
+    "bad-checksum": (OK, b"hello", 1, 5, True),
+    "bad-checksum-unverified": (OK, b"hello", 1, 5, False),
+    "miss": (NOT_FOUND, b"", 0, 5, True),
+}
+
+
+def _read(case: tuple, batch: bool) -> tuple[int, bytes | None, bytes | None]:
+    """One key's (status, bytes returned, caller's buffer after) from a get of it alone, or with a
+    missing key after it (the general path); the stream must end aligned either way."""
+    status, stored, checksum, size, verify = case
+    statuses, lengths, sums = [status] + [NOT_FOUND] * batch, [len(stored)] + [0] * batch, [checksum] + [0] * batch
+    conn = ScriptedConnection(encode(GetResponse(1, statuses, lengths, sums)) + stored, encode(PingResponse(2)))
+    target = None if size is None else bytearray(size)
+    targets = [None if target is None else memoryview(target)] + [None] * batch
+    codes, filled = run_sync(conn, exchange.get(GetRequest(1, NS, H[: 1 + batch]), targets, LIMITS, verify))
+    assert run_sync(conn, exchange.ping(PingRequest(2), LIMITS)) is None and conn.unread == 0, conn.unread
+    assert len(codes) == len(filled) == 1 + batch, (codes, filled)
+    return codes[0], None if filled[0] is None else bytes(filled[0]), None if target is None else bytes(target)
+
+
+@pytest.mark.parametrize("case", ONE_KEY_CASES.values(), ids=ONE_KEY_CASES.keys())
+def test_a_one_key_get_answers_as_that_key_does_in_a_batch(case: tuple) -> None:
+    alone, in_batch = _read(case, batch=False), _read(case, batch=True)
+    assert alone == in_batch, f"alone {alone}, in a batch {in_batch}"
+
+
+def test_a_one_key_get_reads_header_and_meta_in_one_receive_into_the_callers_buffer() -> None:
+    target = bytearray(5)
+    gen = exchange.get(GetRequest(9, NS, H[:1]), [memoryview(target)], LIMITS, verify=True)
+    start(gen)
+    frame = encode(GetResponse(9, [OK], [5], [xxh(b"hello")]))
+    assert next_step(gen, None) == ReceiveUpTo(len(frame))
+    step = next_step(gen, frame)
+    assert isinstance(step, ReceiveInto) and [t.obj for t in step.targets] == [target], step
+    fill(step.targets, b"hello")
+    assert next_step(gen, None) == Done(([OK], [step.targets[0]])) and target == b"hello"
+
+
 def test_run_async_get() -> None:
     conn = AsyncScriptedConnection(encode(GetResponse(4, [OK], [5], [xxh(b"hello")])) + b"hello")
     statuses, filled = asyncio.run(

@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool_client.errors import ErrorCode, LimitExceeded, ProtocolError
-from kvpool_client.wire.codec import HEADER_SIZE, decode_header, decode_message, encode, payload_length, payload_lengths
+from kvpool_client.wire.codec import (
+    HEADER_SIZE, decode_get_one, decode_get_one_request, decode_header, decode_message, encode, encode_get_one, payload_length,
+    payload_lengths,
+)
 from kvpool_client.wire.frames import (
     MAX_HASH_BYTES, MAX_NAMESPACE_BYTES, RESPONSE_BIT, DeleteRequest, ErrorResponse, ExistsRequest,
     MAX_TOKEN_BYTES, GetRequest, GetResponse, HelloRequest, HelloResponse, LocateRequest, LocateResponse, Op,
@@ -447,3 +450,83 @@ def test_locate_response_lists_must_match_the_statuses(field):
     getattr(message, field).pop()
     with pytest.raises(ProtocolError):
         encode(message)
+
+
+# -- the one-key GET, read and written in one step (decode_get_one*, encode_get_one) --------
+
+
+def general_or_none(frame: bytes, limits: WireLimits = LIMITS):
+    """What the general decoder makes of one whole frame, or None when it rejects it."""
+    try:
+        return decode_frame(frame, limits) if len(frame) >= HEADER_SIZE else None
+    except ProtocolError:
+        return None
+
+
+one_key_answers = st.builds(
+    GetResponse, request_ids, st.lists(statuses, min_size=1, max_size=1),
+    st.lists(st.integers(0, LIMITS.max_block_size + 1), min_size=1, max_size=1),
+    st.lists(st.integers(0, U64), min_size=1, max_size=1),
+)
+
+
+@given(one_key_answers, st.lists(mutations, max_size=3))
+@FUZZ
+def test_a_one_key_answer_reads_as_the_general_decoder_reads_it(message, changes):
+    message.lengths[0] *= message.statuses[0] == ErrorCode.OK  # else encode refuses it
+    frame = encode(message)
+    for change in changes:
+        frame = mutate(frame, change)
+    fast = decode_get_one(frame, message.request_id, LIMITS)
+    general = general_or_none(frame)
+    if fast is not None:  # never accepts what the general path rejects, and reads the same
+        expected = (general.request_id, general.statuses, general.lengths, general.checksums)
+        assert (message.request_id, [fast[0]], [fast[1]], [fast[2]]) == expected, (fast, general)
+    elif not changes:  # a well-formed answer is read here unless the general path rejects it too
+        assert general is None and message.lengths[0] > LIMITS.max_block_size, (message, general)
+
+
+@pytest.mark.parametrize("frame", [
+    encode(ErrorResponse(7, Op.GET, ErrorCode.NOT_FOUND, "gone")),
+    encode(GetResponse(8, [ErrorCode.OK], [4], [1])),  # another request's answer
+    encode(GetResponse(7, [ErrorCode.OK, ErrorCode.OK], [4, 4], [1, 2])),
+    encode(StatusResponse(7, Op.DELETE, [ErrorCode.OK])),
+    encode(GetResponse(7, [ErrorCode.OK], [4], [1]))[:-1],
+], ids=["error", "other-id", "two-keys", "other-op", "short"])
+def test_a_frame_that_is_not_a_one_key_answer_is_left_to_the_general_path(frame):
+    assert decode_get_one(frame, 7, LIMITS) is None
+
+
+@given(request_ids, statuses, st.integers(0, LIMITS.max_block_size), st.integers(0, U64))
+@FUZZ
+def test_encode_get_one_writes_what_encode_writes(request_id, status, length, checksum):
+    message = GetResponse(request_id, [status], [length], [checksum])
+    try:
+        expected = encode(message)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            encode_get_one(request_id, status, length, checksum)
+        return
+    assert encode_get_one(request_id, status, length, checksum) == expected
+    assert decode_get_one(expected, request_id, LIMITS) == (status, length, checksum)
+
+
+@given(messages, st.lists(mutations, max_size=3), st.binary(max_size=40))
+@FUZZ
+def test_a_one_key_get_request_reads_as_the_general_decoder_reads_it(message, changes, after):
+    frame = encode(message)
+    for change in changes:
+        frame = mutate(frame, change)
+    fast = decode_get_one_request(bytearray(frame + after), LIMITS)  # the next frame may follow it
+    general = general_or_none(frame)
+    if fast is not None:
+        request_id, namespace, block, size = fast
+        assert size == len(frame) and general == GetRequest(request_id, namespace, [block]), (fast, general)
+    elif isinstance(general, GetRequest) and len(general.hashes) == 1:
+        raise AssertionError(f"a one-key GET was left to the general path: {general}")
+
+
+def test_a_one_key_get_request_not_all_here_waits():
+    frame = encode(GetRequest(3, "ns", [b"h" * 32]))
+    assert decode_get_one_request(bytearray(frame), LIMITS) == (3, "ns", b"h" * 32, len(frame))
+    assert all(decode_get_one_request(bytearray(frame[:cut]), LIMITS) is None for cut in range(len(frame)))
