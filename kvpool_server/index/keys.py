@@ -18,6 +18,7 @@ plain ints; numpy is used where whole arrays move at once (growth).
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from collections.abc import Iterator
 
 import numpy as np
@@ -33,6 +34,22 @@ _MAX_LOAD = 0.7
 def digest(namespace_number: int, block_hash: bytes) -> int:
     """A key's 64-bit digest: xxh3 of its block hash, seeded with its namespace's number in the table."""
     return xxhash.xxh3_64_intdigest(block_hash, namespace_number)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBatch:
+    """Keys copied out of a table in bulk (see :meth:`KeyTable.export`)."""
+
+    namespaces: list[str]
+    namespace_ids: np.ndarray
+    hashes: np.ndarray  # one zero-padded row per key
+    hash_lens: np.ndarray
+
+    def keys(self) -> list[StoreKey]:
+        width = self.hashes.shape[1] if self.hashes.ndim == 2 else 0
+        flat = np.ascontiguousarray(self.hashes).tobytes()
+        return [(self.namespaces[ns], flat[i * width : i * width + n]) for i, (ns, n)
+                in enumerate(zip(self.namespace_ids.tolist(), self.hash_lens.tolist(), strict=True))]
 
 
 class HashCells:
@@ -81,6 +98,13 @@ class HashCells:
 
     def nbytes(self) -> int:
         return len(self._cells) + self._lengths.itemsize * len(self._lengths)
+
+    def rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the cells at ``indices`` (one row each) and their hashes' lengths."""
+        if not self._width:
+            return np.zeros((len(indices), 0), dtype=np.uint8), np.zeros(len(indices), dtype=np.int64)
+        cells = np.frombuffer(self._cells, dtype=np.uint8).reshape(-1, self._width)
+        return cells[indices], np.frombuffer(self._lengths, dtype=np.uint16)[indices].astype(np.int64)
 
     def load(self, rows: np.ndarray, lengths: np.ndarray) -> None:
         """Take ``rows`` (one hash per row, zero-padded) as ids 0..n-1; only into empty cells."""
@@ -197,6 +221,18 @@ class KeyTable:
     def namespace_number(self, namespace: str) -> int:
         """The number this table gives ``namespace`` (the seed of its keys' digests)."""
         return self._namespace_id(namespace)
+
+    def export(self, ids: np.ndarray) -> KeyBatch:
+        """The keys of ``ids`` as arrays, copied in bulk: turn them into tuples outside a lock."""
+        rows, lengths = self._hashes.rows(ids)
+        numbers = np.frombuffer(self._ns, dtype=np.uint32)[ids].astype(np.int64) if len(ids) else (
+            np.zeros(0, dtype=np.int64))
+        return KeyBatch(list(self._namespaces), numbers, rows, lengths)
+
+    def mapped(self) -> np.ndarray:
+        """Every mapped id, in table order (no particular meaning)."""
+        ids = np.frombuffer(self._slot_ids, dtype=np.int32)
+        return ids[ids != _EMPTY].astype(np.int64)
 
     def mapped_ids(self) -> Iterator[int]:
         """Every mapped id, in table order (no particular meaning)."""

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Sequence
 from itertools import count, islice, takewhile
 
+import numpy as np
 import xxhash
 
 from kvpool_client.errors import ErrorCode
@@ -263,8 +264,10 @@ class DramTier:
 
     def readable_keys(self) -> list[StoreKey]:
         """A snapshot of every readable block's key."""
-        with self._lock:
-            return [self._keys.key_of(b) for b in self._keys.mapped_ids() if self._blocks.flags[b] & COMPLETE]
+        with self._lock:  # copies in bulk under the lock; the tuples are built after it
+            ids = self._keys.mapped()
+            batch = self._keys.export(ids[np.frombuffer(self._blocks.flags, dtype=np.uint8)[ids] & COMPLETE != 0])
+        return batch.keys()
 
     def namespace_bytes(self) -> dict[str, int]:
         """Slot bytes per namespace, kept as blocks come and go (cheap: for every metrics scrape)."""

@@ -269,8 +269,9 @@ class SsdTier:
                     self._policy.touch(block)
 
     def keys(self) -> list[StoreKey]:
-        with self._lock:
-            return [self._keys.key_of(block) for block in self._keys.mapped_ids()]
+        with self._lock:  # copies in bulk under the lock; the tuples are built after it
+            batch = self._keys.export(self._keys.mapped())
+        return batch.keys()
 
     def eviction_order(self) -> list[StoreKey]:
         """Every key, the first to be evicted first (an O(n) walk: for tests and tools)."""
