@@ -29,7 +29,8 @@ from tests.support.etcd import LocalEtcd, local_etcd, requires_etcd
 pytestmark = [pytest.mark.integration, requires_etcd]
 
 CLUSTER = "cli"
-DAEMON_FLAGS = ("--dram-capacity", "16MiB", "--slab-size", "1MiB")
+# No repair: the tests put blocks on one node on purpose and count them there.
+DAEMON_FLAGS = ("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-repair-enabled")
 
 StartNodes = Callable[..., list[DaemonProcess]]
 
