@@ -155,7 +155,7 @@ class KeyTable:
         ns = self._ns_ids.get(namespace)
         if ns is None:
             return _EMPTY
-        slot = self._probe(ns, block_hash, digest(ns, block_hash))
+        slot = self._probe(ns, block_hash, xxhash.xxh3_64_intdigest(block_hash, ns))  # digest(), inlined: hot
         return self._ids_view[slot] if slot >= 0 else _EMPTY
 
     def insert(self, key: StoreKey) -> int:
@@ -267,6 +267,7 @@ class KeyTable:
         digests, ids, mask = self._digest_view, self._ids_view, self._mask
         slot = key_digest & mask
         while (ident := ids[slot]) != _EMPTY:
+            # the digest almost always decides: the full key is compared once, on a match
             if digests[slot] == key_digest and self._hashes.equals(ident, block_hash) and self._ns[ident] == ns:
                 return slot
             slot = (slot + 1) & mask
