@@ -10,6 +10,7 @@ one, :func:`survivors` says so and the caller replays record by record instead.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -19,6 +20,19 @@ from kvpool_server.index import StoreKey
 from kvpool_server.index.keys import KeyTable, digest
 from kvpool_server.tiers.record_columns import RecordColumns
 from kvpool_server.tiers.segments import Location
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free memory back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    The rebuild's temporary arrays are large; glibc raises its mmap threshold after
+    freeing large blocks, so they come from the heap, and freed heap stays with the
+    process unless trimmed.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 class DigestCollision(Exception):

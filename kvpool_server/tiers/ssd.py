@@ -48,7 +48,7 @@ from kvpool_server.index import StoreKey
 from kvpool_server.index.keys import KeyTable
 from kvpool_server.index.locations import RecordLocations
 from kvpool_server.index.runs import SegmentRecords
-from kvpool_server.tiers.rebuild import DigestCollision, Survivors, survivors
+from kvpool_server.tiers.rebuild import DigestCollision, Survivors, release_free_memory, survivors
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.readahead import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
@@ -146,6 +146,8 @@ class SsdTier:
         else:
             self._load(kept)
             self._counters.add("ssd_corrupt_blocks", kept.undecodable)
+            del kept
+            release_free_memory()  # the rebuild's temporaries: hundreds of MiB at 10M records
         stats = self._log.stats()
         self._counters.add("ssd_corrupt_blocks", stats.corrupt_records)
         log.info(
