@@ -13,8 +13,14 @@ Gets land in bytearrays (``--into``: also ``numpy`` arrays, placed 16 bytes past
 boundary as numpy's allocator usually places them, and ``torch`` tensors, 64-byte aligned,
 measured side by side; the arena's blocks are page-aligned).
 
+``--cold MIB`` measures cache-cold single gets instead: the daemon holds MIB MiB of distinct
+blocks and one client reads each of them once, in a shuffled order (no block was read by this
+client before, or within its 0.5 s of known locations: a scheduler's lookups, an engine's
+per-layer loads), against memcpy out of a region as large, read in the same order into the same
+destination, in the same process. It prints GB/s and the ratio to that memcpy for each revision.
+
 Run: python bench/revisions.py --base HEAD~3 [--new HEAD] [--rounds 3] [--transports tcp,shm]
-     [--into bytearray,numpy,torch] [--block 393216]
+     [--into bytearray,numpy,torch] [--block 393216] [--cold 512]
 """
 
 from __future__ import annotations
@@ -81,9 +87,77 @@ print(json.dumps(out))
 """
 
 
-def measure(tree: Path, transports: str, block: int = BLOCK, into: str = "bytearray") -> dict[str, list[float]]:
+# Cache-cold single gets (--cold): every block read once, shuffled, against memcpy in the same order.
+_MEASURE_COLD = r"""
+import json, os, random, shutil, sys, time
+tree, transports, block, cold_mib = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
+kinds = sys.argv[5].split(",")
+sys.path.insert(0, tree)
+import numpy
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_server.local import start_daemon
+
+def destination(kind):  # as in the hot measurement
+    if kind == "numpy":
+        raw = numpy.empty(block + 64, numpy.uint8)
+        return raw[(16 - raw.ctypes.data) % 64 :][:block]
+    if kind == "torch":
+        import torch
+        return torch.empty(block, dtype=torch.uint8)
+    return bytearray(block)
+
+def as_array(target):
+    return target.numpy() if hasattr(target, "numpy") else numpy.frombuffer(target, numpy.uint8)
+
+def cpu_s(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+count = (cold_mib << 20) // block
+region = numpy.random.default_rng(7).integers(0, 255, count * block, dtype=numpy.uint8)
+daemon = start_daemon("--dram-capacity", f"{cold_mib + 64}MiB", "--slab-size", "4MiB", "--log-level", "warning")
+out = {}
+try:
+    for transport in transports:
+        with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=transport)) as client:
+            keys = [BlockKey(f"cold-{transport}@u8@raw", i.to_bytes(8, "little") * 4) for i in range(count)]
+            for start in range(0, count, 16):
+                views = [memoryview(region[i * block : (i + 1) * block]) for i in range(start, min(count, start + 16))]
+                client.put(keys[start : start + len(views)], views).raise_for_errors()
+            warm = [BlockKey("warm@u8@raw", bytes([i]) * 32) for i in range(8)]
+            client.put(warm, [bytes(block)] * 8).raise_for_errors()
+            for kind in kinds:
+                target, order = destination(kind), random.Random(kind).sample(range(count), count)
+                for _ in range(3):
+                    client.get(warm, [destination(kind) for _ in warm])  # connections and mappings made
+                time.sleep(0.6)  # every location learned before has expired
+                daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
+                for i in order:
+                    got = client.get([keys[i]], [target])
+                wall = time.perf_counter() - started
+                mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
+                assert got.ok and bytes(as_array(target)) == bytes(region[order[-1] * block : (order[-1] + 1) * block])
+                out[f"{transport} {kind}"] = [1e6 * wall / count, 1e6 * mine / count, 1e6 * daemon_cpu / count]
+    for kind in kinds:
+        target, order = as_array(destination(kind)), random.Random(kind).sample(range(count), count)
+        started = time.perf_counter()
+        for i in order:
+            numpy.copyto(target, region[i * block : (i + 1) * block])
+        out[f"memcpy {kind}"] = [1e6 * (time.perf_counter() - started) / count, 0.0, 0.0]
+finally:
+    daemon.stop()
+    shutil.rmtree(daemon.workdir, ignore_errors=True)
+print(json.dumps(out))
+"""
+
+
+def measure(
+    tree: Path, transports: str, block: int = BLOCK, into: str = "bytearray", cold_mib: int = 0
+) -> dict[str, list[float]]:
     """One measurement of every cell with ``tree``'s code: cell -> [wall, client CPU, daemon CPU] us per get."""
     argv = [sys.executable, "-c", _MEASURE, str(tree), transports, str(block), str(GETS), into]
+    if cold_mib:
+        argv = [sys.executable, "-c", _MEASURE_COLD, str(tree), transports, str(block), str(cold_mib), into]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tree, timeout=600)
     if done.returncode:
         raise SystemExit(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
@@ -98,6 +172,8 @@ def main() -> None:
     parser.add_argument("--new", default=None, help="a commit to measure instead of the checkout (as it is on disk)")
     parser.add_argument("--into", default="bytearray", help="comma-separated destinations: bytearray, numpy, torch")
     parser.add_argument("--block", type=int, default=BLOCK, help="bytes per block")
+    parser.add_argument("--cold", type=int, default=0, metavar="MIB",
+                        help="cache-cold single gets over MIB MiB of blocks, each read once, against memcpy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
         trees = {"base": _worktree(Path(scratch) / "base", args.base)}
@@ -106,17 +182,39 @@ def main() -> None:
             runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
             for _ in range(args.rounds):
                 for rev in ("base", "new"):
-                    runs[rev].append(measure(trees[rev], args.transports, args.block, args.into))
+                    runs[rev].append(measure(trees[rev], args.transports, args.block, args.into, args.cold))
         finally:
             for tree in trees.values():
                 if tree != REPO:
                     subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    if args.cold:
+        _report_cold(runs, args)
+        return
     print(f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; "
           "us per get, new/base in brackets")
     for cell in runs["base"][0]:
         base_m, new_m = ([statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new"))
         wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({_ratio(n, b)})" for b, n in zip(base_m, new_m))
         print(f"{cell:8s} wall {wall} | client CPU {client} | daemon CPU {daemon}")
+
+
+def _report_cold(runs: dict[str, list[dict[str, list[float]]]], args: argparse.Namespace) -> None:
+    """GB/s of each revision's cold single gets and their ratio to memcpy of the same round."""
+    print(f"{args.block // 1024} KiB cache-cold single gets over {args.cold} MiB, medians of {args.rounds} "
+          "alternating rounds: GB/s (x memcpy of the same round), then CPU us per get (client + daemon)")
+    for cell in (c for c in runs["base"][0] if not c.startswith("memcpy")):
+        memcpy_cell = "memcpy " + cell.split(" ", 1)[1]
+        line = []
+        for rev in ("base", "new"):
+            speed = [args.block / r[cell][0] / 1e3 for r in runs[rev]]
+            ratio = [r[memcpy_cell][0] / r[cell][0] for r in runs[rev]]
+            cpu = [r[cell][1] + r[cell][2] for r in runs[rev]]
+            line.append(f"{rev} {statistics.median(speed):5.2f} (x{statistics.median(ratio):.2f}) "
+                        f"{statistics.median(cpu):5.0f} us")
+        print(f"{cell:16s} " + " | ".join(line))
+    for cell in (c for c in runs["base"][0] if c.startswith("memcpy")):
+        speed = [args.block / r[cell][0] / 1e3 for rev in ("base", "new") for r in runs[rev]]
+        print(f"{cell:16s} {statistics.median(speed):5.2f} GB/s")
 
 
 def _worktree(path: Path, commit: str) -> Path:

@@ -59,6 +59,7 @@ from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
 from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.shared_index import SharedIndex, entries_for, extra_bytes
 from kvpool_server.tiers.ssd import SsdTier
 from kvpool_server.tiers.store import BlockStore
 
@@ -84,6 +85,7 @@ class Daemon:
         self._workers: list[LoopThread] = []
         self._arena: SharedArena | None = None
         self._generations: SlotGenerations | None = None
+        self._shared_index: SharedIndex | None = None  # the published index, with shared_index_entries
         self._store: BlockStore | None = None
         self._demoter: Demoter | None = None
         self._data: TcpListener | None = None
@@ -130,6 +132,9 @@ class Daemon:
         await self.presence.start(self._record(identity, grpc_port))
         await self.presence.set_state(NodeState.ACTIVE)
         await self._start_repair(store, identity.node_id)
+        if self._shared_index is not None:
+            drain = asyncio.get_running_loop().create_task(self._shared_index.run(store.dram, self.counters))
+            self._background.add(drain)  # cancelled at shutdown
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
         self._announce(resolved.node_id, grpc_port, self._data.port, metrics_port)
@@ -142,7 +147,8 @@ class Daemon:
         for stale in remove_stale_arenas(cfg.shm_dir):
             log.warning("removed the arena of a daemon that died", extra={"path": str(stale)})
         name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
-        extra = SlotGenerations.region_bytes(cfg.dram_capacity)
+        entries = entries_for(cfg.shared_index_entries, cfg.dram_capacity)
+        extra = extra_bytes(cfg.dram_capacity, entries)
         if cfg.prefault_arena:  # seconds per GiB: say so before the wait
             log.info("prefaulting the DRAM arena", extra={"bytes": cfg.dram_capacity, "shm_dir": cfg.shm_dir})
         mapped = time.monotonic()
@@ -150,13 +156,15 @@ class Daemon:
         log.info("DRAM arena ready", extra={"bytes": cfg.dram_capacity, "seconds": round(time.monotonic() - mapped, 2)})
         arena_id = int.from_bytes(os.urandom(8), "little") or 1  # tells this arena from a restarted daemon's
         self._generations = SlotGenerations(self._arena.extra, cfg.dram_capacity, arena_id)
+        self._shared_index = SharedIndex(self._arena, entries, arena_id) if entries else None
         ssd = await asyncio.to_thread(self._open_ssd) if cfg.ssd_dir else None  # scans segments
         on_evict = count_lost_evictions(ssd, self.counters) if ssd is not None else None
         allocator = SlabAllocator(cfg.dram_capacity, cfg.slab_size)
         policy = POLICIES[cfg.eviction_policy]
         dram = DramTier(self._arena, allocator, self.counters, policy_factory=policy, on_evict=on_evict,
                         namespace_quota=cfg.namespace_quota,
-                        generations=self._generations)
+                        generations=self._generations,
+                        published=self._shared_index.table if self._shared_index is not None else None)
         self._store = BlockStore(dram, ssd, self.counters, promote_on_hit=cfg.ssd_promote_on_hit,
                                  write_through=cfg.ssd_write_through, io_threads=cfg.ssd_io_threads,
                                  read_ahead=min(cfg.ssd_read_ahead, cfg.dram_capacity // 4))
@@ -169,8 +177,10 @@ class Daemon:
         """The arena as same-node clients map it (the ``shm`` transport)."""
         assert self._arena is not None and self._generations is not None
         arena = self._arena
+        index = self._shared_index
         return SharedArenaIdentity(str(arena.path), arena.capacity, self._generations.arena_id, arena.capacity,
-                                   self.config.verify_checksum_on_get)
+                                   self.config.verify_checksum_on_get, index.offset if index is not None else 0,
+                                   index.marks_path if index is not None else "")
 
     def _open_ssd(self) -> SsdTier:
         cfg = self.config
@@ -361,6 +371,8 @@ class Daemon:
             await asyncio.to_thread(self._metrics.stop, max(0.1, min(1.0, deadline - time.monotonic())))
         if self._grpc is not None:
             await self._grpc.stop(grace=max(0.1, deadline - time.monotonic()))
+        if self._shared_index is not None:  # retired first: readers of its table map the next arena
+            self._shared_index.close()
         if self._generations is not None:
             self._generations.close()
         if self._arena is not None:

@@ -57,8 +57,9 @@ class DaemonProcess:
         """Delete the announce file and log, and the arena a killed daemon left (after :meth:`stop`)."""
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self.process.poll() is not None:  # a clean exit removed it; a SIGKILL did not
-            for arena in Path(shm_dir).glob(f"{ARENA_PREFIX}{self.process.pid}-*"):
-                arena.unlink(missing_ok=True)
+            for pattern in (f"{ARENA_PREFIX}{self.process.pid}-*", f"{ARENA_PREFIX}marks-{self.process.pid}-*"):
+                for arena in Path(shm_dir).glob(pattern):  # the arena, and the shared index's hit marks
+                    arena.unlink(missing_ok=True)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Signal the daemon and wait; SIGKILL if it does not exit in ``timeout``."""

@@ -26,7 +26,9 @@ index, :mod:`kvpool_client.wire.published`), a block the client never read is fo
 there the same way, lock-free, and each such read is marked for the node's eviction
 order. A block missing from the table, or one whose entry is being rewritten, is
 located by asking, as before. A table the node retired (it shut down) marks the
-mapping stale, so the node's next arena is mapped.
+mapping stale, so the node's next arena is mapped; one whose heartbeat stopped (the
+node was killed, or hangs) is not read: the client asks, and a restarted node's
+answer names its new arena, which marks the mapping stale too.
 
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
@@ -181,7 +183,10 @@ class SharedArena:
         if not reader.live:  # the node shut down: its next arena is another file
             self.stale = True
             return None
-        marks.mark(entry.index, time.monotonic_ns() >> MARK_SHIFT)
+        now = time.monotonic_ns()
+        if not reader.beating(now):  # killed (or hung): its answer says which arena it serves now
+            return None
+        marks.mark(entry.index, now >> MARK_SHIFT)
         return Location(entry.offset, entry.length, entry.generation), entry.checksum
 
     def unchanged(self, location: Location) -> bool:

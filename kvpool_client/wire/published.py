@@ -19,15 +19,20 @@ so a key whose digest is 0 is given 1 instead.
 Layout (8-byte words, little endian: readers run on x86-64 only), at the offset server
 info announces, inside the arena file after the slot generations::
 
-    magic "KVPIDX01" | arena_id | entries | probe_limit | state | zero padding to 64 bytes
+    magic "KVPIDX01" | arena_id | entries | probe_limit | state | heartbeat | zero padding to 64 bytes
     entries * 64 bytes: seq | digest_lo | digest_hi | offset | length | checksum | generation | spare
 
 ``entries`` is a power of two. A key lives within ``probe_limit`` entries of its home
 entry (``digest_lo mod entries``), linear probing with wrap-around; an empty entry
 (digest 0) ends a probe. A withdrawn block leaves a tombstone (digest kept, length 0):
-probes go on past it, and a publish reuses it. ``state`` is :data:`LIVE` while the
-daemon serves this arena and :data:`RETIRED` once it shut down: a reader of a retired
-table maps the node's new arena.
+probes go on past it, and a publish reuses it.
+
+``state`` is :data:`LIVE` while the daemon serves this arena and :data:`RETIRED` once
+it shut down: a reader of a retired table maps the node's new arena. A daemon killed
+outright cannot say so; ``heartbeat`` (monotonic nanoseconds, which every process of
+a host shares) tells: the daemon renews it every :data:`BEAT_INTERVAL_S`, and a reader
+that finds it older than :data:`BEAT_LIMIT_NS` asks the daemon instead, whose answer
+names its arena (a restarted daemon's is another one).
 
 Readers mark each read through an entry in a separate *hit marks* file (the arena is
 read-only to them), so the daemon's eviction order still sees those reads, batched:
@@ -58,8 +63,10 @@ ENTRY_WORDS = ENTRY_BYTES // 8
 HEADER_WORDS = HEADER_BYTES // 8
 DEFAULT_PROBE_LIMIT = 16
 LIVE, RETIRED = 1, 2
-_HEADER = struct.Struct("<8sQQQQ")
-STATE_WORD = 4  # the header word holding ``state``
+_HEADER = struct.Struct("<8sQQQQQ")
+STATE_WORD, HEARTBEAT_WORD = 4, 5  # the header words holding ``state`` and ``heartbeat``
+BEAT_INTERVAL_S = 0.1
+BEAT_LIMIT_NS = 1_000_000_000  # a table whose daemon has not beaten for this long is not trusted
 # Word offsets within an entry.
 SEQ, DIGEST_LO, DIGEST_HI, OFFSET, LENGTH, CHECKSUM, GENERATION = range(7)
 _MASK64 = (1 << 64) - 1
@@ -73,6 +80,7 @@ class IndexHeader:
     entries: int  # a power of two
     probe_limit: int
     state: int = LIVE
+    heartbeat: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -123,7 +131,7 @@ def key_digest(namespace: bytes, block_hash: bytes) -> tuple[int, int]:
 
 
 def encode_header(header: IndexHeader) -> bytes:
-    packed = _HEADER.pack(MAGIC, header.arena_id, header.entries, header.probe_limit, header.state)
+    packed = _HEADER.pack(MAGIC, header.arena_id, header.entries, header.probe_limit, header.state, header.heartbeat)
     return packed.ljust(HEADER_BYTES, b"\0")
 
 
@@ -131,12 +139,12 @@ def decode_header(data: bytes | memoryview) -> IndexHeader:
     """Raises ValueError: not a published index header of this version, or an impossible one."""
     if len(data) < HEADER_BYTES:
         raise ValueError(f"published index header is {len(data)} bytes, expected {HEADER_BYTES}")
-    magic, arena_id, entries, probe_limit, state = _HEADER.unpack(bytes(data[: _HEADER.size]))
+    magic, arena_id, entries, probe_limit, state, heartbeat = _HEADER.unpack(bytes(data[: _HEADER.size]))
     if magic != MAGIC:
         raise ValueError(f"not a kvpool published index (magic {magic!r})")
     if entries <= 0 or entries & (entries - 1) or not 0 < probe_limit <= entries:
         raise ValueError(f"published index of {entries} entries with probe limit {probe_limit}")
-    return IndexHeader(arena_id, entries, probe_limit, state)
+    return IndexHeader(arena_id, entries, probe_limit, state, heartbeat)
 
 
 class PublishedReader:
@@ -161,6 +169,10 @@ class PublishedReader:
     def live(self) -> bool:
         """Whether the daemon still serves this table (False once it shut down)."""
         return self._words[STATE_WORD] == LIVE
+
+    def beating(self, now_ns: int) -> bool:
+        """Whether the daemon renewed its heartbeat within :data:`BEAT_LIMIT_NS` of ``now_ns``."""
+        return now_ns - self._words[HEARTBEAT_WORD] < BEAT_LIMIT_NS
 
     def find(self, namespace: str, block_hash: bytes) -> PublishedEntry | None:
         """The block's entry, read consistently; None: not published, being rewritten, or withdrawn."""

@@ -30,6 +30,7 @@ from kvpool_client.wire.published import (
     HEADER_WORDS,
     LENGTH,
     OFFSET,
+    HEARTBEAT_WORD,
     RETIRED,
     STATE_WORD,
     IndexHeader,
@@ -127,9 +128,17 @@ class PublishedIndex:
             if not words[base + DIGEST_LO] or words[base + LENGTH]:
                 break
 
+    def holds(self, block: int) -> bool:
+        """Whether block ``block`` is published."""
+        return block < len(self._entry_of) and self._entry_of[block] >= 0
+
     def block_at(self, index: int) -> int:
         """The block entry ``index`` holds, or -1."""
         return self._block_of[index]
+
+    def beat(self, now_ns: int) -> None:
+        """Renew the heartbeat (monotonic nanoseconds): readers trust the table while it is recent."""
+        self._words[HEARTBEAT_WORD] = now_ns
 
     def retire(self) -> None:
         """Tell readers this table is no longer served (the daemon is stopping)."""

@@ -148,7 +148,9 @@ class DramTier:
         if known_checksum is None:  # outside the lock: the writer owns the slot
             known_checksum = checksum(self.view(entry))
         block, blocks = entry.ident, self._blocks
-        digest = self._published.digest(entry.key) if self._published is not None else None
+        # A block read ahead is published once a client read it through the daemon (see publish_read).
+        shared = self._published is not None and not blocks.read_ahead[block]
+        digest = self._published.digest(entry.key) if shared and self._published is not None else None
         with self._lock:
             blocks.checksum[block] = known_checksum
             blocks.flags[block] |= COMPLETE
@@ -197,6 +199,25 @@ class DramTier:
                 if entry.readable:
                     self._blocks.last_access[entry.ident] = next(self._ticks)
                     self._policies[entry.slot_size].touch(entry.ident)
+
+    def publish_read(self, entries: Iterable[BlockEntry]) -> None:
+        """Publish blocks read ahead from SSD that a client has now read through the daemon.
+
+        They are held back from the shared index until then: a same-node client reading
+        them there would go unseen by the read-ahead, which follows a client's reads of
+        them to keep its stream going.
+        """
+        published = self._published
+        if published is None:
+            return
+        digests = [(entry, published.digest(entry.key)) for entry in entries]
+        skipped = 0
+        with self._lock:
+            for entry, digest in digests:
+                if entry.readable and not published.holds(entry.ident):
+                    skipped += not self._publish(entry.ident, digest)
+        if skipped:
+            self._counters.add("shared_index_skipped", skipped)
 
     def touch_published(self, entries: Sequence[int]) -> int:
         """Refresh the blocks in these published entries, in order: same-node clients read them

@@ -13,16 +13,20 @@ blocks refreshed, once per drain each).
 The table sits in the arena file after the slot generations, on a cache line; the
 marks file is created next to the arena, locked like it (so a daemon that died
 leaves nothing behind: :func:`~kvpool_server.alloc.arena.remove_stale_arenas`), and
-writable by the arena's group, whose members may read the arena.
+writable by the arena's group, whose members may read the arena. The daemon also
+renews the table's heartbeat every 0.1 s, by which readers tell a killed daemon's
+table from a live one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 
-from kvpool_client.wire.published import DEFAULT_PROBE_LIMIT, aligned_offset, marks_bytes, table_bytes
-from kvpool_server.alloc.arena import SharedArena
+from kvpool_client.wire.published import BEAT_INTERVAL_S, DEFAULT_PROBE_LIMIT, aligned_offset, marks_bytes, table_bytes
+from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.index.published import HitMarks, PublishedIndex
 from kvpool_server.stats import Counters
@@ -31,20 +35,33 @@ from kvpool_server.tiers.dram import DramTier
 log = logging.getLogger("kvpool.server")
 
 DRAIN_INTERVAL_S = 0.5
+BEATS_PER_DRAIN = round(DRAIN_INTERVAL_S / BEAT_INTERVAL_S)
 FULL_DRAIN_EVERY = 20  # every 10 s each mark is compared, dirty chunk or not (see HitMarks)
 ARENA_BYTES_PER_ENTRY = 32 * 1024  # the default size: two entries per 64 KiB of arena
 MIN_ENTRIES = 1024
 _MARKS_MODE = 0o660  # the daemon and its group (same-node readers) write marks; nobody else reads them
 
 
-def default_entries(dram_capacity: int) -> int:
-    """Entries for an arena of ``dram_capacity`` bytes: two per 64 KiB, a power of two (at least 1024)."""
-    return power_of_two(max(MIN_ENTRIES, dram_capacity // ARENA_BYTES_PER_ENTRY))
+def entries_for(setting: int, dram_capacity: int) -> int:
+    """The table size the ``shared_index_entries`` setting asks for (0: no table).
+
+    -1 sizes it from the arena: two entries per 64 KiB (at least 1024); other values
+    are rounded up to a power of two.
+    """
+    if setting < 0:
+        return power_of_two(max(MIN_ENTRIES, dram_capacity // ARENA_BYTES_PER_ENTRY))
+    return power_of_two(setting) if setting else 0
 
 
 def power_of_two(entries: int) -> int:
     """``entries`` rounded up to a power of two."""
     return 1 << max(0, entries - 1).bit_length()
+
+
+def marks_name(arena_name: str) -> str:
+    """The marks file's name beside arena ``kvpool-<pid>-<n>``: ``kvpool-marks-<pid>-<n>`` (found by the
+    stale-arena sweep, not by globs for one daemon's arena)."""
+    return arena_name.replace(ARENA_PREFIX, f"{ARENA_PREFIX}marks-", 1)
 
 
 def table_offset(capacity: int) -> int:
@@ -76,11 +93,12 @@ class SharedIndex:
     def __init__(self, arena: SharedArena, entries: int, arena_id: int, probe_limit: int = DEFAULT_PROBE_LIMIT) -> None:
         self.offset = table_offset(arena.capacity)
         self.table = PublishedIndex(arena.extra[self.offset - arena.capacity :], entries, arena_id, probe_limit)
-        self._marks_file = SharedArena(str(arena.path.parent), f"{arena.path.name}-marks", marks_bytes(entries),
+        self._marks_file = SharedArena(str(arena.path.parent), marks_name(arena.path.name), marks_bytes(entries),
                                        mode=_MARKS_MODE)
         self.marks_path = str(self._marks_file.path)
         self._marks = HitMarks(self._marks_file.view, entries)
         self._drains = 0
+        self.table.beat(time.monotonic_ns())
 
     def drain(self, dram: DramTier, counters: Counters) -> int:
         """Refresh the blocks read through the table since the last drain; returns how many."""
@@ -91,10 +109,14 @@ class SharedIndex:
             counters.add("shared_index_touches", touched)
         return touched
 
-    async def run(self, dram: DramTier, counters: Counters, interval_s: float = DRAIN_INTERVAL_S) -> None:
-        """Drain every ``interval_s`` until cancelled (a failed drain is logged, not fatal)."""
-        while True:
-            await asyncio.sleep(interval_s)
+    async def run(self, dram: DramTier, counters: Counters) -> None:
+        """Renew the heartbeat every :data:`BEAT_INTERVAL_S` and drain every :data:`DRAIN_INTERVAL_S`,
+        until cancelled (a failed drain is logged, not fatal)."""
+        for beats in itertools.count(1):
+            await asyncio.sleep(BEAT_INTERVAL_S)
+            self.table.beat(time.monotonic_ns())
+            if beats % BEATS_PER_DRAIN:
+                continue
             try:
                 self.drain(dram, counters)
             except Exception as exc:  # the marks are a hint: losing one drain costs only recency

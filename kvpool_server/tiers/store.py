@@ -357,6 +357,7 @@ class BlockStore:
             return
         for entry in hits:
             entry.read_ahead = False
+        self.dram.publish_read(hits)  # held back from the shared index until now
         assert self.ssd is not None
         self.ssd.touch([entry.key for entry in reversed(hits)])
         self._counters.add("ssd_read_ahead_hits", len(hits))

@@ -288,7 +288,8 @@ def test_batch_over_max_keys_is_split(daemon_factory: Callable[..., DaemonProces
     daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--max-keys-per-request", "8")
     keys = new_keys(ns, 30)
     blocks = [pattern(k, 4096) for k in keys]
-    with KVPoolClient([daemon.address]) as c:
+    # location_ttl_s 0: a same-node get asks the node (LOCATE) rather than reading its shared index.
+    with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), location_ttl_s=0.0)) as c:
         assert c.server_info(daemon.address).limits.max_keys == 8
         before = counters(c, daemon)
         put = c.put(keys, blocks)
@@ -450,7 +451,9 @@ def test_lru_eviction_at_tiny_capacity(daemon_factory: Callable[..., DaemonProce
     daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB")  # 16 slots of 256 KiB
     keys = new_keys(ns, 21)
     blocks = [pattern(k, 256 * KiB) for k in keys]
-    with KVPoolClient([daemon.address]) as c:
+    # Every get asks the node, so its recency moves at once (reads through a same-node client's shared
+    # index reach it within half a second: tests/integration/test_shm_index.py).
+    with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), location_ttl_s=0.0)) as c:
         for i in range(16):  # one at a time: insertion order is the LRU order
             assert c.put([keys[i]], [blocks[i]]).statuses == (OK,)
         assert c.exists(keys[:16]) == [True] * 16, "16 blocks of 256 KiB must fit in 4 MiB"

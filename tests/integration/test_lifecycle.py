@@ -18,8 +18,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool_client.wire.generations import GRANULE, GenerationsHeader
+from kvpool_client.wire.published import aligned_offset, table_bytes
 from kvpool_client import AsyncKVPoolClient, BlockKey, ErrorCode, KVPoolClient
 from kvpool_client.wire import GetRequest, Op, StatusResponse, encode
+from kvpool_server.tiers.shared_index import entries_for
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection, put_frame
 from tests.support.waiting import wait_until
@@ -112,7 +114,9 @@ def test_signal_stops_cleanly(daemon_factory: Callable[..., DaemonProcess], sig:
     files = arena_files(daemon.process.pid)
     assert len(files) == 1, f"expected one arena file, found {files}"
     generations = GenerationsHeader(arena_id=0, granule=GRANULE, count=32 * MiB // GRANULE).nbytes
-    assert os.path.getsize(files[0]) == 32 * MiB + generations, "the arena, then its slot generations"
+    index = table_bytes(entries_for(-1, 32 * MiB))
+    assert os.path.getsize(files[0]) == aligned_offset(32 * MiB + generations) + index, \
+        "the arena, then its slot generations, then its shared index on a cache line"
     with KVPoolClient([daemon.address]) as client:  # idle pooled connections stay open across the stop
         round_trip(daemon, client)
         started = time.monotonic()
@@ -121,6 +125,7 @@ def test_signal_stops_cleanly(daemon_factory: Callable[..., DaemonProcess], sig:
     assert code == 0, f"exit code {code} after {sig.name}\n{daemon.log()}"
     assert took < GRACE_S, f"took {took:.1f}s to stop, grace is {GRACE_S}s\n{daemon.log()}"
     assert arena_files(daemon.process.pid) == [], "the shared-memory arena was left behind"
+    assert not glob.glob(f"/dev/shm/kvpool-marks-{daemon.process.pid}-*"), "the hit marks were left behind"
     assert "stopped" in daemon.log() and "Traceback" not in daemon.log(), daemon.log()
 
 
@@ -300,12 +305,13 @@ def test_pooled_client_survives_daemon_restart(daemon_factory: Callable[..., Dae
 def test_arena_of_a_killed_daemon_is_removed_by_the_next_start(
     daemon_factory: Callable[..., DaemonProcess], tmp_path: Path
 ) -> None:
-    """SIGKILL leaves the arena in tmpfs; the next daemon on the node reclaims it."""
+    """SIGKILL leaves the arena and its shared index's hit marks in tmpfs; the next daemon on the node reclaims them."""
     shm = str(tmp_path)
     first = daemon_factory("--dram-capacity", "8MiB", "--slab-size", "1MiB", "--shm-dir", shm)
-    (left,) = list(tmp_path.glob("kvpool-*"))
+    left = sorted(tmp_path.glob("kvpool-*"))
+    assert [path.name.split("-")[1] for path in left] == [str(first.process.pid), "marks"], left
     first.stop(signal.SIGKILL)
-    assert left.exists(), "SIGKILL cannot remove the arena: the next start must"
+    assert all(path.exists() for path in left), "SIGKILL cannot remove the arena: the next start must"
     second = daemon_factory("--dram-capacity", "8MiB", "--slab-size", "1MiB", "--shm-dir", shm)
     remaining = list(tmp_path.glob("kvpool-*"))
-    assert not left.exists() and len(remaining) == 1, (remaining, second.log())
+    assert not any(path.exists() for path in left) and len(remaining) == 2, (remaining, second.log())

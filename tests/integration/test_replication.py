@@ -190,7 +190,8 @@ def test_quorum_two_of_three_with_a_dead_node_reports_where_keys_went(trio: Loca
 def test_a_draining_node_takes_no_writes_and_keeps_serving_reads(trio: LocalCluster) -> None:
     drained = trio.daemons[0]
     old_keys, new = new_keys(), new_keys()
-    with KVPoolClient(config=config_for(trio, replicas=2, write_quorum=2)) as client:
+    # location_ttl_s 0: every get asks its node (none reads a same-node shared index), so the node counts it.
+    with KVPoolClient(config=config_for(trio, replicas=2, write_quorum=2, location_ttl_s=0.0)) as client:
         before = client.put(old_keys, [pattern(k) for k in old_keys])
         held = [k for k, nodes in zip(old_keys, before.stored_on) if drained.address in nodes]
         assert held and before.ok

@@ -4,18 +4,21 @@ a DRAM tier publishing into it, a hit marks file, and a client mapping of both i
 The properties under test: a block never read before is copied with no request at all; a
 block deleted, evicted or whose slot was reused is never served from a stale entry (the
 node is asked instead); reads through the table keep their blocks in the eviction order
-once the marks are drained; a retired table sends the client to the node's next arena.
+once the marks are drained; a retired table, or one whose heartbeat stopped, sends the
+client to the node.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from kvpool_client import exchange
 from kvpool_client.control import SharedArenaInfo
@@ -23,6 +26,7 @@ from kvpool_client.errors import ErrorCode
 from kvpool_client.exchange import Send
 from kvpool_client.transport.shm import SharedArena
 from kvpool_client.wire import GetResponse, LocateRequest, WireLimits, encode
+from kvpool_client.wire.published import BEAT_LIMIT_NS
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
@@ -240,3 +244,38 @@ def test_an_index_of_another_arena_is_not_read(node: Node) -> None:
     node.put(1)
     info = dataclasses.replace(node.info, index_offset=node.info.generations_offset)  # the generations, not the table
     assert SharedArena(info, location_ttl_s=1.0).published is None
+
+
+def test_a_table_whose_heartbeat_stopped_is_not_read(node: Node) -> None:
+    """A killed daemon cannot retire its table; its silence does: the node is asked, and its
+    answer for another arena (a restarted daemon's) marks the mapping stale."""
+    node.put(1)
+    reader = node.reader()
+    node.index.table.beat(time.monotonic_ns() - BEAT_LIMIT_NS)
+    sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
+    assert len(sent) == 1 and statuses == [OK] and not reader.stale, "asked; the same arena answered"
+    payload = data_for(1)
+    frames = [locate_answer(node, 3, [k(1)], arena_id=0xBEEF),
+              encode(GetResponse(3, [int(OK)], [len(payload)], [xxhash.xxh3_64_intdigest(payload)]))]
+    request, reader = LocateRequest(3, NS, [k(1)[1]]), node.reader()  # one that knows no location yet
+    _, (statuses, filled) = drive(exchange.get_shared(request, [None], LIMITS, True, reader), frames, [payload])
+    assert reader.stale and statuses == [OK] and bytes(filled[0]) == payload
+    node.index.table.beat(time.monotonic_ns())
+    assert shm_get(node.reader(), [k(1)], [])[0] == [], "beating again: read without asking"
+
+
+def test_a_block_read_ahead_is_published_once_a_client_read_it(node: Node) -> None:
+    """Until then its reads must reach the daemon, whose read-ahead follows them."""
+    entry = node.tier.reserve(k(1), BLOCK)
+    assert isinstance(entry, BlockEntry)
+    entry.read_ahead = True  # what the SSD read-ahead marks before it commits the block
+    node.tier.view(entry)[:] = data_for(1)
+    node.tier.commit(entry)
+    assert len(shm_get(node.reader(), [k(1)], [locate_answer(node, 3, [k(1)])])[0]) == 1, "asked the node"
+    held = node.tier.acquire(k(1))  # the client's read through the daemon (BlockStore clears the mark)
+    assert held is not None
+    held.read_ahead = False
+    node.tier.publish_read([held])
+    node.tier.release(held)
+    sent, statuses, filled = shm_get(node.reader(), [k(1)], [])
+    assert sent == [] and statuses == [OK] and bytes(filled[0]) == data_for(1)
