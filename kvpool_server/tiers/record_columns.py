@@ -32,6 +32,7 @@ from kvpool_server.tiers.records import (
 )
 
 _LENGTHS = struct.Struct("<HHxxQ")  # namespace, hash and payload lengths, 6 bytes into a header
+_LENGTH_FIELDS = np.dtype([("ns_len", "<u2"), ("hash_len", "<u2"), ("reserved", "<u2"), ("payload_len", "<u8")])
 _HEADER = np.dtype([("magic", "S4"), ("version", "u1"), ("flags", "u1"), ("ns_len", "<u2"), ("hash_len", "<u2"),
                     ("reserved", "<u2"), ("payload_len", "<u8"), ("payload_sum", "<u8"), ("key_sum", "<u4"),
                     ("header_sum", "<u4")])
@@ -95,18 +96,44 @@ def _record_len(view: memoryview, offset: int) -> int:
     return HEADER_SIZE + ns_len + hash_len + payload_len
 
 
+def _candidate_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -> np.ndarray:
+    """Where records would start from ``offset`` on, going by their length fields alone (checked later).
+
+    Records of one size follow each other at a constant stride: a whole stretch of them is
+    recognised at once, with one look at every length field through a strided view; the
+    lengths are followed a record at a time only where the size changes.
+    """
+    starts: list[np.ndarray] = []
+    count = 0
+    unpack = _LENGTHS.unpack_from
+    while offset + HEADER_SIZE <= size and count < _CHUNK_RECORDS:
+        ns_len, hash_len, payload_len = unpack(view, offset + 6)
+        stride = HEADER_SIZE + ns_len + hash_len + payload_len
+        if offset + stride > size:
+            break
+        same = _same_size_run(array, offset, stride, min(_CHUNK_RECORDS - count, (size - offset) // stride))
+        starts.append(offset + stride * np.arange(same, dtype=np.int64))
+        count += same
+        offset += stride * same
+    return np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+
+
+def _same_size_run(array: np.ndarray, offset: int, stride: int, most: int) -> int:
+    """How many records from ``offset`` on (at least the first, at most ``most``) claim ``stride`` bytes."""
+    if most <= 1:
+        return 1
+    fields = np.lib.stride_tricks.as_strided(array[offset + 6 :], shape=(most, _LENGTH_FIELDS.itemsize),
+                                             strides=(stride, 1), writeable=False)
+    lengths = np.ascontiguousarray(fields).view(_LENGTH_FIELDS)[:, 0]
+    claimed = HEADER_SIZE + lengths["ns_len"].astype(np.int64) + lengths["hash_len"] + lengths["payload_len"].astype(
+        np.int64)
+    differs = np.flatnonzero(claimed != stride)
+    return int(differs[0]) if len(differs) else most
+
+
 def _sound_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -> np.ndarray:
     """Starts of the plainly sound records from ``offset`` on, up to the first that is not (or a chunk's worth)."""
-    starts: list[int] = []
-    unpack = _LENGTHS.unpack_from
-    while offset + HEADER_SIZE <= size and len(starts) < _CHUNK_RECORDS:
-        ns_len, hash_len, payload_len = unpack(view, offset + 6)
-        end = offset + HEADER_SIZE + ns_len + hash_len + payload_len
-        if end > size:
-            break
-        starts.append(offset)
-        offset = end
-    found = np.array(starts, dtype=np.int64)
+    found = _candidate_starts(view, array, offset, size)
     if not len(found):
         return found
     headers = _rows(array, found, HEADER_SIZE).view(_HEADER)[:, 0]
