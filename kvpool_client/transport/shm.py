@@ -41,7 +41,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
@@ -59,8 +59,7 @@ class SharedArenaUnavailable(KVPoolError):
     code = ErrorCode.UNAVAILABLE
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
+class Location(NamedTuple):  # a tuple: made on every get, at a third of a dataclass's cost
     """Where one block lies in the arena, and its slot's generation when it was located."""
 
     offset: int
@@ -186,8 +185,9 @@ class SharedArena:
         now = time.monotonic_ns()
         if not reader.beating(now):  # killed (or hung): its answer says which arena it serves now
             return None
-        marks.mark(entry.index, now >> MARK_SHIFT)
-        return Location(entry.offset, entry.length, entry.generation), entry.checksum
+        index, offset, length, checksum, generation = entry
+        marks.mark(index, now >> MARK_SHIFT)
+        return Location(offset, length, generation), checksum
 
     def unchanged(self, location: Location) -> bool:
         """Whether the block's slot is still in the generation it was located in."""
