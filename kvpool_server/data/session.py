@@ -265,7 +265,14 @@ class Session:
             request begun, or None for the next frame (not read yet).
         """
         assert self._pollable is not None
+        limits = self._config.limits
         while self._reader.buffered:
+            one = decode_get_one_request(self._reader.pending, limits) if self._authenticated else None
+            if one is not None:  # the usual single-block get, read in place
+                begun = self._answer_get_one(*one)
+                if begun is not None:
+                    return begun
+                continue
             request, started = self._whole_request()
             if request is None:
                 return None
@@ -284,21 +291,37 @@ class Session:
         self._last_served = time.monotonic()
         return False
 
+    def _answer_get_one(self, request_id: int, namespace: str, block: bytes, size: int) -> _Answer | None:
+        """Answer a one-key GET of ``size`` bytes read in place (:func:`decode_get_one_request`) as
+        :meth:`_begin`, :meth:`_reply` and :meth:`_end` answer a GET, without their per-key
+        lists; returns the request begun when :meth:`run` must finish it (its block is on
+        SSD, or the socket did not take the whole reply), None once answered."""
+        assert self._pollable is not None
+        started = time.perf_counter()
+        self._reader.skip(size)
+        self._counters.add("requests_get")
+        key = (namespace, block)
+        held = self._store.acquire_dram_one(key)
+        if held is None and self._store.on_ssd(key):
+            return _Answer(GetRequest(request_id, namespace, [block]), [key], [None], started)
+        try:
+            unsent = self._pollable.send_now(self._get_one_reply(request_id, held))
+        except BaseException:
+            self._store.release((held,))
+            raise
+        if unsent:
+            return _Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, unsent)
+        self._store.release((held,))
+        self._latencies.observe(_OP_NAMES[Op.GET], time.perf_counter() - started)
+        return None
+
     def _whole_request(self) -> tuple[Request | None, float]:
         """The next buffered frame, decoded and taken from the buffer, if it is a request
         without payload that has arrived whole; else (None, 0), and the frame stays buffered."""
-        if not self._authenticated:
+        raw = self._reader.peek(0, HEADER_SIZE)
+        if raw is None or not self._authenticated:
             return None, 0.0
         started = time.perf_counter()
-        one = decode_get_one_request(self._reader.pending, self._config.limits)
-        if one is not None:  # the usual single-block get, read in place
-            request_id, namespace, block, size = one
-            self._reader.skip(size)
-            self._counters.add("requests_get")
-            return GetRequest(request_id, namespace, [block]), started
-        raw = self._reader.peek(0, HEADER_SIZE)
-        if raw is None:
-            return None, 0.0
         try:
             header = decode_header(raw, self._config.limits)
             if header.payload_len or header.op not in _WITHOUT_PAYLOAD:

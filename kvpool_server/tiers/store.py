@@ -272,6 +272,19 @@ class BlockStore:
             self._note_read_ahead_hits(entries)
         return [None if e is None else self._dram_held(e) for e in entries]
 
+    def acquire_dram_one(self, key: StoreKey) -> HeldBlock | None:
+        """:meth:`acquire_dram` of one key, without its lists (a single-block get)."""
+        entry = self.dram.acquire(key)
+        if entry is None:
+            return None
+        if self._planner is not None:
+            self._note_read_ahead_hits((entry,))
+        return self._dram_held(entry)
+
+    def on_ssd(self, key: StoreKey) -> bool:
+        """Whether the SSD tier holds ``key``: a DRAM miss of it that :meth:`acquire_rest` must read."""
+        return self.ssd is not None and self.ssd.contains(key)
+
     def wants_ssd(self, keys: Sequence[StoreKey], held: Sequence[HeldBlock | None]) -> bool:
         """Whether some key ``held`` misses is on the SSD tier: :meth:`acquire_rest` must read it."""
         return bool(self._ssd_misses(keys, held))

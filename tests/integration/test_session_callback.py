@@ -128,6 +128,32 @@ def test_a_reply_the_socket_cannot_take_is_finished_by_the_loop(node: DaemonProc
     assert _dram_usage(node) == empty, f"pins left after the reply was sent: {_dram_usage(node)} vs {empty}"
 
 
+def test_a_one_block_reply_the_socket_cannot_take_is_finished_by_the_loop(
+    daemon_factory: Callable[..., DaemonProcess],
+) -> None:
+    """A one-key GET (read in place by the callback) whose 12 MiB block overflows both socket
+    buffers: sent part-way, finished by the loop, its block pinned until the last byte left."""
+    daemon = daemon_factory("--dram-capacity", "64MiB", "--slab-size", "16MiB")
+    (h, data), = _blocks(1, 12 << 20)
+    key = BlockKey(NS, h)
+    with KVPoolClient([daemon.address]) as client:
+        empty = _dram_usage(daemon)
+        assert client.put([key], [data]).stored == 1
+        with RawConnection(daemon.data_address, timeout=10, receive_buffer=64 << 10) as reader:
+            reader.send(encode(GetRequest(1, NS, [h])) + encode(PingRequest(2)))
+            assert reader.sock.recv(1, socket.MSG_PEEK), "the node closed the connection instead of replying"
+            assert client.delete([key]) == [True]
+            pinned = _dram_usage(daemon)
+            reply, pong = reader.read_frame(), reader.read_frame()
+        assert pinned[0] == empty[0] and pinned[1] > empty[1], f"the block of an unsent reply was freed: {pinned}"
+        assert isinstance(reply.message, GetResponse) and reply.payload == data, reply.message
+        assert isinstance(pong.message, PingResponse) and pong.header.request_id == 2
+        deadline = time.monotonic() + 5
+        while _dram_usage(daemon) != empty and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _dram_usage(daemon) == empty, f"pin left after the reply was sent: {_dram_usage(daemon)} vs {empty}"
+
+
 def test_idle_timeout_counts_requests_answered_in_the_callback(daemon_factory: Callable[..., DaemonProcess]) -> None:
     """A connection busy with callback-answered pings for longer than the idle timeout stays
     open; once it falls silent it is closed."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client import BlockKey, KVPoolClient
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.errors import ErrorCode
 from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_server.tiers.records import HEADER_SIZE
@@ -92,6 +92,21 @@ def test_blocks_evicted_from_dram_come_back_from_ssd_identical(daemon_factory, s
     assert dram.evictions >= 32 and from_ssd >= 32 and ssd.promotions >= 32, f"dram {dram}, ssd {ssd}"
     assert counters["dram_evictions_lost"] == 0, f"counters {dict(counters)}"
     assert ssd.corrupt_blocks == 0 and not ssd.failure, f"{ssd}"
+
+
+def test_single_block_gets_of_blocks_on_ssd_alone_come_back_identical(daemon_factory, ssd_dir: Path) -> None:
+    """A one-key GET the daemon reads in place still goes to its loop when the block is on SSD only."""
+    node = daemon_factory(*ssd_flags(ssd_dir, "--ssd-demote-share", "1.0"))
+    blocks = keys(24)  # 6 MiB through a 4 MiB DRAM tier: the first ones are on SSD alone
+    with KVPoolClient(config=ClientConfig(nodes=(node.address,), transport="tcp")) as pool:  # GET, not LOCATE
+        for start in range(0, len(blocks), 4):
+            put_demoted(pool, node.address, blocks[start : start + 4])
+        before = tier(pool, node.address, "ssd").hits
+        for key in blocks:
+            got = pool.get([key], [bytearray(BLOCK)])
+            assert got.statuses == (ErrorCode.OK,) and bytes(got.buffers[0]) == payload(key), f"{key}: {got.statuses}"
+        ssd = tier(pool, node.address, "ssd")
+    assert ssd.hits - before >= 8, f"fewer than 8 of the gets read SSD: {ssd}"
 
 
 @pytest.mark.parametrize("read_ahead", ["1MiB", "0"])
