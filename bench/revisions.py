@@ -14,10 +14,12 @@ boundary as numpy's allocator usually places them, and ``torch`` tensors, 64-byt
 measured side by side; the arena's blocks are page-aligned).
 
 ``--cold MIB`` measures cache-cold single gets instead: the daemon holds MIB MiB of distinct
-blocks and one client reads each of them once, in a shuffled order (no block was read by this
-client before, or within its 0.5 s of known locations: a scheduler's lookups, an engine's
-per-layer loads), against memcpy out of a region as large, read in the same order into the same
-destination, in the same process. It prints GB/s and the ratio to that memcpy for each revision.
+blocks and one client reads each of them once per pass, in a shuffled order (none read within
+the client's 0.5 s of known locations, none in the CPU's caches: a scheduler's lookups, an
+engine's per-layer loads), against memcpy out of a region as large, read in the same order into
+the same destination, in the same process. The first pass (``first-touch``) also maps each
+page of the arena into the client's page tables; the passes after it, one per destination
+kind, find them mapped. It prints GB/s and the ratio to that memcpy for each revision.
 
 Run: python bench/revisions.py --base HEAD~3 [--new HEAD] [--rounds 3] [--transports tcp,shm]
      [--into bytearray,numpy,torch] [--block 393216] [--cold 512]
@@ -126,10 +128,11 @@ try:
                 client.put(keys[start : start + len(views)], views).raise_for_errors()
             warm = [BlockKey("warm@u8@raw", bytes([i]) * 32) for i in range(8)]
             client.put(warm, [bytes(block)] * 8).raise_for_errors()
-            for kind in kinds:
-                target, order = destination(kind), random.Random(kind).sample(range(count), count)
+            for kind in ["first-touch", *kinds]:  # the first pass also maps each page into this process
+                target = destination(kinds[0] if kind == "first-touch" else kind)
+                order = random.Random(kind).sample(range(count), count)
                 for _ in range(3):
-                    client.get(warm, [destination(kind) for _ in warm])  # connections and mappings made
+                    client.get(warm, [destination(kinds[0]) for _ in warm])  # connections made
                 time.sleep(0.6)  # every location learned before has expired
                 daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
                 for i in order:
@@ -202,8 +205,9 @@ def _report_cold(runs: dict[str, list[dict[str, list[float]]]], args: argparse.N
     """GB/s of each revision's cold single gets and their ratio to memcpy of the same round."""
     print(f"{args.block // 1024} KiB cache-cold single gets over {args.cold} MiB, medians of {args.rounds} "
           "alternating rounds: GB/s (x memcpy of the same round), then CPU us per get (client + daemon)")
+    first = args.into.split(",")[0]
     for cell in (c for c in runs["base"][0] if not c.startswith("memcpy")):
-        memcpy_cell = "memcpy " + cell.split(" ", 1)[1]
+        memcpy_cell = "memcpy " + cell.split(" ", 1)[1].replace("first-touch", first)
         line = []
         for rev in ("base", "new"):
             speed = [args.block / r[cell][0] / 1e3 for r in runs[rev]]

@@ -116,12 +116,16 @@ class KnownLocations:
             found.append(hit)
         return found
 
-    def remember(self, namespace: str, block: bytes, location: Location, checksum: int) -> None:
+    def remember(
+        self, namespace: str, block: bytes, location: Location, checksum: int, until: float | None = None
+    ) -> None:
+        """Keep a block's location for the ttl, or until ``until`` (seconds on the clock) if sooner."""
         if not self._ttl:
             return
         if len(self._entries) >= self._capacity:
             self._entries.clear()  # hints only: start over rather than track recency here
-        self._entries[(namespace, block)] = (location, checksum, self._clock() + self._ttl)
+        expires = self._clock() + self._ttl
+        self._entries[(namespace, block)] = (location, checksum, expires if until is None else min(expires, until))
 
     def forget(self, namespace: str, block: bytes) -> None:
         self._entries.pop((namespace, block), None)
@@ -182,12 +186,16 @@ class SharedArena:
         if not reader.live:  # the node shut down: its next arena is another file
             self.stale = True
             return None
-        now = time.monotonic_ns()
-        if not reader.beating(now):  # killed (or hung): its answer says which arena it serves now
+        now, trusted = time.monotonic_ns(), reader.trusted_until()
+        if now >= trusted:  # killed (or hung): its answer says which arena it serves now
             return None
         index, offset, length, checksum, generation = entry
         marks.mark(index, now >> MARK_SHIFT)
-        return Location(offset, length, generation), checksum
+        location = Location(offset, length, generation)
+        # Kept like an answer of the node: re-reads within the ttl are cheaper still (the node hears of
+        # them as of one read a ttl, as when it is asked once a ttl), but not past the table's trust.
+        self.known.remember(namespace, block, location, checksum, until=trusted / 1e9)
+        return location, checksum
 
     def unchanged(self, location: Location) -> bool:
         """Whether the block's slot is still in the generation it was located in."""

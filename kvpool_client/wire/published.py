@@ -171,9 +171,9 @@ class PublishedReader:
         """Whether the daemon still serves this table (False once it shut down)."""
         return self._words[STATE_WORD] == LIVE
 
-    def beating(self, now_ns: int) -> bool:
-        """Whether the daemon renewed its heartbeat within :data:`BEAT_LIMIT_NS` of ``now_ns``."""
-        return now_ns - self._words[HEARTBEAT_WORD] < BEAT_LIMIT_NS
+    def trusted_until(self) -> int:
+        """When (monotonic nanoseconds) the table stops being trusted unless the daemon beats again."""
+        return self._words[HEARTBEAT_WORD] + BEAT_LIMIT_NS
 
     def find(self, namespace: str, block_hash: bytes) -> PublishedEntry | None:
         """The block's live entry, read consistently; None: not published, being rewritten, or withdrawn.

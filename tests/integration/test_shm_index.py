@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvpool_client import BlockKey, ErrorCode, KVPoolClient
+from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.wire.published import BEAT_LIMIT_NS
 from tests.integration.test_transports import connect, new_keys, pattern
 from tests.support.daemon import DaemonProcess, start_daemon
@@ -135,14 +135,16 @@ def test_a_restarted_daemon_is_read_from_its_new_arena(
 ) -> None:
     """The same keys hold other bytes after the restart: a read of the old arena would show.
 
-    A clean stop retires the old table at once. A killed daemon's table is trusted until
-    its heartbeat is :data:`BEAT_LIMIT_NS` old (its blocks are still the right bytes of
-    their keys, as for locations a client knows): reads after that must not see it.
+    A clean stop retires the old table at once (locations the client learned stay good for
+    their ttl, as without the table). A killed daemon's table is trusted until its heartbeat
+    is :data:`BEAT_LIMIT_NS` old (its blocks are still the right bytes of their keys, as for
+    known locations): reads after that must not see it.
     """
     old = daemon_factory(*SMALL)
     keys = new_keys(8)
     before, after = [pattern(k, 64 * KiB) for k in keys], [pattern(k, 64 * KiB)[::-1] for k in keys]
-    trusted_s = BEAT_LIMIT_NS / 1e9 if stop_signal == signal.SIGKILL else 0.0
+    ttl_s = ClientConfig(nodes=("-:0",)).location_ttl_s
+    trusted_s = max(ttl_s, BEAT_LIMIT_NS / 1e9) if stop_signal == signal.SIGKILL else ttl_s
     with connect(old, "shm", request_timeout_s=2.0) as reader:
         assert reader.put(keys, before).stored == 8
         assert [bytes(reader.get([k]).buffers[0]) for k in keys] == before

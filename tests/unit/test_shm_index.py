@@ -24,9 +24,9 @@ from kvpool_client import exchange
 from kvpool_client.control import SharedArenaInfo
 from kvpool_client.errors import ErrorCode
 from kvpool_client.exchange import Send
-from kvpool_client.transport.shm import SharedArena
+from kvpool_client.transport.shm import KnownLocations, SharedArena
 from kvpool_client.wire import GetResponse, LocateRequest, WireLimits, encode
-from kvpool_client.wire.published import BEAT_LIMIT_NS
+from kvpool_client.wire.published import BEAT_LIMIT_NS, MARK_SHIFT
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
@@ -34,6 +34,8 @@ from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.shared_index import SharedIndex, extra_bytes
+from tests.support.clock import FakeClock
+from tests.support.waiting import wait_until
 from tests.unit.test_shm import drive, locate_answer
 
 KiB = 1024
@@ -138,7 +140,7 @@ def test_an_entry_of_a_removed_block_is_never_served(node: Node, removal: str) -
         for i in range(2, 2 + CAPACITY // BLOCK):
             node.put(i)
         assert not node.tier.contains(k(1))
-    assert reader.known.lookup(NS, [k(1)[1]]) is None, "withdrawn from the table"
+    assert reader.published is not None and reader.published[0].find(*k(1)) is None, "withdrawn from the table"
     # A reader that found the entry just before the removal copies, then sees the slot changed.
     target = memoryview(bytearray(BLOCK))
     reader.copy_into(location, target)
@@ -279,3 +281,19 @@ def test_a_block_read_ahead_is_published_once_a_client_read_it(node: Node) -> No
     node.tier.release(held)
     sent, statuses, filled = shm_get(node.reader(), [k(1)], [])
     assert sent == [] and statuses == [OK] and bytes(filled[0]) == data_for(1)
+
+
+def test_a_block_found_in_the_table_is_known_for_the_ttl_and_marked_once_a_ttl(node: Node) -> None:
+    """As when the node is asked once a ttl: re-reads within it copy from the known location, unmarked."""
+    node.put(1)
+    reader, clock = node.reader(), FakeClock()
+    reader.known = KnownLocations(1.0, clock=clock, published=reader._find)
+    marked = []
+    for _ in range(3):
+        assert shm_get(reader, [k(1)], [])[0] == []
+        marked.append(node.index.drain(node.tier, node.counters))
+    assert marked == [1, 0, 0], "re-reads within the ttl leave no mark"
+    clock.advance(1.5)
+    tick = time.monotonic_ns() >> MARK_SHIFT
+    wait_until(lambda: time.monotonic_ns() >> MARK_SHIFT, lambda now: now != tick, "the next mark tick", 1.0)
+    assert shm_get(reader, [k(1)], [])[0] == [] and node.index.drain(node.tier, node.counters) == 1
