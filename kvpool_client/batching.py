@@ -181,7 +181,7 @@ class RequestFactory:
     def get(
         self, job: Job, targets: Sequence[memoryview | None], limits: WireLimits
     ) -> exchange.Exchange[tuple[list[int], list[memoryview | None]]]:
-        mine = [targets[i] for i in job.indices]
+        mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
         try:
             arena = self._arena_of(job.member) if self._arena_of is not None else None
         except SharedArenaUnavailable as exc:

@@ -40,7 +40,7 @@ from kvpool_client.wire import (
     decode_message,
     encode,
 )
-from kvpool_client.wire.codec import decode_get_one
+from kvpool_client.wire.codec import decode_get_one, encode_get_one_request
 
 T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20
@@ -154,8 +154,10 @@ def get(
         Per-key statuses and the filled buffers (``None`` where not OK). A stored
         block whose length differs from its target is drained: ``SIZE_MISMATCH``.
     """
-    yield Send([encode(request)])
-    expected_meta = _get_meta(len(request.hashes))
+    hashes = request.hashes
+    yield Send([encode_get_one_request(request.request_id, request.namespace, hashes[0]) if len(hashes) == 1
+                else encode(request)])
+    expected_meta = _get_meta(len(hashes))
     head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
     one = decode_get_one(head, request.request_id, limits) if len(targets) == 1 else None
     if one is not None:

@@ -316,6 +316,19 @@ def encode_get_one(request_id: int, status: int, length: int, checksum: int) -> 
     return _pack(_GET_ONE_ANSWER, *args)
 
 
+def encode_get_one_request(request_id: int, namespace: str, block: bytes) -> bytes:
+    """``encode(GetRequest(request_id, namespace, [block]))`` in one pack (a single-block get).
+
+    Raises:
+        ProtocolError: the namespace or the hash cannot be represented, or the id is out of range.
+    """
+    if not 0 < len(block) <= MAX_HASH_BYTES:
+        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
+    ns = _namespace_field(namespace)
+    args = (MAGIC, PROTOCOL_VERSION, Op.GET, 0, 0, request_id, len(ns) + _KEYS_TAIL.size + len(block), 0)
+    return _pack(_HEADER, *args) + ns + _KEYS_TAIL.pack(len(block), 1) + block
+
+
 _REQUEST_HEAD = struct.Struct("<2sBBHHQIQB")  # a keyed request's header and ns_len
 
 

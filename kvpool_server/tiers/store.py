@@ -79,9 +79,9 @@ class TierReport:
 _Read = tuple[int, BlockEntry | None, memoryview]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per block read, and frozen ones cost twice as much
 class HeldBlock:
-    """A block's bytes held for a reader until :meth:`BlockStore.release`.
+    """A block's bytes held for a reader until :meth:`BlockStore.release` (read-only to holders).
 
     ``entry`` is the DRAM pin behind ``view``; None when the bytes were read from
     SSD into a private buffer (no promotion).

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from kvpool_client.errors import ErrorCode, LimitExceeded, ProtocolError
 from kvpool_client.wire.codec import (
-    HEADER_SIZE, decode_get_one, decode_get_one_request, decode_header, decode_message, encode, encode_get_one, payload_length,
-    payload_lengths,
+    HEADER_SIZE, decode_get_one, decode_get_one_request, decode_header, decode_message, encode, encode_get_one,
+    encode_get_one_request, payload_length, payload_lengths,
 )
 from kvpool_client.wire.frames import (
     MAX_HASH_BYTES, MAX_NAMESPACE_BYTES, RESPONSE_BIT, DeleteRequest, ErrorResponse, ExistsRequest,
@@ -530,3 +530,16 @@ def test_a_one_key_get_request_not_all_here_waits():
     frame = encode(GetRequest(3, "ns", [b"h" * 32]))
     assert decode_get_one_request(bytearray(frame), LIMITS) == (3, "ns", b"h" * 32, len(frame))
     assert all(decode_get_one_request(bytearray(frame[:cut]), LIMITS) is None for cut in range(len(frame)))
+
+
+@given(request_ids, st.one_of(namespaces, st.text(max_size=300)), st.binary(max_size=MAX_HASH_BYTES + 2))
+@FUZZ
+def test_encode_get_one_request_writes_what_encode_writes(request_id, namespace, block):
+    try:
+        expected = encode(GetRequest(request_id, namespace, [block]))
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            encode_get_one_request(request_id, namespace, block)
+        return
+    assert encode_get_one_request(request_id, namespace, block) == expected
+    assert decode_get_one_request(bytearray(expected), LIMITS) == (request_id, namespace, block, len(expected))

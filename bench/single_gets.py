@@ -1,0 +1,154 @@
+"""Single-block gets over TCP, kvpool against Redis (and the raw socket), in interleaved rounds.
+
+Usage: ``.venv/bin/python bench/single_gets.py [--rounds 5] [--duration 1.5] [--sizes 64KiB,384KiB]``
+
+The cells are those of ``bench/blocks.py`` (same harness, servers, drivers and checks:
+one client process, one key per call, cache-cold blocks, page-aligned destinations,
+every block verified): kvpool's blocking client over TCP, redis-py with hiredis
+(GET, then a copy into the destination) and the raw socket stream. Each round
+measures every (system, size) once, every other round in reverse order, so a noisy
+stretch of the machine falls on every system. Prints, per cell, the medians over
+the rounds of GB/s and of the client's and the server's CPU per get (microseconds,
+user + kernel), then per size kvpool's ratios to Redis: GB/s (the median of the
+per-round ratios) and CPU per get, client + server. Writes ``single_gets.json``
+to ``--out``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import os
+import statistics
+from contextlib import ExitStack
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from bench import blocks
+from bench.cells import Cell
+from bench.harness import Pools
+from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
+from bench.workload import CellSpec, KiB, MiB
+
+SYSTEMS = ("kvpool", "redis", "socket")
+_UNITS = {"KiB": KiB, "MiB": MiB}
+
+
+def parse_size(text: str) -> int:
+    """``64KiB``, ``2MiB`` or a byte count."""
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            return int(text[: -len(unit)]) * factor
+    return int(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every cell")
+    parser.add_argument("--duration", type=float, default=1.5, help="seconds per cell")
+    parser.add_argument("--sizes", default="64KiB,384KiB", help="block sizes, comma-separated")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    parser.add_argument("--dram-capacity", default="3GiB", help="kvpool DRAM arena, also Redis maxmemory")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install a missing redis-server")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="output folder")
+    return parser.parse_args(argv)
+
+
+def start_servers(stack: ExitStack, args: argparse.Namespace, systems: list[str]) -> dict[str, Endpoint | None]:
+    endpoints: dict[str, Endpoint | None] = {}
+    if "kvpool" in systems:
+        endpoints["kvpool"] = stack.enter_context(kvpool_daemon(args.dram_capacity, "4MiB"))
+    if "redis" in systems:
+        maxmemory = args.dram_capacity.lower().replace("ib", "b")
+        endpoints["redis"] = stack.enter_context(redis_server(maxmemory, not args.no_install))
+    if "socket" in systems:
+        endpoints["socket"] = stack.enter_context(socket_server())
+    return endpoints
+
+
+def run_rounds(
+    args: argparse.Namespace, systems: list[str], sizes: list[int]
+) -> dict[tuple[str, int], list[Cell]]:
+    """Every (system, size) cell once per round; (system, size) -> its cells, round by round."""
+    shapes = [(system, size) for system in systems for size in sizes]
+    cells: dict[tuple[str, int], list[Cell]] = {shape: [] for shape in shapes}
+    with ExitStack() as stack:
+        pools = stack.enter_context(Pools((1,)))
+        endpoints = start_servers(stack, args, systems)
+        for index in range(args.rounds):
+            for system, size in shapes[::-1] if index % 2 else shapes:
+                server = endpoints.get(system)
+                address, pid = (server.address, server.pid) if server else ("", None)
+                spec = CellSpec(system, "get", size, 1, 1, address, args.duration, os.urandom(8), pid)
+                cell = blocks.run_cell(spec, pools, server is not None)
+                cells[(system, size)].append(cell)
+                print(f"round {index + 1}: " + blocks.progress_line(0, 0, cell, 0.0).split("] ", 1)[1],
+                      file=sys.stderr, flush=True)
+    return cells
+
+
+def _median(cells: list[Cell], field: str) -> float | None:
+    values = [getattr(c, field) for c in cells if c.ok and getattr(c, field) is not None]
+    return statistics.median(values) if values else None
+
+
+def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[str]:
+    """The table of medians, then kvpool's ratios to Redis per size."""
+    lines = ["| system | block | GB/s | client CPU us/get | server CPU us/get | client + server |", "|---|---|---|---|---|---|"]
+    for (system, size), runs in cells.items():
+        gbps, client, server = (_median(runs, f) for f in ("gbps", "client_cpu_us", "server_cpu_us"))
+        both = client + server if client is not None and server is not None else None
+        lines.append(f"| {system} | {size // KiB} KiB | {_fmt(gbps, 2)} | {_fmt(client)} | {_fmt(server)} | {_fmt(both)} |")
+    for size in sizes:
+        ours, theirs = cells.get(("kvpool", size)), cells.get(("redis", size))
+        if not ours or not theirs:
+            continue
+        per_round = [a.gbps / b.gbps for a, b in zip(ours, theirs) if a.ok and b.ok and a.gbps and b.gbps]
+        cpu = [_cpu(c) for c in (ours, theirs)]
+        cpu_ratio = f"{cpu[0] / cpu[1]:.2f}" if None not in cpu and cpu[1] else "n/a"
+        lines.append(f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(_mid(per_round), 2)} "
+                     f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}); CPU per get (client + server) {cpu_ratio}")
+    return lines
+
+
+def _cpu(runs: list[Cell]) -> float | None:
+    client, server = _median(runs, "client_cpu_us"), _median(runs, "server_cpu_us")
+    return client + server if client is not None and server is not None else None
+
+
+def _mid(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    if set(systems) - set(SYSTEMS):
+        raise SystemExit(f"unknown systems: {', '.join(sorted(set(systems) - set(SYSTEMS)))}")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    cells = run_rounds(args, systems, sizes)
+    lines = summary(cells, sizes)
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "meta": {"started": started, "rounds": args.rounds, "duration_s": args.duration, "cpus": os.cpu_count()},
+        "cells": {f"{system} {size}": [asdict(c) for c in runs] for (system, size), runs in cells.items()},
+        "summary": lines,
+    }
+    (args.out / "single_gets.json").write_text(json.dumps(document, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
