@@ -206,8 +206,9 @@ BAD_CONFIGS = {
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
 def test_invalid_config_exits_2_naming_the_key(case: str) -> None:
     args, env, named = BAD_CONFIGS[case]
-    # A small arena unless the case sets the capacity itself (a flag would override the environment).
-    capacity = [] if "KVPOOL_DRAM_CAPACITY" in env else ["--dram-capacity", "8MiB"]
+    # A small arena (and slabs that fit it) unless the case sets the capacity itself (a flag would
+    # override the environment); a case's own --slab-size comes later and wins.
+    capacity = [] if "KVPOOL_DRAM_CAPACITY" in env else ["--dram-capacity", "8MiB", "--slab-size", "1MiB"]
     argv = server_argv("--grpc-port", "0", "--data-port", "0", *capacity, *args)
     code, out, err, pid = run_server(argv, clean_env(**env))
     assert code == 2, f"exit {code}\nstdout: {out}\nstderr: {err}"
