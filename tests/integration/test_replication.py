@@ -86,6 +86,21 @@ def first_readers(client: KVPoolClient, keys: list[BlockKey]) -> list[str]:
     return [router.placement(k).read_order[0].node_id for k in keys]
 
 
+def pause(daemon: DaemonProcess) -> None:
+    """SIGSTOP the daemon and wait until it is stopped: kill() returns before a busy machine
+    gets round to stopping it, and a get sent meanwhile is still answered."""
+    daemon.process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while _state(daemon.process.pid) not in ("T", "t"):
+        assert time.monotonic() < deadline, f"daemon {daemon.process.pid} not stopped after 10 s"
+        time.sleep(0.001)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
 def counter(client: KVPoolClient, daemon: DaemonProcess, name: str) -> int:
     return dict(client.stats(daemon.address).counters).get(name, 0)
 
@@ -128,7 +143,11 @@ def test_kill_nine_loses_no_block_and_the_first_read_fails_over_at_once(trio: Lo
 
 # Every get asks its node: a same-node client would go on copying blocks it read before out of
 # a stopped daemon's arena (still the right bytes) without noticing the hang.
-HUNG_NODE_SETTINGS = {"replicas": 2, "request_timeout_s": 0.5, "connect_timeout_s": 0.5, "location_ttl_s": 0.0}
+# The timeout is long enough that a loaded machine does not hit it on a live node (a timeout
+# before the SIGSTOP opens the breaker early and the hung get then skips the node at once).
+HUNG_TIMEOUT_S = 2.0
+HUNG_NODE_SETTINGS = {"replicas": 2, "request_timeout_s": HUNG_TIMEOUT_S, "connect_timeout_s": HUNG_TIMEOUT_S,
+                      "location_ttl_s": 0.0}
 BACKOFF_PASSED_S = 0.6  # past the breaker's first back-off (at most 0.5 s): the next request probes the node
 
 
@@ -145,17 +164,18 @@ def test_sigstop_times_out_fails_over_and_sigcont_brings_the_node_back(trio: Loc
         assert client.get(keys).ok
         victim = trio.daemons[1]
         assert victim.address in first_readers(client, keys)
-        victim.process.send_signal(signal.SIGSTOP)
+        pause(victim)
         started = time.monotonic()
         hung = client.get(keys)
         elapsed = time.monotonic() - started
         assert_all_read(hung.statuses, hung.buffers, keys)
-        assert 0.4 <= elapsed < 1.5, f"a hung node should cost one request timeout (0.5 s), took {elapsed:.2f}s"
+        assert HUNG_TIMEOUT_S - 0.1 <= elapsed < HUNG_TIMEOUT_S + 1.5, (
+            f"a hung node should cost one request timeout ({HUNG_TIMEOUT_S} s), took {elapsed:.2f}s")
         assert client.breaker.state(victim.address) is CircuitState.OPEN
         started = time.monotonic()
         skipped = client.get(keys)
         assert_all_read(skipped.statuses, skipped.buffers, keys)
-        assert time.monotonic() - started < 0.4, "an open circuit must skip the hung node"
+        assert time.monotonic() - started < HUNG_TIMEOUT_S / 2, "an open circuit must skip the hung node"
 
         victim.process.send_signal(signal.SIGCONT)
         clock.advance(BACKOFF_PASSED_S)
@@ -253,12 +273,13 @@ def test_async_client_sigstop_times_out_and_fails_over(trio: LocalCluster) -> No
             assert (await client.put(keys, [pattern(k) for k in keys])).ok
             assert (await client.get(keys)).ok
             victim = trio.daemons[2]
-            victim.process.send_signal(signal.SIGSTOP)
+            assert client.breaker.state(victim.address) is CircuitState.CLOSED, "opened before the SIGSTOP"
+            pause(victim)
             started = time.monotonic()
             got = await client.get(keys)
             elapsed = time.monotonic() - started
             assert_all_read(got.statuses, got.buffers, keys)
-            assert 0.4 <= elapsed < 1.5, f"took {elapsed:.2f}s"
+            assert HUNG_TIMEOUT_S - 0.1 <= elapsed < HUNG_TIMEOUT_S + 1.5, f"took {elapsed:.2f}s"
             assert client.breaker.state(victim.address) is CircuitState.OPEN
             victim.process.send_signal(signal.SIGCONT)
             clock.advance(BACKOFF_PASSED_S)
