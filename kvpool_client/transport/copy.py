@@ -2,17 +2,17 @@
 
 glibc's x86-64 memcpy copies the sizes between its ``rep_movsb_threshold`` (about 2 KiB)
 and its ``rep_movsb_stop_threshold`` (the L2 size on AMD, far more on Intel) with
-``rep movsb``. On some CPUs (AMD EPYC under Debian's glibc 2.36) that instruction is
-about ten times slower when source and destination differ modulo 64 bytes: a 384 KiB
-copy into a buffer 16 bytes past a 64-byte boundary took 205-250 us against 18-21 us
-equally aligned. The arena's blocks are page-aligned and torch tensors 64-byte aligned,
-but numpy arrays and bytearrays are 16-byte aligned and a batch's views lie at any
+``rep movsb``. On some CPUs (an AMD EPYC host under Debian's glibc 2.36; not the Zen 5
+VM kvpool is developed on) that instruction is about ten times slower when source and
+destination differ modulo 64 bytes: a 384 KiB copy into a buffer 16 bytes past a 64-byte
+boundary took 205-250 us against 18-21 us equally aligned. The arena's blocks are
+page-aligned and torch tensors 64-byte aligned, but numpy arrays and bytearrays are 16-byte aligned and a batch's views lie at any
 offset, and nobody can ask an engine's users to set ``GLIBC_TUNABLES``.
 
 glibc keeps another copy routine callable: ``memcpy@GLIBC_2.2.5``, the symbol it keeps
 for programs linked before 2.14, is its SSE2 ``memmove`` entry that never takes the
 ``rep movsb`` path (unaligned loads, aligned stores). Where ``rep movsb`` is fast it
-is the slower of the two (about 0.65-0.8x memcpy here), so a process measures both
+is the slower of the two (0.5-0.8x memcpy on that VM), so a process measures both
 once, on its first misaligned copy (:func:`measure_route`, ~0.3 ms), and sends the
 relatively misaligned copies of :data:`VECTOR_FROM` bytes or more through that entry
 only where memcpy is clearly slower. Every other copy is a memoryview assignment
