@@ -41,12 +41,12 @@ class DigestCollision(Exception):
 
 
 @dataclass(slots=True)
-class Survivors:
-    """The live records after a replay of the log, in log order, one array per field."""
+class LogRecords:
+    """Records of the log, one array per field; ``namespace_ids`` index ``namespaces``."""
 
     namespaces: list[str]
     namespace_ids: np.ndarray
-    hashes: np.ndarray
+    hashes: np.ndarray  # one zero-padded row per record
     hash_lens: np.ndarray
     digests: np.ndarray
     segments: np.ndarray
@@ -54,11 +54,23 @@ class Survivors:
     sizes: np.ndarray
     payload_lens: np.ndarray
     payload_sums: np.ndarray
-    tombstones: list[tuple[StoreKey, Location]]  # every tombstone record, in log order
-    undecodable: int  # records whose namespace is not UTF-8: never served
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def take(self, rows: np.ndarray) -> LogRecords:
+        """These rows, in this order."""
+        columns = (getattr(self, name)[rows] for name in self.__slots__ if name != "namespaces")
+        return LogRecords(self.namespaces, *columns)
+
+
+@dataclass(slots=True)
+class Survivors:
+    """What a replay of the log leaves."""
+
+    records: LogRecords  # the live records, in log order
+    tombstones: list[tuple[StoreKey, Location]]  # every tombstone record, in log order
+    undecodable: int  # records whose namespace is not UTF-8: never served
 
 
 def survivors(segments: Iterable[tuple[int, RecordColumns]], table: KeyTable) -> Survivors:
@@ -71,7 +83,7 @@ def survivors(segments: Iterable[tuple[int, RecordColumns]], table: KeyTable) ->
     Raises:
         DigestCollision: two different keys share a digest.
     """
-    merged = _merge(list(segments), table)
+    merged, is_tombstone, undecodable = _merge(list(segments), table)
     digests = merged.digests
     order = np.argsort(digests, kind="stable")  # equal digests stay in log order
     same_as_next = digests[order][1:] == digests[order][:-1]
@@ -80,33 +92,16 @@ def survivors(segments: Iterable[tuple[int, RecordColumns]], table: KeyTable) ->
     if not (_same_key(merged, first, second)).all():
         raise DigestCollision(f"{int((~_same_key(merged, first, second)).sum())} digest collisions")
     newest = order[np.append(~same_as_next, True)] if len(order) else order
-    live = np.sort(newest[~merged.is_tombstone[newest]])
-    return Survivors(
-        namespaces=merged.namespaces, namespace_ids=merged.namespace_ids[live], hashes=merged.hashes[live],
-        hash_lens=merged.hash_lens[live], digests=digests[live], segments=merged.segments[live],
-        offsets=merged.offsets[live], sizes=merged.sizes[live], payload_lens=merged.payload_lens[live],
-        payload_sums=merged.payload_sums[live], tombstones=_tombstones(merged), undecodable=merged.undecodable,
-    )
+    live = np.sort(newest[~is_tombstone[newest]])
+    return Survivors(merged.take(live), _tombstones(merged.take(np.flatnonzero(is_tombstone))), undecodable)
 
 
-@dataclass(slots=True)
-class _Merged:
-    namespaces: list[str]
-    namespace_ids: np.ndarray
-    hashes: np.ndarray
-    hash_lens: np.ndarray
-    digests: np.ndarray
-    segments: np.ndarray
-    offsets: np.ndarray
-    sizes: np.ndarray
-    payload_lens: np.ndarray
-    payload_sums: np.ndarray
-    is_tombstone: np.ndarray
-    undecodable: int
+def _merge(segments: list[tuple[int, RecordColumns]], table: KeyTable) -> tuple[LogRecords, np.ndarray, int]:
+    """Every segment's columns as one set, namespaces numbered by ``table``, digests taken.
 
-
-def _merge(segments: list[tuple[int, RecordColumns]], table: KeyTable) -> _Merged:
-    """Every segment's columns as one set, namespaces numbered by ``table``, digests taken."""
+    Returns:
+        The records, which of them are tombstones, and how many were left out (namespace not UTF-8).
+    """
     names: list[str] = []
     numbers: dict[str, int] = {}
     parts: list[tuple[int, RecordColumns, np.ndarray]] = []  # (segment, columns, kept rows' namespace indices)
@@ -125,24 +120,24 @@ def _merge(segments: list[tuple[int, RecordColumns]], table: KeyTable) -> _Merge
         undecodable += int((mapped < 0).sum())
         parts.append((segment_id, columns, mapped))
     width = max((c.hashes.shape[1] for _, c, _ in parts if len(c)), default=0)
-    keep = [m >= 0 for _, _, m in parts]
-    hashes = np.concatenate([_widen(c.hashes[k], width) for (_, c, _), k in zip(parts, keep, strict=True)]) if parts \
-        else np.zeros((0, 0), dtype=np.uint8)
-    hash_lens = _cat([c.hash_lens[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.int64)
-    namespace_ids = _cat([m[k] for (_, _, m), k in zip(parts, keep, strict=True)], np.int64)
+    kept = [(segment_id, columns, mapped >= 0) for segment_id, columns, mapped in parts]
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return _cat([getattr(c, name)[k] for _, c, k in kept], dtype)
+
+    hashes = np.concatenate([_widen(c.hashes[k], width) for _, c, k in kept]) if kept else (
+        np.zeros((0, 0), dtype=np.uint8))
+    hash_lens = column("hash_lens", np.int64)
+    namespace_ids = _cat([m[m >= 0] for _, _, m in parts], np.int64)
     seeds = np.array([table.namespace_number(name) for name in names], dtype=np.int64)
-    return _Merged(
+    records = LogRecords(
         namespaces=names, namespace_ids=namespace_ids, hashes=hashes, hash_lens=hash_lens,
         digests=_digests(hashes, hash_lens, seeds[namespace_ids] if len(seeds) else namespace_ids),
-        segments=_cat([np.full(int(k.sum()), s, dtype=np.int64) for (s, _, _), k in zip(parts, keep, strict=True)],
-                      np.int64),
-        offsets=_cat([c.offsets[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.int64),
-        sizes=_cat([c.sizes[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.int64),
-        payload_lens=_cat([c.payload_lens[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.int64),
-        payload_sums=_cat([c.payload_sums[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.uint64),
-        is_tombstone=_cat([c.tombstones[k] for (_, c, _), k in zip(parts, keep, strict=True)], np.bool_),
-        undecodable=undecodable,
+        segments=_cat([np.full(int(k.sum()), s, dtype=np.int64) for s, _, k in kept], np.int64),
+        offsets=column("offsets", np.int64), sizes=column("sizes", np.int64),
+        payload_lens=column("payload_lens", np.int64), payload_sums=column("payload_sums", np.uint64),
     )
+    return records, column("tombstones", np.bool_), undecodable
 
 
 def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -169,15 +164,15 @@ def _digests(hashes: np.ndarray, hash_lens: np.ndarray, seeds: np.ndarray) -> np
                         in zip(starts, hash_lens.tolist(), seeds.tolist(), strict=True)), np.uint64, len(hashes))
 
 
-def _same_key(merged: _Merged, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    return ((merged.namespace_ids[first] == merged.namespace_ids[second])
-            & (merged.hash_lens[first] == merged.hash_lens[second])
-            & (merged.hashes[first] == merged.hashes[second]).all(axis=1))
+def _same_key(records: LogRecords, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    return ((records.namespace_ids[first] == records.namespace_ids[second])
+            & (records.hash_lens[first] == records.hash_lens[second])
+            & (records.hashes[first] == records.hashes[second]).all(axis=1))
 
 
-def _tombstones(merged: _Merged) -> list[tuple[StoreKey, Location]]:
+def _tombstones(records: LogRecords) -> list[tuple[StoreKey, Location]]:
     found = []
-    for i in np.flatnonzero(merged.is_tombstone).tolist():
-        key = (merged.namespaces[merged.namespace_ids[i]], merged.hashes[i, : merged.hash_lens[i]].tobytes())
-        found.append((key, Location(int(merged.segments[i]), int(merged.offsets[i]), int(merged.sizes[i]))))
+    for i in range(len(records)):
+        key = (records.namespaces[records.namespace_ids[i]], records.hashes[i, : records.hash_lens[i]].tobytes())
+        found.append((key, Location(int(records.segments[i]), int(records.offsets[i]), int(records.sizes[i]))))
     return found

@@ -173,17 +173,18 @@ class SsdTier:
 
     def _load(self, kept: Survivors) -> None:
         """Index the survivors of a replay as blocks 0..n-1, in log order."""
-        self._keys.load(kept.namespaces, kept.namespace_ids, kept.hashes, kept.hash_lens, kept.digests)
-        self._records.load(kept.segments, kept.offsets, kept.sizes, kept.payload_lens, kept.payload_sums)
-        blocks = np.arange(len(kept), dtype=np.int64)
-        bounds = np.flatnonzero(np.diff(kept.segments)) + 1
+        live = kept.records
+        self._keys.load(live.namespaces, live.namespace_ids, live.hashes, live.hash_lens, live.digests)
+        self._records.load(live.segments, live.offsets, live.sizes, live.payload_lens, live.payload_sums)
+        blocks = np.arange(len(live), dtype=np.int64)
+        bounds = np.flatnonzero(np.diff(live.segments)) + 1
         for members in np.split(blocks, bounds) if len(blocks) else ():
-            segment = int(kept.segments[members[0]])
-            self._runs[segment] = SegmentRecords.of(kept.offsets[members], members)
-            self._live[segment] = int(kept.sizes[members].sum())
-        for number, total in enumerate(np.bincount(kept.namespace_ids, weights=kept.sizes).tolist()):
+            segment = int(live.segments[members[0]])
+            self._runs[segment] = SegmentRecords.of(live.offsets[members], members)
+            self._live[segment] = int(live.sizes[members].sum())
+        for number, total in enumerate(np.bincount(live.namespace_ids, weights=live.sizes).tolist()):
             if total:
-                self._namespace_bytes[kept.namespaces[number]] = int(total)
+                self._namespace_bytes[live.namespaces[number]] = int(total)
         self._policy.extend(blocks)
         for key, location in kept.tombstones:
             self._note_tombstone(key, location)
