@@ -3,9 +3,10 @@
 A daemon holds millions of blocks, so a dict of key tuples to objects (about 680
 bytes a block, measured) is too dear. Here a key costs its hash's bytes in a cell
 of one bytearray, a namespace number, and a slot in an open-addressing table of
-64-bit digests and 32-bit ids (linear probing, at most 70% full, deletion by backward shift so
-no tombstones pile up). Everything else a tier knows about a block lives in
-columns indexed by the id (:mod:`kvpool_server.index.columns`).
+64-bit digests and 32-bit ids (linear probing, at most 70% full, deletion by
+backward shift so no tombstones pile up). Everything else a tier knows about a
+block lives in columns indexed by the id (:mod:`kvpool_server.index.entry` for
+DRAM, :mod:`kvpool_server.index.locations` for SSD).
 
 An id outlives its key's mapping on purpose: a block deleted while a reader holds
 it is unmapped at once (a new block of the same key may be stored) and its id
@@ -18,8 +19,8 @@ plain ints; numpy is used where whole arrays move at once (growth).
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
