@@ -25,6 +25,7 @@ from kvpool_client.proto import kvpool_pb2 as pb
 from kvpool_client.proto import kvpool_pb2_grpc
 from kvpool_server.local import DaemonProcess, LocalCluster
 from tests.support.clock import FakeClock
+from tests.support.stopping import pause
 
 pytestmark = pytest.mark.integration
 
@@ -84,21 +85,6 @@ def assert_all_read(statuses: Sequence[ErrorCode], buffers: Sequence[memoryview 
 def first_readers(client: KVPoolClient, keys: list[BlockKey]) -> list[str]:
     router = client.placement().router
     return [router.placement(k).read_order[0].node_id for k in keys]
-
-
-def pause(daemon: DaemonProcess) -> None:
-    """SIGSTOP the daemon and wait until it is stopped: kill() returns before a busy machine
-    gets round to stopping it, and a get sent meanwhile is still answered."""
-    daemon.process.send_signal(signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while _state(daemon.process.pid) not in ("T", "t"):
-        assert time.monotonic() < deadline, f"daemon {daemon.process.pid} not stopped after 10 s"
-        time.sleep(0.001)
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def counter(client: KVPoolClient, daemon: DaemonProcess, name: str) -> int:
@@ -164,7 +150,7 @@ def test_sigstop_times_out_fails_over_and_sigcont_brings_the_node_back(trio: Loc
         assert client.get(keys).ok
         victim = trio.daemons[1]
         assert victim.address in first_readers(client, keys)
-        pause(victim)
+        pause(victim.process)
         started = time.monotonic()
         hung = client.get(keys)
         elapsed = time.monotonic() - started
@@ -274,7 +260,7 @@ def test_async_client_sigstop_times_out_and_fails_over(trio: LocalCluster) -> No
             assert (await client.get(keys)).ok
             victim = trio.daemons[2]
             assert client.breaker.state(victim.address) is CircuitState.CLOSED, "opened before the SIGSTOP"
-            pause(victim)
+            pause(victim.process)
             started = time.monotonic()
             got = await client.get(keys)
             elapsed = time.monotonic() - started
