@@ -79,7 +79,7 @@ def redis_server(maxmemory: str, install: bool) -> Iterator[Endpoint | None]:
         _wait_for_port(port, process)
         yield Endpoint(f"127.0.0.1:{port}", process.pid)
     finally:
-        _stop_process(process)
+        stop_process(process)
 
 
 def _redis_binary(install: bool) -> str | None:
@@ -113,7 +113,7 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"redis-server did not listen on {port} within {_START_TIMEOUT_S}s")
 
 
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.mooncake_peer import LOCAL_SYSTEMS, TCP_SYSTEMS
 from bench.mooncake_peer.env import MooncakeUnavailable, ensure
-from bench.servers import Endpoint
+from bench.servers import Endpoint, stop_process
 
 MASTER_READY = re.compile(r"Master service started on port (\d+)")
 NODE_READY = re.compile(r"Starting real client service on \S+?:(\d+)\b")
@@ -87,7 +87,7 @@ def mooncake_servers(capacity: int, install_packages: bool) -> Iterator[Mooncake
         yield MooncakeServers(f"127.0.0.1:{master_port}", f"127.0.0.1:{node_port}", master.pid, node.pid)
     finally:
         for process in reversed(processes):  # the store node first: it unmounts from a live master
-            _stop(process)
+            stop_process(process)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -139,11 +139,3 @@ def _free_ports(count: int) -> list[int]:
             probe.close()
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
