@@ -15,7 +15,7 @@ aligned), numpy arrays and bytearrays (16-byte aligned), by each candidate metho
   for N <= 2 KiB);
 - ``ufunc``: ``numpy.bitwise_or(src, 0, out=dst)``, a SIMD loop that never calls memcpy;
 - ``sse2``: glibc's ``memcpy@GLIBC_2.2.5`` through ctypes, its SSE2 memmove without ``rep movsb``;
-- ``copy_into``: :func:`kvpool_client.transport.copy.copy_into`, what the client uses: memcpy,
+- ``copy_into``: :func:`kvpool_client.core.channels.copy.copy_into`, what the client uses: memcpy,
   or ``sse2`` for relatively misaligned copies where this process measured memcpy clearly
   slower (the route it took is in the header).
 
@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 
 from bench.workload import KiB, MiB
-from kvpool_client.transport import copy as client_copy
-from kvpool_client.transport.copy import SSE2_MEMMOVE, address, copy_into
+from kvpool_client.core.channels import copy as client_copy
+from kvpool_client.core.channels.copy import SSE2_MEMMOVE, address, copy_into
 
 try:
     import torch

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 
 from bench.pki import issue, make_ca
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-from kvpool_client.auth import TlsFiles
-from kvpool_server.local import start_daemon
+from kvpool_client.core.auth import TlsFiles
+from bench.local.daemons import start_daemon
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = (384 * KiB, 2 * MiB)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
-from kvpool_client.wire import PutRequest, encode  # noqa: E402
+from kvpool_client.core.wire import PutRequest, encode  # noqa: E402
 from tests.support.daemon import running_daemon  # noqa: E402
 from tests.support.rawwire import RawConnection  # noqa: E402
 

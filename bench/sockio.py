@@ -12,7 +12,7 @@ import socket
 import struct
 from collections.abc import Sequence
 
-from kvpool_client.transport.iovec import IOV_MAX, advance
+from kvpool_client.core.channels.iovec import IOV_MAX, advance
 
 HEADER = struct.Struct("<cII")
 GET, PUT, ACK = b"G", b"P", b"k"

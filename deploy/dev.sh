@@ -5,7 +5,7 @@
 #                        tests/environments.py (oldest dependencies, engines); with arguments,
 #                        only pytest in the project's venv, with those arguments
 #   deploy/dev.sh test-env NAME [pytest args]  one environment of tests/environments.py
-#   deploy/dev.sh proto [--check]  regenerate kvpool_client/proto from proto/
+#   deploy/dev.sh proto [--check]  regenerate kvpool_client/core/proto from proto/
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
 #   deploy/dev.sh bench-vllm  the vLLM connector's benchmark (bench/vllm/connector.py), in the vllm environment
 #   deploy/dev.sh validate  check the Helm chart and deploy/k8s/ (deploy/validate.sh)

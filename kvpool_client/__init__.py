@@ -1,42 +1,69 @@
-"""kvpool client SDK: block keys, and blocking and asyncio clients of a kvpool cluster."""
+"""kvpool client SDK: block keys, and blocking and asyncio clients of a kvpool cluster.
 
-from kvpool_client.aio import AsyncKVPoolClient
-from kvpool_client.breaker import CircuitBreaker, CircuitState
-from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.counters import ClientStats
-from kvpool_client.errors import (
-    ErrorCode,
-    KVPoolError,
-    LimitExceeded,
-    NodeUnavailable,
-    ProtocolError,
-    RequestTimeout,
-    ServerError,
-    UsageError,
-)
-from kvpool_client.keys import BlockKey, BlockKeyBuilder, Namespace
-from kvpool_client.results import BatchResult, GetResult, PutResult
+The names below load on first use (PEP 562), so importing a submodule such as
+``kvpool_client.core.wire`` does not pull in both clients,
+gRPC and the transports: an engine loads only what it touches.
+"""
 
-__all__ = [
-    "AsyncKVPoolClient",
-    "BatchResult",
-    "BlockKey",
-    "BlockKeyBuilder",
-    "CircuitBreaker",
-    "CircuitState",
-    "ClientConfig",
-    "ClientStats",
-    "ErrorCode",
-    "GetResult",
-    "KVPoolClient",
-    "KVPoolError",
-    "LimitExceeded",
-    "Namespace",
-    "NodeUnavailable",
-    "ProtocolError",
-    "PutResult",
-    "RequestTimeout",
-    "ServerError",
-    "UsageError",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "AsyncKVPoolClient": "kvpool_client.aio",
+    "BatchResult": "kvpool_client.results",
+    "BlockKey": "kvpool_client.core.keys",
+    "BlockKeyBuilder": "kvpool_client.core.keys",
+    "CircuitBreaker": "kvpool_client.breaker",
+    "CircuitState": "kvpool_client.breaker",
+    "ClientConfig": "kvpool_client.core.config",
+    "ClientStats": "kvpool_client.counters",
+    "ErrorCode": "kvpool_client.core.errors",
+    "GetResult": "kvpool_client.results",
+    "KVPoolClient": "kvpool_client.client",
+    "KVPoolError": "kvpool_client.core.errors",
+    "LimitExceeded": "kvpool_client.core.errors",
+    "Namespace": "kvpool_client.core.keys",
+    "NodeUnavailable": "kvpool_client.core.errors",
+    "ProtocolError": "kvpool_client.core.errors",
+    "PutResult": "kvpool_client.results",
+    "RequestTimeout": "kvpool_client.core.errors",
+    "ServerError": "kvpool_client.core.errors",
+    "UsageError": "kvpool_client.core.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from kvpool_client.aio import AsyncKVPoolClient
+    from kvpool_client.breaker import CircuitBreaker, CircuitState
+    from kvpool_client.client import KVPoolClient
+    from kvpool_client.core.config import ClientConfig
+    from kvpool_client.core.errors import (
+        ErrorCode,
+        KVPoolError,
+        LimitExceeded,
+        NodeUnavailable,
+        ProtocolError,
+        RequestTimeout,
+        ServerError,
+        UsageError,
+    )
+    from kvpool_client.core.keys import BlockKey, BlockKeyBuilder, Namespace
+    from kvpool_client.counters import ClientStats
+    from kvpool_client.results import BatchResult, GetResult, PutResult
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpool_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -15,25 +15,25 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import AsyncControlClient, NodeInfo
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import AsyncControlClient, NodeInfo
 from kvpool_client.counters import ClientCounters, ClientStats
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_async
-from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
-from kvpool_client.nodes import NodeRecord, find_node
+from kvpool_client.core.keys import BlockKey, Namespace, check_model, namespace_id
+from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import AsyncMembershipSource, Placement, PlacementSource, StaticSource, member_at
-from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
-from kvpool_client.routing import Member, Router
-from kvpool_client.transport.aio_socket import AsyncSocketChannel
-from kvpool_client.transport.shm import SharedArena
-from kvpool_client.transport.tcp import open_async_connection, parse_address
-from kvpool_client.transport.tls import AsyncTlsChannel
+from kvpool_client.core.routing import Member, Router
+from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
+from kvpool_client.transport.shm import MappedArena
+from kvpool_client.core.channels.tcp import open_async_connection, parse_address
+from kvpool_client.core.channels.tls import AsyncTlsChannel
 from kvpool_client.transport.ucx import AsyncUcxConnection, UcxEngine, UcxUnavailable
-from kvpool_client.wire import HelloRequest, WireLimits
+from kvpool_client.core.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -42,7 +42,7 @@ R = TypeVar("R")
 DataChannel = AsyncSocketChannel | AsyncTlsChannel | AsyncUcxConnection  # a node's data plane: plain, TLS or UCX
 
 
-class _AsyncNode(NodeRecord[DataChannel]):
+class _AsyncNode(NodeHandle[DataChannel]):
     """One node's cached info and idle connections (loop-confined)."""
 
     def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
@@ -337,7 +337,7 @@ class AsyncKVPoolClient:
         await asyncio.gather(*(self._fetch_info(m) for m in missing))
         return operations.known_limits(members, self._cached_limits)
 
-    def _shared_arena(self, member: Member) -> SharedArena | None:
+    def _shared_arena(self, member: Member) -> MappedArena | None:
         return self._node(member).shared_arena()
 
     def _cached_limits(self, member: Member) -> WireLimits | None:

@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 from kvpool_client import exchange
 from kvpool_client.buffers import byte_view
-from kvpool_client.errors import ErrorCode, KVPoolError, UsageError
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.errors import ErrorCode, KVPoolError, UsageError
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import failure_code
-from kvpool_client.routing import Member, Router
-from kvpool_client.transport.shm import SharedArena, SharedArenaUnavailable
-from kvpool_client.wire import DeleteRequest, ExistsRequest, GetRequest, LocateRequest, PutRequest, WireLimits
+from kvpool_client.core.routing import Member, Router
+from kvpool_client.transport.shm import MappedArena, SharedArenaUnavailable
+from kvpool_client.core.wire import DeleteRequest, ExistsRequest, GetRequest, LocateRequest, PutRequest, WireLimits
 
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
@@ -154,7 +154,7 @@ def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[m
     return [byte_view(b, writable=True) for b in into]
 
 
-ArenaOf = Callable[[Member], SharedArena | None]
+ArenaOf = Callable[[Member], MappedArena | None]
 """The node's shared arena mapped here (the shm transport), or None to read over tcp."""
 
 

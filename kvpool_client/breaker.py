@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpool_client.errors import KVPoolError, NodeUnavailable, RequestTimeout
+from kvpool_client.core.errors import KVPoolError, NodeUnavailable, RequestTimeout
 
 
 class CircuitState(enum.StrEnum):

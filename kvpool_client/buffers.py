@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 
 def byte_view(obj: Any, *, writable: bool) -> memoryview:

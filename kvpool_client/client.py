@@ -3,7 +3,7 @@
 Batched put / get / exists / lookup / delete of blocks. Bytes go from the caller's
 buffers to the node and back into the caller's buffers with no copy in Python.
 Failures of a node show up per key (``UNAVAILABLE``, ``TIMEOUT``) so one bad node
-does not fail a whole batch; misuse raises :class:`~kvpool_client.errors.UsageError`.
+does not fail a whole batch; misuse raises :class:`~kvpool_client.core.errors.UsageError`.
 
 Placement, replication and failover are planned by pure modules
 (:mod:`~kvpool_client.replication`, :mod:`~kvpool_client.failover`); this module
@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import ControlClient, NodeInfo
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import ControlClient, NodeInfo
 from kvpool_client.counters import ClientCounters, ClientStats
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.exchange import Exchange, run_sync
-from kvpool_client.keys import BlockKey, Namespace, check_model, namespace_id
-from kvpool_client.nodes import NodeRecord, find_node
+from kvpool_client.core.keys import BlockKey, Namespace, check_model, namespace_id
+from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import (
     Placement,
@@ -36,14 +36,14 @@ from kvpool_client.placement_source import (
     ThreadedMembershipSource,
     member_at,
 )
-from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
-from kvpool_client.routing import Member, Router
-from kvpool_client.transport.shm import SharedArena
-from kvpool_client.transport.tcp import TcpConnection, parse_address
-from kvpool_client.transport.tls import TlsConnection
+from kvpool_client.core.routing import Member, Router
+from kvpool_client.transport.shm import MappedArena
+from kvpool_client.core.channels.tcp import TcpConnection, parse_address
+from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.transport.ucx import UcxConnection, UcxEngine, UcxUnavailable
-from kvpool_client.wire import HelloRequest, WireLimits
+from kvpool_client.core.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,7 +52,7 @@ R = TypeVar("R")
 DataConnection = TcpConnection | TlsConnection | UcxConnection  # a node's data plane: plain, TLS or UCX
 
 
-class _Node(NodeRecord[DataConnection]):
+class _Node(NodeHandle[DataConnection]):
     """One node's cached info and idle connections (thread-safe)."""
 
     def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
@@ -397,7 +397,7 @@ class KVPoolClient:
             self._fetch_info(missing[0])
         return operations.known_limits(members, self._cached_limits)
 
-    def _shared_arena(self, member: Member) -> SharedArena | None:
+    def _shared_arena(self, member: Member) -> MappedArena | None:
         return self._node(member).shared_arena()
 
     def _cached_limits(self, member: Member) -> WireLimits | None:

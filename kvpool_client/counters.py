@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_client.results import GetResult, PutResult
 
 

@@ -16,9 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 import xxhash
 
-from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
-from kvpool_client.transport.shm import Location, SharedArena
-from kvpool_client.wire import (
+from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
+from kvpool_client.transport.shm import SlotLocation, MappedArena
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
     ErrorResponse,
@@ -40,7 +40,7 @@ from kvpool_client.wire import (
     decode_message,
     encode,
 )
-from kvpool_client.wire.codec import decode_get_one, encode_get_one_request
+from kvpool_client.core.wire.codec import decode_get_one, encode_get_one_request
 
 T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20
@@ -212,7 +212,7 @@ def get_shared(
     targets: Sequence[memoryview | None],
     limits: WireLimits,
     verify: bool,
-    arena: SharedArena,
+    arena: MappedArena,
 ) -> Exchange[tuple[list[int], list[memoryview | None]]]:
     """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire.
 
@@ -245,7 +245,7 @@ def get_shared(
         statuses, filled, again = _copy_located(response, targets, arena, verify)
         for i, view in enumerate(filled):
             if view is not None:
-                where = Location(response.offsets[i], response.lengths[i], response.generations[i])
+                where = SlotLocation(response.offsets[i], response.lengths[i], response.generations[i])
                 arena.known.remember(request.namespace, request.hashes[i], where, response.checksums[i])
     if again:
         rest = GetRequest(request.request_id, request.namespace, [request.hashes[i] for i in again])
@@ -257,9 +257,9 @@ def get_shared(
 
 def _copy_known(
     request: LocateRequest,
-    known: list[tuple[Location, int]],
+    known: list[tuple[SlotLocation, int]],
     targets: Sequence[memoryview | None],
-    arena: SharedArena,
+    arena: MappedArena,
     verify: bool,
 ) -> tuple[list[int], list[memoryview | None]] | None:
     """Every block copied from its known location into its target; None when one is no longer there.
@@ -285,7 +285,7 @@ def _copy_known(
     return [int(ErrorCode.OK)] * len(filled), list(filled)
 
 
-def _still_there(request: LocateRequest, known: list[tuple[Location, int]], arena: SharedArena) -> bool:
+def _still_there(request: LocateRequest, known: list[tuple[SlotLocation, int]], arena: MappedArena) -> bool:
     """Whether every known block's slot is in the generation it was located in (forgets those that are not)."""
     gone = [block for block, (location, _) in zip(request.hashes, known) if not arena.unchanged(location)]
     for block in gone:
@@ -294,16 +294,16 @@ def _still_there(request: LocateRequest, known: list[tuple[Location, int]], aren
 
 
 def _copy_located(
-    response: LocateResponse, targets: Sequence[memoryview | None], arena: SharedArena, verify: bool
+    response: LocateResponse, targets: Sequence[memoryview | None], arena: MappedArena, verify: bool
 ) -> tuple[list[int], list[memoryview | None], list[int]]:
     """Copy each located block into its target: (statuses, filled buffers, indices to GET instead)."""
     statuses = list(response.statuses)
     filled: list[memoryview | None] = [None] * len(targets)
-    copied: list[tuple[int, Location]] = []
+    copied: list[tuple[int, SlotLocation]] = []
     for i, target in enumerate(targets):
         if statuses[i] != ErrorCode.OK:
             continue
-        location = Location(response.offsets[i], response.lengths[i], response.generations[i])
+        location = SlotLocation(response.offsets[i], response.lengths[i], response.generations[i])
         target = memoryview(bytearray(location.length)) if target is None else target
         if len(target) != location.length:
             statuses[i] = ErrorCode.SIZE_MISMATCH

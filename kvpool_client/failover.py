@@ -2,7 +2,7 @@
 
 Pure planning shared by the blocking and asyncio clients; they only run the jobs.
 
-Each key walks its read order (see :class:`~kvpool_client.routing.KeyPlacement`).
+Each key walks its read order (see :class:`~kvpool_client.core.routing.KeyPlacement`).
 A round asks, for every key still open, the first member not yet tried that the
 circuit breaker lets through; keys are batched per node as usual. An answer that
 another replica may improve on (the node is down or slow, lacks the block, or sent
@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvpool_client.batching import Job, group
-from kvpool_client.errors import ErrorCode
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import most_telling, to_codes
-from kvpool_client.routing import Member
+from kvpool_client.core.routing import Member
 
 Usable = Callable[[str], bool]  # node id -> may a request go there now (a breaker gate)
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvpool_client.errors import ErrorCode, KVPoolError
+from kvpool_client.core.errors import ErrorCode, KVPoolError
 
 log = logging.getLogger("kvpool.client")
 

@@ -1,6 +1,6 @@
 """What both clients keep per node, minus the I/O: its member, cached info and idle connections.
 
-:class:`NodeRecord` is the I/O-free base of the blocking and asyncio node objects;
+:class:`NodeHandle` is the I/O-free base of the blocking and asyncio node objects;
 they add fetching the info and opening, pooling and closing connections. The
 record also negotiates the transports: gets read the node's shared arena when it
 can be mapped here (``shm``); connections use ``ucx`` when both ends can and the
@@ -13,20 +13,20 @@ import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from kvpool_client.auth import TlsFiles
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import NodeInfo
-from kvpool_client.errors import KVPoolError, NodeUnavailable
-from kvpool_client.routing import Member
+from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import NodeInfo
+from kvpool_client.core.errors import KVPoolError, NodeUnavailable
+from kvpool_client.core.routing import Member
 from kvpool_client.transport import ucx
-from kvpool_client.transport.shm import SharedArena, open_shared_arena
-from kvpool_client.wire import WireLimits
+from kvpool_client.transport.shm import MappedArena, open_shared_arena
+from kvpool_client.core.wire import WireLimits
 
 C = TypeVar("C")  # a pooled data connection
-N = TypeVar("N", bound="NodeRecord[Any]")
+N = TypeVar("N", bound="NodeHandle[Any]")
 
 
-class NodeRecord(Generic[C]):
+class NodeHandle(Generic[C]):
     """One node's member, cached info and idle connections of type ``C``."""
 
     def __init__(self, member: Member, config: ClientConfig) -> None:
@@ -35,12 +35,12 @@ class NodeRecord(Generic[C]):
         self._config = config
         self._info: NodeInfo | None = None
         self._idle: list[C] = []
-        self._arena: SharedArena | None = None
+        self._arena: MappedArena | None = None
         self._arena_tried = False
         self._tls_context: ssl.SSLContext | None = None
         self._ucx_failed = False  # auto: a ucx connection failed; tcp until the next negotiation
 
-    def shared_arena(self) -> SharedArena | None:
+    def shared_arena(self) -> MappedArena | None:
         """The node's arena mapped here when the transport setting allows it; None: use tcp.
 
         Decided once per info read (None before the info is read). An arena the node
@@ -143,5 +143,5 @@ class NodeRecord(Generic[C]):
 
 
 def find_node(nodes: Iterable[N], address: str) -> N | None:
-    """The first of ``nodes`` that :meth:`~NodeRecord.answers_to` ``address``, else None."""
+    """The first of ``nodes`` that :meth:`~NodeHandle.answers_to` ``address``, else None."""
     return next((node for node in nodes if node.answers_to(address)), None)

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvpool_client import batching
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.exchange import Exchange
 from kvpool_client.failure_log import describe, node_label
 from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
 from kvpool_client.results import GetResult, PutResult, to_codes
-from kvpool_client.routing import Member
-from kvpool_client.wire import WireLimits
+from kvpool_client.core.routing import Member
+from kvpool_client.core.wire import WireLimits
 
 R = TypeVar("R")
 Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
@@ -50,7 +50,7 @@ class RunRound:
     """Needs ``jobs`` run, each chunked to its node's limits and ``sizes``.
 
     Answer: ``(piece, outcome)`` pairs, an outcome being ``build``'s exchange result
-    or the :class:`~kvpool_client.errors.KVPoolError` the node failed it with.
+    or the :class:`~kvpool_client.core.errors.KVPoolError` the node failed it with.
     """
 
     jobs: list[batching.Job]

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvpool_client.config import ClientConfig
-from kvpool_client.errors import UsageError
-from kvpool_client.membership.records import ClusterConfig, NodeRecord, NodeState, check_name
-from kvpool_client.routing import PLACEMENT_VERSION, Member, RendezvousRouter, Router, StaticRouter
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.membership.records import ClusterConfig, NodeState, check_name
+from kvpool_client.core.routing import PLACEMENT_VERSION, Member, RendezvousRouter, Router, StaticRouter, member_of
 
 if TYPE_CHECKING:
-    from kvpool_client.membership.etcd import EtcdStore
-    from kvpool_client.membership.view import Membership, MembershipView, ThreadedMembershipView
+    from kvpool_client.core.membership.etcd import EtcdStore
+    from kvpool_client.core.membership.view import Membership, MembershipView, ThreadedMembershipView
 
 log = logging.getLogger("kvpool.client.placement")
 
@@ -48,11 +48,6 @@ class PlacementSource(Protocol):
     """Hands out the current placement; cheap enough to call once per operation."""
 
     def current(self) -> Placement: ...
-
-
-def member_of(record: NodeRecord) -> Member:
-    """The placement member for a node record (its tcp data endpoint included)."""
-    return Member(record.node_id, record.address, record.weight, record.state, record.data_endpoints.get("tcp", ""))
 
 
 def member_at(placement: Placement, address: str) -> Member:
@@ -164,7 +159,7 @@ class ThreadedMembershipSource(_Follower):
     """
 
     def __init__(self, config: ClientConfig, store_options: dict[str, Any] | None = None) -> None:
-        from kvpool_client.membership.view import ThreadedMembershipView
+        from kvpool_client.core.membership.view import ThreadedMembershipView
 
         super().__init__(config)
         try:
@@ -195,8 +190,8 @@ class AsyncMembershipSource(_Follower):
 
     async def start(self) -> None:
         """Connect, start watching, and wait up to ``connect_timeout_s`` for the first read."""
-        from kvpool_client.membership.etcd import EtcdStore
-        from kvpool_client.membership.view import MembershipView
+        from kvpool_client.core.membership.etcd import EtcdStore
+        from kvpool_client.core.membership.view import MembershipView
 
         config = self._config
         try:

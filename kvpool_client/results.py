@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvpool_client.errors import ErrorCode, KVPoolError, error_for_code
+from kvpool_client.core.errors import ErrorCode, KVPoolError, error_for_code
 
 # A put that finds the block stored, or being stored by another writer, counts as success (see PutResult).
 PUT_SUCCESS = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})

@@ -29,13 +29,13 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvpool_client.auth import Credentials, read_token
-from kvpool_client.config import tls_from_env
-from kvpool_client.errors import KVPoolError, UsageError
-from kvpool_client.membership.records import NodeRecord, NodeState
-from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_client.version import package_version
-from kvpool_client.wire import WireLimits
+from kvpool_client.core.auth import Credentials, read_token
+from kvpool_client.core.config import tls_from_env
+from kvpool_client.core.errors import KVPoolError, UsageError
+from kvpool_client.core.membership.records import NodeRecord, NodeState
+from kvpool_client.core.proto import kvpool_pb2_grpc
+from kvpool_client.core.version import package_version
+from kvpool_client.core.wire import WireLimits
 from kvpool_server import preflight
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
 from kvpool_server.alloc.generations import SlotGenerations
@@ -390,7 +390,7 @@ def _start_ucx(cfg: ServerConfig, handler: Callable[[Any], Coroutine[Any, Any, N
         KVPoolError: ucxx is missing, or UCX cannot listen on ``ucx_port``.
     """
     try:
-        from kvpool_client.transport.ucx_channel import UcxSettings
+        from kvpool_client.core.channels.ucx_channel import UcxSettings
         from kvpool_server.data.ucx import UcxListener
     except ImportError as exc:
         raise KVPoolError(f"ucx_port is set but ucxx cannot be imported ({exc}); pip install 'kvpool[ucx]'") from exc

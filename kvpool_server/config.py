@@ -8,7 +8,7 @@ Every setting can be set from
 - the environment, as ``KVPOOL_`` + the upper-case key,
 - the command line, as ``--key-with-dashes`` (``--flag/--no-flag`` for booleans),
 
-with precedence defaults < YAML < environment < flags, loaded by :mod:`kvpool_client.settings`.
+with precedence defaults < YAML < environment < flags, loaded by :mod:`kvpool_client.core.settings`.
 Unknown YAML keys, flags and ``KVPOOL_*`` variables are errors (with a did-you-mean), except
 ``KVPOOL_CONFIG`` and the client's variables in :data:`CLIENT_ENV_VARS`.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from kvpool_client import config as client_config
-from kvpool_client.auth import TlsFiles
-from kvpool_client.settings import (
+from kvpool_client.core import config as client_config
+from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.settings import (
     ENV_PREFIX,
     GiB,
     KiB,
@@ -48,9 +48,9 @@ from kvpool_client.settings import (
     parse_byte_size,
     section,
 )
-from kvpool_client.settings.render import add_setting_flags, markdown_tables
-from kvpool_client.settings.values import ConfigError
-from kvpool_client.version import package_version
+from kvpool_client.core.settings.render import add_setting_flags, markdown_tables
+from kvpool_client.core.settings.values import ConfigError
+from kvpool_client.core.version import package_version
 from kvpool_server.config_sections import (
     PAGE_SIZE,
     AuthSection,

@@ -1,7 +1,7 @@
 """The daemon's settings, section by section; each section checks its own rules.
 
 The flat keys (``dram_capacity``, ``ssd_dir``, ...) are what users write in YAML, as
-``KVPOOL_*`` variables and as flags; see :mod:`kvpool_client.settings.schema` for how a
+``KVPOOL_*`` variables and as flags; see :mod:`kvpool_client.core.settings.schema` for how a
 field's key is made. Rules that span sections are :meth:`ServerConfig.check`'s.
 """
 
@@ -12,9 +12,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvpool_client.auth import TlsFiles
-from kvpool_client.membership.records import MAX_REPLICAS
-from kvpool_client.settings import GiB, MiB, SectionReport, setting
+from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.membership.records import MAX_REPLICAS
+from kvpool_client.core.settings import GiB, MiB, SectionReport, setting
 
 if TYPE_CHECKING:
     from kvpool_server.membership.repair import RepairSettings

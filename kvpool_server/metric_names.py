@@ -18,8 +18,8 @@ import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from kvpool_client.errors import ErrorCode
-from kvpool_client.wire.frames import Op
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.wire.frames import Op
 
 TIERS = ("dram", "ssd")
 # Operations timed by the latency histogram (HELLO is counted, not timed).

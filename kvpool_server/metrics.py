@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvpool_client.membership.records import NodeState
+from kvpool_client.core.membership.records import NodeState
 from kvpool_server.membership.registration import SessionState
 from kvpool_server.metric_names import FAMILIES, TIMED_OPS, Kind
 from kvpool_server.stats import Counters, Latencies

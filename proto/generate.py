@@ -1,4 +1,4 @@
-"""Generate the Python gRPC code for proto/kvpool/v1/*.proto into kvpool_client/proto/.
+"""Generate the Python gRPC code for proto/kvpool/v1/*.proto into kvpool_client/core/proto/.
 
 Usage: deploy/dev.sh proto [--check]
 
@@ -21,11 +21,11 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-OUT_DIR = ROOT / "kvpool_client" / "proto"
+OUT_DIR = ROOT / "kvpool_client" / "core" / "proto"
 PROTOS = sorted(p.relative_to(PROTO_DIR) for p in (PROTO_DIR / "kvpool").rglob("*.proto"))
-# protoc names imports after the proto package path; the modules live flat in kvpool_client.proto.
+# protoc names imports after the proto package path; the modules live flat in kvpool_client.core.proto.
 IMPORT_FROM = "from kvpool.v1 import"
-IMPORT_TO = "from kvpool_client.proto import"
+IMPORT_TO = "from kvpool_client.core.proto import"
 
 
 def generate(out: Path) -> list[Path]:

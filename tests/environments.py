@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "venvs"
-SERVER_PYTHON_ENV = "KVPOOL_TEST_SERVER_PYTHON"  # read by kvpool_server.local.start_daemon
+SERVER_PYTHON_ENV = "KVPOOL_TEST_SERVER_PYTHON"  # read by bench.local.daemons.start_daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ ENVIRONMENTS = {
     env.name: env
     for env in (
         # The oldest protobuf and grpcio the client claims (pyproject.toml), and the protoc
-        # that generates kvpool_client/proto (proto/generate.py runs here).
+        # that generates kvpool_client/core/proto (proto/generate.py runs here).
         Environment("oldest", "tests/compat/oldest.txt", _CLIENT_TESTS),
         # vLLM 0.33 with a CPU torch: its scheduler and connector code, never a model.
         Environment("vllm", "tests/engines/vllm/lock.txt", ("tests/engines/vllm",)),

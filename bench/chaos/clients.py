@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from bench.chaos.settings import NS, SoakSettings, client_config
 from kvpool_client import BlockKey, ErrorCode, KVPoolClient, NodeUnavailable
-from kvpool_client.errors import RequestTimeout
+from kvpool_client.core.errors import RequestTimeout
 
 PUT_OK = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS)
 UNREACHED = "unreached"  # a read answered TIMEOUT, UNAVAILABLE, ...: neither bytes nor a miss

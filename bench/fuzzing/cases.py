@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.fuzzing.target import HEADER, LIMITS, MAX_FRAME, MAX_KEYS, SLAB
-from kvpool_client import wire
-from kvpool_client.wire import (
+from kvpool_client.core import wire
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
     ErrorResponse,

@@ -17,7 +17,7 @@ import grpc
 
 from bench.fuzzing.tally import Tally
 from bench.fuzzing.target import MAX_KEYS, SERVICE
-from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2 as pb
 
 _METHODS = ("GetServerInfo", "Exists", "Lookup", "Delete", "GetStats", "SetState")
 

@@ -18,7 +18,7 @@ import traceback
 from bench.fuzzing.cases import Case, CaseMaker
 from bench.fuzzing.tally import Tally
 from bench.fuzzing.target import IO_TIMEOUT_S, READ_LIMITS, SENTINEL_BASE
-from kvpool_client.wire import (
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     ErrorResponse,
     PingRequest,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from bench.fuzzing.good_client import GoodTally
 from bench.fuzzing.tally import Tally
 from bench.fuzzing.target import Memory
-from kvpool_server.local import DaemonProcess
+from bench.local.daemons import DaemonProcess
 
 if TYPE_CHECKING:
     from bench.fuzzing.run import FuzzSettings

@@ -41,7 +41,7 @@ from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
 from kvpool_client.integrations.vllm.blocks import BlockLayers  # noqa: E402
 from kvpool_client.integrations.vllm.scheduler import SchedulerPlan, TransferJob  # noqa: E402
 from kvpool_client.integrations.vllm.worker import WorkerTransfers  # noqa: E402
-from kvpool_client.keys import Namespace  # noqa: E402
+from kvpool_client.core.keys import Namespace  # noqa: E402
 
 PREFIX_BLOCKS = 32
 LOOKUP_BLOCKS = 1000

@@ -7,8 +7,8 @@ inside the image). Used by deploy/image/smoke.sh and tests/deploy; exits non-zer
 import sys
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.keys import BlockKey
 
 address = sys.argv[1]
 pool = KVPoolClient(config=ClientConfig(nodes=(address,), transport="ucx", request_timeout_s=20.0))

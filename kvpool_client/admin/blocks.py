@@ -17,12 +17,12 @@ from kvpool_client.admin.exits import CliError, ExitCode, from_status, unreachab
 from kvpool_client.admin.inputs import name_key, read_bytes, read_tokens, write_bytes
 from kvpool_client.admin.session import open_session
 from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import NodeInfo
-from kvpool_client.errors import ErrorCode, NodeUnavailable, RequestTimeout, UsageError
-from kvpool_client.keys import BlockKey, BlockKeyBuilder, Namespace
-from kvpool_client.membership.records import ClusterConfig
-from kvpool_client.routing import Member, RendezvousRouter, StaticRouter
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import NodeInfo
+from kvpool_client.core.errors import ErrorCode, NodeUnavailable, RequestTimeout, UsageError
+from kvpool_client.core.keys import BlockKey, BlockKeyBuilder, Namespace
+from kvpool_client.core.membership.records import ClusterConfig
+from kvpool_client.core.routing import Member, RendezvousRouter, StaticRouter
 
 # A put that finds the block already stored (or being stored) leaves it in the pool.
 _PUT_OK = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY})

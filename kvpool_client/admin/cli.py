@@ -71,10 +71,10 @@ from kvpool_client.admin.inputs import (
     positive_int_arg,
     setting_arg,
 )
-from kvpool_client.auth import Credentials, read_token
-from kvpool_client.config import CLIENT_SCHEMA, etcd_tls_from_env, tls_from_env
-from kvpool_client.errors import KVPoolError
-from kvpool_client.version import package_version
+from kvpool_client.core.auth import Credentials, read_token
+from kvpool_client.core.config import CLIENT_SCHEMA, etcd_tls_from_env, tls_from_env
+from kvpool_client.core.errors import KVPoolError
+from kvpool_client.core.version import package_version
 
 PROG = "kvpoolctl"
 DEFAULT_NODES = "127.0.0.1:50051"

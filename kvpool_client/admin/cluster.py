@@ -17,8 +17,8 @@ from kvpool_client.admin.exits import CliError, ExitCode
 from kvpool_client.admin.namespaces import show_namespaces
 from kvpool_client.admin.nodes import NodeReport
 from kvpool_client.admin.session import ClusterSession, open_session
-from kvpool_client.membership.cluster import NodeListing
-from kvpool_client.membership.records import ClusterConfig, NodeRecord
+from kvpool_client.core.membership.cluster import NodeListing
+from kvpool_client.core.membership.records import ClusterConfig, NodeRecord
 
 
 def record_json(record: NodeRecord) -> dict[str, object]:

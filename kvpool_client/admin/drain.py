@@ -20,11 +20,11 @@ from kvpool_client.admin import format as fmt
 from kvpool_client.admin import nodes
 from kvpool_client.admin.exits import CliError, ExitCode, unreachable
 from kvpool_client.admin.session import ClusterSession, Target, open_session
-from kvpool_client.auth import Credentials, open_channel
-from kvpool_client.control import translate_rpc_error
-from kvpool_client.membership.records import NodeState
-from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.core.auth import Credentials, open_channel
+from kvpool_client.core.control import translate_rpc_error
+from kvpool_client.core.membership.records import NodeState
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
 
 _POLL_S = 0.2
 _HANDOFF_COUNTERS = ("handoff_copies", "handoff_failures", "handoff_planned", "handoff_finished")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
 
 
 class ExitCode(enum.IntEnum):

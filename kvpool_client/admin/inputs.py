@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from kvpool_client.admin.exits import CliError, ExitCode
-from kvpool_client.membership.endpoints import channel_target
-from kvpool_client.membership.records import check_name
-from kvpool_client.wire.frames import MAX_HASH_BYTES
+from kvpool_client.core.membership.endpoints import channel_target
+from kvpool_client.core.membership.records import check_name
+from kvpool_client.core.wire.frames import MAX_HASH_BYTES
 
 _TOKEN_SEPARATORS = re.compile(r"[\s,]+")
 

@@ -15,10 +15,10 @@ import grpc
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import ExitCode
 from kvpool_client.admin.nodes import NodeReport, report_failures
-from kvpool_client.auth import Credentials, open_channel
-from kvpool_client.control import translate_rpc_error
-from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.proto import kvpool_pb2_grpc
+from kvpool_client.core.auth import Credentials, open_channel
+from kvpool_client.core.control import translate_rpc_error
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
 
 Usage = dict[tuple[str, str], list[int]]  # (namespace, tier) -> [blocks, bytes, nodes]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvpool_client.admin.exits import CliError, ExitCode, etcd_unreachable
-from kvpool_client.auth import TlsFiles
-from kvpool_client.membership.cluster import NodeListing, list_nodes, read_config, update_config
-from kvpool_client.membership.errors import EtcdError, EtcdUnavailable, RecordError
-from kvpool_client.membership.etcd import EtcdStore
-from kvpool_client.membership.records import ClusterConfig, NodeRecord, NodeState
+from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.membership.cluster import NodeListing, list_nodes, read_config, update_config
+from kvpool_client.core.membership.errors import EtcdError, EtcdUnavailable, RecordError
+from kvpool_client.core.membership.etcd import EtcdStore
+from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, NodeState
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """``watch``: membership changes as they happen, one line (or one JSON object) each.
 
-A :class:`~kvpool_client.membership.view.MembershipView` follows etcd (and re-reads
+A :class:`~kvpool_client.core.membership.view.MembershipView` follows etcd (and re-reads
 after an outage); each snapshot it publishes is compared with the one before, so
 the changes printed are exactly what clients placing keys see, resyncs included.
 """
@@ -19,9 +19,9 @@ from kvpool_client.admin import format as fmt
 from kvpool_client.admin.cluster import config_json, config_line, record_json
 from kvpool_client.admin.exits import CliError, ExitCode
 from kvpool_client.admin.session import open_session
-from kvpool_client.membership.etcd import EtcdStore
-from kvpool_client.membership.records import ClusterConfig, NodeRecord
-from kvpool_client.membership.view import Membership, MembershipView
+from kvpool_client.core.membership.etcd import EtcdStore
+from kvpool_client.core.membership.records import ClusterConfig, NodeRecord
+from kvpool_client.core.membership.view import Membership, MembershipView
 
 
 @dataclass(frozen=True, slots=True)

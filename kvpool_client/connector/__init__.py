@@ -8,7 +8,7 @@ Modelled on vLLM's KV connector split:
   save these pages as blocks; zero copy for contiguous CPU pages, pinned host
   staging for CUDA or strided pages.
 
-Block keys are vLLM's hash chain (:class:`~kvpool_client.keys.BlockKeyBuilder`) in a
+Block keys are vLLM's hash chain (:class:`~kvpool_client.core.keys.BlockKeyBuilder`) in a
 namespace that names the model and the block's :class:`KVLayout`, so blocks of
 another model, dtype or layout never match. Async twins take an
 :class:`~kvpool_client.aio.AsyncKVPoolClient`.

@@ -3,7 +3,7 @@
 A block holds the K and V of ``block_size`` consecutive tokens for every layer:
 five dimensions, layers (``L``), K/V (``K``, always 2), kv heads (``H``), tokens
 (``T``) and head_dim (``D``), in the order :attr:`KVLayout.order` names. The layout
-and the dtype go into the :class:`~kvpool_client.keys.Namespace`, so a block of
+and the dtype go into the :class:`~kvpool_client.core.keys.Namespace`, so a block of
 another model, dtype, shape or dimension order lives under another key and never
 matches.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool_client.errors import UsageError
-from kvpool_client.keys import Namespace
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.keys import Namespace
 
 # Namespace dtype name -> (torch dtype attribute, bytes per element).
 DTYPES: dict[str, tuple[str, int]] = {

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from kvpool_client.aio import AsyncKVPoolClient
 from kvpool_client.client import KVPoolClient
 from kvpool_client.connector.layout import KVLayout
-from kvpool_client.errors import UsageError
-from kvpool_client.keys import BlockKey, BlockKeyBuilder, Namespace
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.keys import BlockKey, BlockKeyBuilder, Namespace
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool_client.connector.layout import KVLayout
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 
 class KVPages:

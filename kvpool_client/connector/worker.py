@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from kvpool_client.aio import AsyncKVPoolClient
 from kvpool_client.client import KVPoolClient
 from kvpool_client.connector.staging import KVPages, Staged, StagingArea
-from kvpool_client.errors import ErrorCode, UsageError
-from kvpool_client.keys import BlockKey, Namespace
+from kvpool_client.core.errors import ErrorCode, UsageError
+from kvpool_client.core.keys import BlockKey, Namespace
 from kvpool_client.results import GetResult, PutResult
 
 

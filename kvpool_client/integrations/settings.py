@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool_client.config import ClientConfig, ClientSettings
-from kvpool_client.errors import UsageError
-from kvpool_client.settings import Report, Schema, env_layer, load, mapping_layer, section, setting
+from kvpool_client.core.config import ClientConfig, ClientSettings
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.settings import Report, Schema, env_layer, load, mapping_layer, section, setting
 
 
 @dataclass(frozen=True, slots=True)

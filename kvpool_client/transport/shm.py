@@ -3,11 +3,11 @@
 The daemon's DRAM arena is a file in ``/dev/shm``. A client on the same node maps
 it read-only, asks the node over the TCP connection where a batch of blocks lies
 (``LOCATE``: offset, length, checksum and slot generation per key) and copies
-each block into the caller's buffer: one copy (:mod:`kvpool_client.transport.copy`, fast
+each block into the caller's buffer: one copy (:mod:`kvpool_client.core.channels.copy`, fast
 whatever the buffer's alignment), no socket in between.
 
 Nothing is pinned during the copy. Instead the daemon bumps a slot's generation
-whenever it frees the slot, before it can be reused (:mod:`kvpool_client.wire.generations`).
+whenever it frees the slot, before it can be reused (:mod:`kvpool_client.core.wire.generations`).
 The reader copies, then reads the generation again: unchanged means no reuse
 overlapped the copy (x86-64 keeps loads in order, and the daemon's bump is stored
 before any new bytes); changed means the bytes may be torn, and the block is
@@ -22,7 +22,7 @@ a block it read before without asking the node again, checking the generation
 before the copy (a block gone costs no copy) and after it, as above.
 
 Where the node publishes its blocks' locations in shared memory (the published
-index, :mod:`kvpool_client.wire.published`), a block the client never read is found
+index, :mod:`kvpool_client.core.wire.published`), a block the client never read is found
 there the same way, lock-free, and each such read is marked for the node's eviction
 order. A block missing from the table, or one whose entry is being rewritten, is
 located by asking, as before. A table the node retired (it shut down) marks the
@@ -43,11 +43,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from kvpool_client.control import SharedArenaInfo
-from kvpool_client.errors import ErrorCode, KVPoolError, ProtocolError
-from kvpool_client.transport.copy import address, copy_into
-from kvpool_client.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
-from kvpool_client.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
+from kvpool_client.core.control import SharedArenaInfo
+from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError
+from kvpool_client.core.channels.copy import address, copy_into
+from kvpool_client.core.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
+from kvpool_client.core.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
 
 
 _ORDERED_LOADS = ("x86_64", "amd64")  # CPUs that never reorder a load before an earlier one
@@ -59,7 +59,7 @@ class SharedArenaUnavailable(KVPoolError):
     code = ErrorCode.UNAVAILABLE
 
 
-class Location(NamedTuple):  # a tuple: made on every get, at a third of a dataclass's cost
+class SlotLocation(NamedTuple):  # a tuple: made on every get, at a third of a dataclass's cost
     """Where one block lies in the arena, and its slot's generation when it was located."""
 
     offset: int
@@ -69,7 +69,7 @@ class Location(NamedTuple):  # a tuple: made on every get, at a third of a datac
 
 KNOWN_LOCATIONS = 1 << 16  # locations a client keeps per node: 24 GiB of 384 KiB blocks
 # (location, checksum) of a block found without asking the node, or None.
-Finder = Callable[[str, bytes], "tuple[Location, int] | None"]
+Finder = Callable[[str, bytes], "tuple[SlotLocation, int] | None"]
 
 
 class KnownLocations:
@@ -98,9 +98,9 @@ class KnownLocations:
         self._capacity = capacity
         self._clock = clock
         self._published = published
-        self._entries: dict[tuple[str, bytes], tuple[Location, int, float]] = {}
+        self._entries: dict[tuple[str, bytes], tuple[SlotLocation, int, float]] = {}
 
-    def lookup(self, namespace: str, hashes: Sequence[bytes]) -> list[tuple[Location, int]] | None:
+    def lookup(self, namespace: str, hashes: Sequence[bytes]) -> list[tuple[SlotLocation, int]] | None:
         """(location, checksum) of every block, if all are known and fresh or published; else None."""
         if not self._ttl and self._published is None:
             return None
@@ -117,7 +117,7 @@ class KnownLocations:
         return found
 
     def remember(
-        self, namespace: str, block: bytes, location: Location, checksum: int, until: float | None = None
+        self, namespace: str, block: bytes, location: SlotLocation, checksum: int, until: float | None = None
     ) -> None:
         """Keep a block's location for the ttl, or until ``until`` (seconds on the clock) if sooner."""
         if not self._ttl:
@@ -131,7 +131,7 @@ class KnownLocations:
         self._entries.pop((namespace, block), None)
 
 
-class SharedArena:
+class MappedArena:
     """A read-only mapping of a daemon's arena and of its slot generations.
 
     Args:
@@ -165,7 +165,7 @@ class SharedArena:
     def arena_id(self) -> int:
         return self.header.arena_id
 
-    def copy_into(self, location: Location, target: memoryview) -> None:
+    def copy_into(self, location: SlotLocation, target: memoryview) -> None:
         """Copy the located block into ``target`` (exactly its length).
 
         Raises:
@@ -176,7 +176,7 @@ class SharedArena:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
         copy_into(target, self._view[location.offset : end], self._address + location.offset)
 
-    def _find(self, namespace: str, block: bytes) -> tuple[Location, int] | None:
+    def _find(self, namespace: str, block: bytes) -> tuple[SlotLocation, int] | None:
         """The block's location in the node's published index, its read marked; None: ask the node."""
         assert self.published is not None
         reader, marks = self.published
@@ -191,13 +191,13 @@ class SharedArena:
             return None
         index, offset, length, checksum, generation = entry
         marks.mark(index, now >> MARK_SHIFT)
-        location = Location(offset, length, generation)
+        location = SlotLocation(offset, length, generation)
         # Kept like an answer of the node: re-reads within the ttl are cheaper still (the node hears of
         # them as of one read a ttl, as when it is asked once a ttl), but not past the table's trust.
         self.known.remember(namespace, block, location, checksum, until=trusted / 1e9)
         return location, checksum
 
-    def unchanged(self, location: Location) -> bool:
+    def unchanged(self, location: SlotLocation) -> bool:
         """Whether the block's slot is still in the generation it was located in."""
         try:
             index = self.header.index(location.offset)
@@ -206,7 +206,7 @@ class SharedArena:
         return int(self._generations[index]) == location.generation
 
 
-def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl_s: float = 0.0) -> SharedArena | None:
+def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl_s: float = 0.0) -> MappedArena | None:
     """The arena to read from under the ``transport`` setting; None: use tcp.
 
     ``auto`` maps the arena when the node offers one that is readable here, and
@@ -226,7 +226,7 @@ def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl
             raise SharedArenaUnavailable("the node offers no shared arena (shm transport)")
         return None
     try:
-        return SharedArena(info, location_ttl_s)
+        return MappedArena(info, location_ttl_s)
     except SharedArenaUnavailable:
         if transport == "shm":
             raise

@@ -2,7 +2,7 @@
 
 UCX moves block bytes over shared memory between processes of one node, over TCP
 between nodes here, and over RDMA on InfiniBand/RoCE clusters (docs/transports.md).
-The channel itself (framing, progress) is :mod:`kvpool_client.transport.ucx_channel`;
+The channel itself (framing, progress) is :mod:`kvpool_client.core.channels.ucx_channel`;
 this module adapts it to the blocking and the asyncio client.
 
 A UCX worker must be progressed by one thread, while a client's requests come
@@ -31,12 +31,12 @@ import weakref
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvpool_client.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.exchange import Exchange, run_async
-from kvpool_client.transport.tcp import parse_address
+from kvpool_client.core.channels.tcp import parse_address
 
 if TYPE_CHECKING:
-    from kvpool_client.transport.ucx_channel import UcxChannel, UcxSettings, WorkerPump
+    from kvpool_client.core.channels.ucx_channel import UcxChannel, UcxSettings, WorkerPump
 
 T = TypeVar("T")
 _STOP_TIMEOUT_S = 2.0
@@ -53,7 +53,7 @@ class UcxUnavailable(KVPoolError):
 def import_error() -> str | None:
     """Why ucxx cannot be imported here, or None when it can (asked once per process)."""
     try:
-        import kvpool_client.transport.ucx_channel  # noqa: F401 - imports ucxx
+        import kvpool_client.core.channels.ucx_channel  # noqa: F401 - imports ucxx
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken native library
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -61,7 +61,7 @@ def import_error() -> str | None:
 
 def settings_from_env() -> UcxSettings:
     """The client's UCX settings: ``KVPOOL_UCX_TLS``, ``KVPOOL_UCX_PROGRESS_MODE`` over the defaults."""
-    from kvpool_client.transport.ucx_channel import UcxSettings
+    from kvpool_client.core.channels.ucx_channel import UcxSettings
 
     return UcxSettings(
         tls=os.environ.get("KVPOOL_UCX_TLS", "tcp,sm"),
@@ -96,7 +96,7 @@ class UcxEngine:
 
     async def open(self, address: str, timeout: float, stall_timeout: float | None) -> UcxChannel:
         """(On the engine) a connected channel to ``address``."""
-        from kvpool_client.transport.ucx_channel import connect
+        from kvpool_client.core.channels.ucx_channel import connect
 
         host, port = parse_address(address)
         assert self._pump is not None
@@ -155,7 +155,7 @@ class UcxEngine:
             return self._loop
 
     def _start_thread(self) -> asyncio.AbstractEventLoop:
-        from kvpool_client.transport.ucx_channel import WorkerPump
+        from kvpool_client.core.channels.ucx_channel import WorkerPump
 
         loop = asyncio.new_event_loop()
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -6,7 +6,7 @@ before and after the copy, tells them whether the slot was freed (and so maybe
 reused) meanwhile. The counters live in the arena file itself, past the blocks
 (:class:`~kvpool_server.alloc.arena.SharedArena`'s ``extra`` region), so a reader
 maps one file and the counters always belong to the blocks next to them. The
-layout is in :mod:`kvpool_client.wire.generations`.
+layout is in :mod:`kvpool_client.core.wire.generations`.
 
 Only the daemon writes, under the DRAM tier's lock; each counter is an aligned
 8-byte word, so a reader never sees a torn value.
@@ -14,7 +14,7 @@ Only the daemon writes, under the DRAM tier's lock; each counter is an aligned
 
 from __future__ import annotations
 
-from kvpool_client.wire.generations import GRANULE, HEADER_BYTES, GenerationsHeader, encode_header
+from kvpool_client.core.wire.generations import GRANULE, HEADER_BYTES, GenerationsHeader, encode_header
 
 
 class SlotGenerations:

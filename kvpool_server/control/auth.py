@@ -1,6 +1,6 @@
 """Token authentication of gRPC calls: a server interceptor.
 
-Every call must carry the cluster's token (see :mod:`kvpool_client.auth`), except
+Every call must carry the cluster's token (see :mod:`kvpool_client.core.auth`), except
 the standard health service: Kubernetes probes cannot hold a secret, and health
 reveals nothing about the blocks.
 """
@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from kvpool_client.auth import token_in
-from kvpool_client.control import ERROR_CODE_METADATA
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.auth import token_in
+from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.stats import Counters
 
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)

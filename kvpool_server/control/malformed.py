@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kvpool_client.control import ERROR_CODE_METADATA
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.stats import Counters
 
 Deserializer = Callable[[bytes], Any]

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvpool_client.control import ERROR_CODE_METADATA
-from kvpool_client.errors import ErrorCode
-from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_client.wire import PROTOCOL_VERSION, WireLimits
-from kvpool_client.wire.frames import MAX_HASH_BYTES, MAX_NAMESPACE_BYTES
+from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
+from kvpool_client.core.wire import PROTOCOL_VERSION, WireLimits
+from kvpool_client.core.wire.frames import MAX_HASH_BYTES, MAX_NAMESPACE_BYTES
 from kvpool_server.index import StoreKey
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from kvpool_client.errors import AuthenticationError, ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
-from kvpool_client.wire import (
+from kvpool_client.core.errors import AuthenticationError, ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
     ErrorResponse,
@@ -55,8 +55,8 @@ from kvpool_client.wire import (
     encode,
     header_identity,
 )
-from kvpool_client.wire.codec import decode_get_one_request, encode_get_one
-from kvpool_client.wire.frames import MAX_TOKEN_BYTES
+from kvpool_client.core.wire.codec import decode_get_one_request, encode_get_one
+from kvpool_client.core.wire.frames import MAX_TOKEN_BYTES
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.readahead import HEAD_CHUNK, ReadAhead
 from kvpool_server.index import BlockEntry, StoreKey

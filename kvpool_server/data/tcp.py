@@ -11,10 +11,10 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvpool_client.errors import NodeUnavailable
-from kvpool_client.transport.aio_socket import AsyncSocketChannel
-from kvpool_client.transport.tcp import tune_socket
-from kvpool_client.transport.tls import AsyncTlsChannel
+from kvpool_client.core.errors import NodeUnavailable
+from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
+from kvpool_client.core.channels.tcp import tune_socket
+from kvpool_client.core.channels.tls import AsyncTlsChannel
 from kvpool_server.data.workers import LoopThread, cancel_and_wait
 
 log = logging.getLogger("kvpool.data")

@@ -3,9 +3,9 @@
 Every UCX connection lives on one dedicated loop thread (``kvpool-ucx``) that owns
 the daemon's UCX worker: a UCX worker is progressed by one thread only. Sessions
 receive puts straight into arena slots and send gets straight from them, as over
-TCP (:class:`~kvpool_client.transport.ucx_channel.UcxChannel` passes the arena's
+TCP (:class:`~kvpool_client.core.channels.ucx_channel.UcxChannel` passes the arena's
 memoryviews to UCX). The framing and the progress engine are described in
-:mod:`kvpool_client.transport.ucx_channel`.
+:mod:`kvpool_client.core.channels.ucx_channel`.
 
 UCX's listener binds every interface (ucxx takes no address); clients are
 authenticated by the session (HELLO with the cluster's token) like over TCP.
@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvpool_client.errors import KVPoolError
-from kvpool_client.transport.ucx_channel import UcxChannel, UcxSettings, WorkerPump, hello, listen
+from kvpool_client.core.errors import KVPoolError
+from kvpool_client.core.channels.ucx_channel import UcxChannel, UcxSettings, WorkerPump, hello, listen
 from kvpool_server.data.workers import LoopThread, cancel_and_wait
 
 log = logging.getLogger("kvpool.data")

@@ -3,7 +3,7 @@
 The daemon's own index (:class:`~kvpool_server.index.keys.KeyTable` and its columns)
 grows and lives in Python arrays, so it cannot be mapped by another process. Beside
 it the DRAM tier keeps this fixed-size, lossy table in shared memory (layout and the
-readers' side in :mod:`kvpool_client.wire.published`): a block is published when it is
+readers' side in :mod:`kvpool_client.core.wire.published`): a block is published when it is
 committed and withdrawn when it is unlinked (deleted, evicted, found corrupt). A block
 whose probe window is full is not published (counted): readers then ask the daemon,
 as they would without the table. The tier calls every method under its lock, so there
@@ -20,7 +20,7 @@ from array import array
 
 import numpy as np
 
-from kvpool_client.wire.published import (
+from kvpool_client.core.wire.published import (
     CHECKSUM,
     DIGEST_HI,
     DIGEST_LO,
@@ -77,7 +77,7 @@ class PublishedIndex:
         self.published = 0  # live entries
 
     def digest(self, key: StoreKey) -> tuple[int, int]:
-        """``key``'s digest (see :func:`~kvpool_client.wire.published.key_digest`); needs no lock."""
+        """``key``'s digest (see :func:`~kvpool_client.core.wire.published.key_digest`); needs no lock."""
         namespace = self._namespaces.get(key[0])
         if namespace is None:
             namespace = self._namespaces[key[0]] = key[0].encode()

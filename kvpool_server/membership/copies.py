@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from kvpool_client.aio import AsyncKVPoolClient
-from kvpool_client.auth import Credentials
-from kvpool_client.config import ClientConfig
-from kvpool_client.errors import ErrorCode, KVPoolError
-from kvpool_client.keys import BlockKey
-from kvpool_client.routing import Member, place
+from kvpool_client.core.auth import Credentials
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.errors import ErrorCode, KVPoolError
+from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.routing import Member, place
 from kvpool_server.index import StoreKey
 from kvpool_server.tiers.store import BlockStore, HeldBlock
 

@@ -13,11 +13,11 @@ import asyncio
 import logging
 from dataclasses import asdict, dataclass
 
-from kvpool_client.auth import Credentials
-from kvpool_client.membership.cluster import list_nodes, read_config
-from kvpool_client.membership.etcd import EtcdError, EtcdStore
-from kvpool_client.membership.records import ClusterConfig, NodeState
-from kvpool_client.routing import Member
+from kvpool_client.core.auth import Credentials
+from kvpool_client.core.membership.cluster import list_nodes, read_config
+from kvpool_client.core.membership.etcd import EtcdError, EtcdStore
+from kvpool_client.core.membership.records import ClusterConfig, NodeState
+from kvpool_client.core.routing import Member
 from kvpool_server.membership.copies import BlockCopier, Pacer, plan_copies
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from kvpool_client.auth import TlsFiles
-from kvpool_client.membership.cluster import ensure_config
-from kvpool_client.membership.etcd import EtcdError, EtcdStore
-from kvpool_client.membership.records import STATE_TRANSITIONS, ClusterConfig, NodeRecord, NodeState
+from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.membership.cluster import ensure_config
+from kvpool_client.core.membership.etcd import EtcdError, EtcdStore
+from kvpool_client.core.membership.records import STATE_TRANSITIONS, ClusterConfig, NodeRecord, NodeState
 from kvpool_server.membership.registration import InvalidTransition, NodeRegistration
 
 log = logging.getLogger("kvpool.membership")

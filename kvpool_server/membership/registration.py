@@ -21,9 +21,9 @@ import contextlib
 import enum
 import logging
 
-from kvpool_client.membership.backoff import Backoff
-from kvpool_client.membership.etcd import EtcdError, EtcdStore, EtcdUnavailable, LeaseLost
-from kvpool_client.membership.records import STATE_TRANSITIONS, NodeRecord, NodeState, node_key
+from kvpool_client.core.membership.backoff import Backoff
+from kvpool_client.core.membership.etcd import EtcdError, EtcdStore, EtcdUnavailable, LeaseLost
+from kvpool_client.core.membership.records import STATE_TRANSITIONS, NodeRecord, NodeState, node_key
 
 log = logging.getLogger("kvpool.membership.registration")
 

@@ -49,13 +49,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from kvpool_client.auth import Credentials
-from kvpool_client.membership.backoff import Backoff
-from kvpool_client.membership.etcd import EtcdStore
-from kvpool_client.membership.records import ClusterConfig
-from kvpool_client.membership.view import Membership, MembershipView
-from kvpool_client.placement_source import member_of
-from kvpool_client.routing import PLACEMENT_VERSION, Member
+from kvpool_client.core.auth import Credentials
+from kvpool_client.core.membership.backoff import Backoff
+from kvpool_client.core.membership.etcd import EtcdStore
+from kvpool_client.core.membership.records import ClusterConfig
+from kvpool_client.core.membership.view import Membership, MembershipView
+from kvpool_client.core.routing import PLACEMENT_VERSION, Member, member_of
 from kvpool_server.membership.copies import EXISTS_BATCH, BlockCopier, CopyTally, Pacer, chunks, plan_copies
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore

@@ -22,7 +22,7 @@ from itertools import count, islice, takewhile
 import numpy as np
 import xxhash
 
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import Allocation, SlabAllocator

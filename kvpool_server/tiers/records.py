@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from kvpool_client.errors import ErrorCode, KVPoolError
+from kvpool_client.core.errors import ErrorCode, KVPoolError
 
 MAGIC = b"KVSR"
 VERSION = 1

@@ -1,7 +1,7 @@
 """The shared index's memory and upkeep: the published table in the arena file, the hit marks beside it.
 
 Same-node clients find blocks in the published table without asking the daemon
-(:mod:`kvpool_client.wire.published`), so those reads never reach the DRAM tier's
+(:mod:`kvpool_client.core.wire.published`), so those reads never reach the DRAM tier's
 eviction order by themselves. They leave hit marks in a small file of their own
 instead (the arena is read-only to them); every :data:`DRAIN_INTERVAL_S` the daemon
 compares the marks and refreshes the marked blocks, least recently read first. So
@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 
-from kvpool_client.wire.published import BEAT_INTERVAL_S, DEFAULT_PROBE_LIMIT, aligned_offset, marks_bytes, table_bytes
+from kvpool_client.core.wire.published import BEAT_INTERVAL_S, DEFAULT_PROBE_LIMIT, aligned_offset, marks_bytes, table_bytes
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.index.published import HitMarks, PublishedIndex

@@ -50,7 +50,7 @@ from kvpool_server.index.locations import RecordLocations
 from kvpool_server.index.runs import SegmentRecords
 from kvpool_server.tiers.rebuild import DigestCollision, Survivors, release_free_memory, survivors
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.readahead import Stretch
+from kvpool_server.tiers.read_streams import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
 from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing, plan_spans
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage

@@ -14,7 +14,7 @@ requests' reads run beside it on the other pool threads.
 
 With read-ahead on, a client reading SSD records in log order, up or down (a long
 prefix reloaded batch by batch), makes the store read the next ones into DRAM on a
-pool thread while the reply is sent (:mod:`~kvpool_server.tiers.readahead` decides
+pool thread while the reply is sent (:mod:`~kvpool_server.tiers.read_streams` decides
 what), so the next batch finds them there. A read of blocks still being read
 ahead waits for that read instead of reading them a second time.
 
@@ -37,7 +37,7 @@ from itertools import takewhile
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
-from kvpool_server.tiers.readahead import ReadAheadPlanner, Stretch
+from kvpool_server.tiers.read_streams import ReadAheadPlanner, Stretch
 from kvpool_server.tiers.segments import plan_spans
 from kvpool_server.tiers.ssd import SsdTier
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage

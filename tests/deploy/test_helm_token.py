@@ -158,7 +158,7 @@ def test_the_plain_manifests_read_a_secret_that_the_user_creates() -> None:
 def test_a_daemon_on_the_rendered_config_admits_only_clients_with_the_generated_token(helm: str, tmp_path: Path) -> None:
     """The Secret's token, at the paths the chart gives the daemon and its clients, is one the daemon accepts."""
     from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-    from kvpool_client.errors import AuthenticationError, ErrorCode
+    from kvpool_client.core.errors import AuthenticationError, ErrorCode
     from tests.support.daemon import start_daemon
 
     objects = render(helm)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from kvpool_client.version import package_version
+from kvpool_client.core.version import package_version
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from contextlib import ExitStack
 import pytest
 
 from kvpool_client import BlockKey, KVPoolClient
-from kvpool_client.errors import ErrorCode
-from kvpool_client.wire import PutRequest, StatusResponse, encode
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.wire import PutRequest, StatusResponse, encode
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection, put_frame
 

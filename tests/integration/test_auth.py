@@ -15,12 +15,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-from kvpool_client.auth import Credentials, open_channel
-from kvpool_client.errors import AuthenticationError, ErrorCode, UsageError
-from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_client.wire import HelloRequest, PutRequest, WireLimits, decode_header, encode
-from kvpool_client.wire.codec import HEADER_SIZE
+from kvpool_client.core.auth import Credentials, open_channel
+from kvpool_client.core.errors import AuthenticationError, ErrorCode, UsageError
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
+from kvpool_client.core.wire import HelloRequest, PutRequest, WireLimits, decode_header, encode
+from kvpool_client.core.wire.codec import HEADER_SIZE
 from tests.support.daemon import DaemonProcess
 from tests.support.waiting import wait_until
 
@@ -143,7 +143,7 @@ def test_a_daemon_refuses_to_start_with_a_short_token(daemon_factory: Callable[.
 
 
 def test_read_token_rejects_spaces(tmp_path: Path) -> None:
-    from kvpool_client.auth import read_token
+    from kvpool_client.core.auth import read_token
 
     path = tmp_path / "token"
     path.write_text("a token with spaces inside!")

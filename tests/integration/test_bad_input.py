@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from kvpool_client import AsyncKVPoolClient, BlockKey, ErrorCode, KVPoolClient, UsageError
-from kvpool_client.proto import kvpool_pb2 as pb
-from kvpool_client.proto import kvpool_pb2_grpc
-from kvpool_client.wire import (
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
+from kvpool_client.core.wire import (
     DeleteRequest,
     ErrorResponse,
     ExistsRequest,
@@ -30,7 +30,7 @@ from kvpool_client.wire import (
     WireLimits,
     encode,
 )
-from kvpool_client.wire.frames import RESPONSE_BIT
+from kvpool_client.core.wire.frames import RESPONSE_BIT
 from tests.support.daemon import DaemonProcess, start_daemon
 from tests.support.rawwire import RawConnection, put_frame, raw_header
 

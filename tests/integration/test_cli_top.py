@@ -17,7 +17,7 @@ from kvpool_client.admin.cli import build_parser
 from kvpool_client.admin.completion import bash_script, collect
 from kvpool_client.admin.nodes import NodeReport
 from kvpool_client.admin.top import NodeRow, Sample, node_row, render
-from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2 as pb
 from tests.integration.test_cli import dead_address, kvpoolctl, one_line_error
 from tests.support.daemon import DaemonProcess
 

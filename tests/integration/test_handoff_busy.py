@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
-from kvpool_client.wire import PutRequest, encode
-from kvpool_server.local import LocalCluster
+from kvpool_client.core.wire import PutRequest, encode
+from bench.local.daemons import LocalCluster
 from tests.integration.test_cli import kvpoolctl
 from tests.support.etcd import requires_etcd
 from tests.support.rawwire import RawConnection

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client.membership.cluster import list_nodes
-from kvpool_client.membership.etcd import EtcdStore
-from kvpool_client.membership.records import NodeState
+from kvpool_client.core.membership.cluster import list_nodes
+from kvpool_client.core.membership.etcd import EtcdStore
+from kvpool_client.core.membership.records import NodeState
 from kvpool_server.index import StoreKey
-from kvpool_server.local import LocalCluster
+from bench.local.daemons import LocalCluster
 from kvpool_server.membership.handoff import HandoffReport, hand_off
 from tests.support.etcd import requires_etcd
 from tests.unit.test_block_store import Harness

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import uvloop
 
-from kvpool_client.membership.cluster import ensure_config, list_nodes, read_config, update_config
-from kvpool_client.membership.etcd import EtcdStore, EtcdUnavailable, LeaseLost, WatchCompacted
-from kvpool_client.membership.records import ClusterConfig, NodeRecord, NodeState, config_key, node_key
-from kvpool_client.membership.view import Membership, MembershipView, ThreadedMembershipView
+from kvpool_client.core.membership.cluster import ensure_config, list_nodes, read_config, update_config
+from kvpool_client.core.membership.etcd import EtcdStore, EtcdUnavailable, LeaseLost, WatchCompacted
+from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, NodeState, config_key, node_key
+from kvpool_client.core.membership.view import Membership, MembershipView, ThreadedMembershipView
 from kvpool_server.membership.registration import InvalidTransition, NodeRegistration, SessionState
 from tests.support.etcd import LocalEtcd, local_etcd, requires_etcd
 
@@ -139,8 +139,8 @@ def test_record_vanishes_within_ttl_when_keepalives_stop(etcd: LocalEtcd) -> Non
 
 _VICTIM = """
 import asyncio, sys, uvloop
-from kvpool_client.membership.etcd import EtcdStore
-from kvpool_client.membership.records import NodeRecord
+from kvpool_client.core.membership.etcd import EtcdStore
+from kvpool_client.core.membership.records import NodeRecord
 from kvpool_server.membership.registration import NodeRegistration
 
 async def main():

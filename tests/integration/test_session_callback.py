@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvpool_client import BlockKey, ErrorCode, KVPoolClient
-from kvpool_client.wire import (
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
     ExistsRequest,

@@ -21,7 +21,7 @@ import torch
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.transport import shm
-from kvpool_client.transport.copy import SSE2_MEMMOVE, Copier
+from kvpool_client.core.channels.copy import SSE2_MEMMOVE, Copier
 from tests.support.daemon import DaemonProcess, running_daemon
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-from kvpool_client.errors import ErrorCode
-from kvpool_client.proto import kvpool_pb2 as pb
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_server.tiers.records import HEADER_SIZE
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -3,7 +3,7 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kvpool_server.local import DaemonProcess, LocalCluster, start_daemon
+from bench.local.daemons import DaemonProcess, LocalCluster, start_daemon
 
 __all__ = ["DaemonProcess", "LocalCluster", "running_daemon", "start_daemon"]
 

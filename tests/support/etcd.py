@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpool_server.membership.local_etcd import DEFAULT_BINARY, EtcdStartError, LocalEtcd, free_port
+from bench.local.etcd import DEFAULT_BINARY, EtcdStartError, LocalEtcd, free_port
 
 __all__ = ["DEFAULT_BINARY", "EtcdStartError", "LocalEtcd", "etcd", "free_port", "local_etcd", "requires_etcd"]
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvpool_client.wire import (
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     PROTOCOL_VERSION,
     FrameHeader,
@@ -27,9 +27,9 @@ from kvpool_client.wire import (
     encode,
     payload_lengths,
 )
-from kvpool_client.wire.frames import MAGIC
+from kvpool_client.core.wire.frames import MAGIC
 
-# The header layout of kvpool_client.wire.codec, repeated so a test can write any field value.
+# The header layout of kvpool_client.core.wire.codec, repeated so a test can write any field value.
 _HEADER = struct.Struct("<2sBBHHQIQ")
 assert _HEADER.size == HEADER_SIZE
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvpool_client.buffers import byte_view
-from kvpool_client.errors import ErrorCode, UsageError
+from kvpool_client.core.errors import ErrorCode, UsageError
 
 
 def assert_flat_bytes(view: memoryview, expected: bytes) -> None:

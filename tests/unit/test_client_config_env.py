@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvpool_client import AsyncKVPoolClient, ClientConfig, KVPoolClient
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 
 @pytest.mark.parametrize("client_class", [KVPoolClient, AsyncKVPoolClient])

@@ -17,8 +17,8 @@ import pytest
 
 from kvpool_client.aio import AsyncKVPoolClient
 from kvpool_client.client import KVPoolClient
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import AsyncControlClient, ControlClient
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import AsyncControlClient, ControlClient
 
 # The context-manager protocols differ by design; each pairs with its async twin.
 PROTOCOL_TWINS = {"__enter__": "__aenter__", "__exit__": "__aexit__"}

@@ -454,13 +454,13 @@ def test_the_client_variables_come_from_one_declaration() -> None:
     import re
 
     import kvpool_client.admin.cli
-    import kvpool_client.auth
-    import kvpool_client.config
-    from kvpool_client.config import CLIENT_SCHEMA, ENV_VARS
+    import kvpool_client.core.auth
+    import kvpool_client.core.config
+    from kvpool_client.core.config import CLIENT_SCHEMA, ENV_VARS
 
     assert ENV_VARS == {spec.env_name for spec in CLIENT_SCHEMA if spec.env}
     assert {"KVPOOL_NODES", "KVPOOL_AUTH_TOKEN_FILE", "KVPOOL_TLS_CA_FILE", "KVPOOL_ETCD_KEY_FILE"} <= ENV_VARS
-    for module in (kvpool_client.config, kvpool_client.auth, kvpool_client.admin.cli):
+    for module in (kvpool_client.core.config, kvpool_client.core.auth, kvpool_client.admin.cli):
         text = Path(module.__file__).read_text()
         by_hand = re.findall(r'(?:env(?:iron)?(?:\.get\(|\[))"(KVPOOL_[A-Z_]+)"', text)
         assert not by_hand, f"{module.__name__} reads {by_hand} itself: declare them in ClientSettings"

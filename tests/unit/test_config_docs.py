@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from kvpool_client.settings import mapping_layer
-from kvpool_client.settings.render import help_line
+from kvpool_client.core.settings import mapping_layer
+from kvpool_client.core.settings.render import help_line
 from kvpool_server.config import DOCS_BEGIN, SCHEMA, docs_with_tables
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Tests of kvpool_client.settings: declarations, the sources, sections that check themselves.
+"""Tests of kvpool_client.core.settings: declarations, the sources, sections that check themselves.
 
 A small schema of its own shows the loader's contract; the daemon's and the client's schemas
 show that their spellings (flat and nested YAML, variables, flags) mean the same.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client.config import CLIENT_SCHEMA, ClientConfig, settings_from_env
-from kvpool_client.settings import (
+from kvpool_client.core.config import CLIENT_SCHEMA, ClientConfig, settings_from_env
+from kvpool_client.core.settings import (
     ConfigError,
     MiB,
     Schema,
@@ -26,7 +26,7 @@ from kvpool_client.settings import (
     section,
     setting,
 )
-from kvpool_client.settings.render import add_setting_flags, help_line, markdown_tables
+from kvpool_client.core.settings.render import add_setting_flags, help_line, markdown_tables
 from kvpool_server.config import SCHEMA, ServerConfig, load_config
 
 

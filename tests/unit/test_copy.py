@@ -1,4 +1,4 @@
-"""Block copies (kvpool_client.transport.copy): every byte, whatever the sizes and offsets, by every route."""
+"""Block copies (kvpool_client.core.channels.copy): every byte, whatever the sizes and offsets, by every route."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool_client.transport import copy
-from kvpool_client.transport.copy import SSE2_MEMMOVE, VECTOR_FROM, Copier, address, measure_route
+from kvpool_client.core.channels import copy
+from kvpool_client.core.channels.copy import SSE2_MEMMOVE, VECTOR_FROM, Copier, address, measure_route
 
 KiB = 1024
 GUARD = 64  # bytes either side of the destination window that a copy must leave alone
@@ -124,7 +124,7 @@ void *memmove(void *d, const void *s, size_t n) {
 
 _PROBE = r"""
 import ctypes, mmap, sys
-from kvpool_client.transport.copy import SSE2_MEMMOVE, Copier, address
+from kvpool_client.core.channels.copy import SSE2_MEMMOVE, Copier, address
 calls = ctypes.c_ulong.in_dll(ctypes.CDLL(None), "kv_rep_range_calls")
 sse2 = Copier(SSE2_MEMMOVE, measure=False)
 source = mmap.mmap(-1, 1 << 20); source[:] = bytes(range(256)) * 4096

@@ -18,7 +18,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey

@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from kvpool_client import exchange
-from kvpool_client.errors import (
+from kvpool_client.core.errors import (
     ErrorCode,
     KVPoolError,
     LimitExceeded,
@@ -26,7 +26,7 @@ from kvpool_client.errors import (
     error_for_code,
 )
 from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send, run_async, run_sync
-from kvpool_client.wire import (
+from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
     ErrorResponse,

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvpool_client.errors import AuthenticationError, NodeUnavailable
+from kvpool_client.core.errors import AuthenticationError, NodeUnavailable
 from kvpool_client.failure_log import FailureLog, describe, node_label
 from tests.support.clock import FakeClock
 

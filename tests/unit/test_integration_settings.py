@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.settings import PoolSettings, model_field
 
 SOURCE = "kv_connector_extra_config"

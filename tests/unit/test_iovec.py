@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool_client.transport.iovec import advance
+from kvpool_client.core.channels.iovec import advance
 
 
 @given(data=st.data(), sizes=st.lists(st.integers(1, 16), max_size=8))

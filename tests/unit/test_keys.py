@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool_client.errors import UsageError
-from kvpool_client.keys import (
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.keys import (
     BlockKey,
     BlockKeyBuilder,
     Namespace,

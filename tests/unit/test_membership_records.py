@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from kvpool_client.membership.backoff import Backoff
-from kvpool_client.membership.errors import RecordError
-from kvpool_client.membership.records import (
+from kvpool_client.core.membership.backoff import Backoff
+from kvpool_client.core.membership.errors import RecordError
+from kvpool_client.core.membership.records import (
     ClusterConfig,
     NodeRecord,
     NodeState,
@@ -154,7 +154,7 @@ def test_backoff_doubles_with_jitter_up_to_the_cap_and_resets() -> None:
 
 
 def test_channel_target() -> None:
-    from kvpool_client.membership.etcd import channel_target
+    from kvpool_client.core.membership.etcd import channel_target
 
     assert channel_target(["127.0.0.1:2379", "http://10.0.0.2:2379/"]) == "ipv4:127.0.0.1:2379,10.0.0.2:2379"
     assert channel_target("localhost:2379") == "ipv4:127.0.0.1:2379"
@@ -167,8 +167,8 @@ def test_channel_target() -> None:
 
 
 def test_tls_follows_the_endpoint_scheme_or_the_files() -> None:
-    from kvpool_client.auth import TlsFiles
-    from kvpool_client.membership.etcd import EtcdStore, uses_tls
+    from kvpool_client.core.auth import TlsFiles
+    from kvpool_client.core.membership.etcd import EtcdStore, uses_tls
 
     assert uses_tls("https://a:1,https://b:1") and not uses_tls(["a:1", "http://b:1"])
     with pytest.raises(ValueError, match="mix"):

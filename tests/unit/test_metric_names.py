@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client.errors import ErrorCode
-from kvpool_client.wire.frames import Op
+from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.wire.frames import Op
 from kvpool_server.metric_names import COUNTER_KEYS, FAMILIES, Kind
 from kvpool_server.stats import Counters, UnknownCounter
 

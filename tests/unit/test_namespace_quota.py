@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry, StoreKey

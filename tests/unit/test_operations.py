@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from kvpool_client import batching, nodes, operations
-from kvpool_client.config import ClientConfig
-from kvpool_client.errors import ErrorCode, NodeUnavailable, UsageError
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.errors import ErrorCode, NodeUnavailable, UsageError
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.placement_source import Placement
-from kvpool_client.routing import Member, RendezvousRouter
-from kvpool_client.wire import WireLimits
+from kvpool_client.core.routing import Member, RendezvousRouter
+from kvpool_client.core.wire import WireLimits
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 MEMBERS = [Member(n, f"{n}.local:7000") for n in "abc"]
@@ -124,7 +124,7 @@ def test_limit_helpers_ask_only_uncached_usable_nodes() -> None:
 
 def test_node_record_identity() -> None:
     a = MEMBERS[0]
-    record: nodes.NodeRecord[object] = nodes.NodeRecord(a, ClientConfig(nodes=("x:1",)))
+    record: nodes.NodeHandle[object] = nodes.NodeHandle(a, ClientConfig(nodes=("x:1",)))
     assert record.serves(Member("a", a.address)) and not record.serves(Member("a", "elsewhere:1"))
     assert not record.serves(Member("a", a.address, data_address="a.local:7001"))
     assert nodes.find_node([record], "a") is record and nodes.find_node([record], a.address) is record

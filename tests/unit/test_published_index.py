@@ -16,8 +16,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvpool_client.wire import published as layout
-from kvpool_client.wire.published import (
+from kvpool_client.core.wire import published as layout
+from kvpool_client.core.wire.published import (
     ENTRY_WORDS,
     HEADER_WORDS,
     MarkWriter,

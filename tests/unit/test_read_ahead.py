@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.readahead import ReadAheadPlanner, Stretch
+from kvpool_server.tiers.read_streams import ReadAheadPlanner, Stretch
 from kvpool_server.tiers.ssd import SEGMENT_STRIDE, SsdConfig, SsdTier, record_size
 
 WINDOW = 1000

@@ -11,13 +11,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from kvpool_client.auth import Credentials
-from kvpool_client.control import NodeInfo
-from kvpool_client.errors import ErrorCode, UsageError
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.auth import Credentials
+from kvpool_client.core.control import NodeInfo
+from kvpool_client.core.errors import ErrorCode, UsageError
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import PutResult
-from kvpool_client.routing import Member
-from kvpool_client.wire import WireLimits
+from kvpool_client.core.routing import Member
+from kvpool_client.core.wire import WireLimits
 from kvpool_server.index import StoreKey
 from kvpool_server.membership.copies import PUT_BATCH, BlockCopier, CopyTally, Pacer
 from kvpool_server.tiers.store import BlockStore, HeldBlock

@@ -11,8 +11,8 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from kvpool_client.membership.backoff import Backoff
-from kvpool_client.routing import Member
+from kvpool_client.core.membership.backoff import Backoff
+from kvpool_client.core.routing import Member
 from kvpool_server.membership.repair import RepairLoop, Topology
 
 SETTLE_S = 0.05

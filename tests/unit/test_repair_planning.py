@@ -13,10 +13,10 @@ from types import MappingProxyType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool_client.keys import BlockKey
-from kvpool_client.membership.records import ClusterConfig, NodeRecord, NodeState
-from kvpool_client.membership.view import Membership
-from kvpool_client.routing import Member, RendezvousRouter
+from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, NodeState
+from kvpool_client.core.membership.view import Membership
+from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_server.membership.copies import Pacer, chunks, plan_copies
 from kvpool_server.membership.repair import topology_of
 from tests.support.clock import FakeClock

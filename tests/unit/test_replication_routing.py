@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from kvpool_client.errors import UsageError
-from kvpool_client.keys import BlockKey
-from kvpool_client.membership.records import NodeState
-from kvpool_client.routing import Member, RendezvousRouter, StaticRouter, place, place_key, rank
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.membership.records import NodeState
+from kvpool_client.core.routing import Member, RendezvousRouter, StaticRouter, place, place_key, rank
 
 ACTIVE, DRAINING, JOINING = NodeState.ACTIVE, NodeState.DRAINING, NodeState.JOINING
 KEYS = 20_000

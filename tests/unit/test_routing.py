@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 import xxhash
 
-from kvpool_client.errors import UsageError
-from kvpool_client.keys import BlockKey
-from kvpool_client.routing import Member, StaticRouter, place, rendezvous_score
+from kvpool_client.core.errors import UsageError
+from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.routing import Member, StaticRouter, place, rendezvous_score
 
 BALANCE_KEYS = 100_000  # 100k place() calls over 5 nodes take about 0.4 s here
 # Movement tests place every key twice (before and after) and the weight tests need only a

@@ -18,12 +18,12 @@ import pytest
 import xxhash
 
 from kvpool_client import exchange
-from kvpool_client.control import SharedArenaInfo
-from kvpool_client.errors import ErrorCode, ProtocolError
+from kvpool_client.core.control import SharedArenaInfo
+from kvpool_client.core.errors import ErrorCode, ProtocolError
 from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send
-from kvpool_client.transport.shm import KnownLocations, Location, SharedArena, SharedArenaUnavailable, open_shared_arena
-from kvpool_client.wire import HEADER_SIZE, GetRequest, GetResponse, LocateRequest, LocateResponse, WireLimits, encode
-from kvpool_client.wire.generations import GRANULE, HEADER_BYTES, decode_header
+from kvpool_client.transport.shm import KnownLocations, SlotLocation, MappedArena, SharedArenaUnavailable, open_shared_arena
+from kvpool_client.core.wire import HEADER_SIZE, GetRequest, GetResponse, LocateRequest, LocateResponse, WireLimits, encode
+from kvpool_client.core.wire.generations import GRANULE, HEADER_BYTES, decode_header
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import ALIGNMENT, SlabAllocator
@@ -66,12 +66,12 @@ class Node:
         self.tier.commit(entry)
         return entry
 
-    def locate(self, key: StoreKey) -> Location:
+    def locate(self, key: StoreKey) -> SlotLocation:
         """What the LOCATE handler answers: the location and generation read while the block is held."""
         entry = self.tier.acquire(key)
         assert entry is not None, key
         try:
-            return Location(entry.offset, entry.length, self.tier.generation(entry))
+            return SlotLocation(entry.offset, entry.length, self.tier.generation(entry))
         finally:
             self.tier.release(entry)
 
@@ -109,7 +109,7 @@ def test_every_free_bumps_the_slot_generation_once(node: Node) -> None:
 
 
 def test_a_reused_slot_is_detected_after_the_copy(node: Node) -> None:
-    reader = SharedArena(node.info)
+    reader = MappedArena(node.info)
     node.put(k(1), data_for(1))
     where = node.locate(k(1))
     target = memoryview(bytearray(where.length))
@@ -131,7 +131,7 @@ def test_a_pinned_block_deleted_changes_generation_at_once(node: Node) -> None:
     where = node.locate(k(1))
     held = node.tier.acquire(k(1))
     assert held is not None and node.tier.delete(k(1))
-    reader = SharedArena(node.info)
+    reader = MappedArena(node.info)
     assert not reader.unchanged(where), "deleted, though still pinned"
     gone = node.generations.get(where.offset)
     node.tier.release(held)
@@ -139,11 +139,11 @@ def test_a_pinned_block_deleted_changes_generation_at_once(node: Node) -> None:
 
 
 def test_reader_rejects_locations_outside_the_arena(node: Node) -> None:
-    reader = SharedArena(node.info)
+    reader = MappedArena(node.info)
     with pytest.raises(ProtocolError):
-        reader.copy_into(Location(CAPACITY - 4 * KiB, 8 * KiB, 0), memoryview(bytearray(8 * KiB)))
+        reader.copy_into(SlotLocation(CAPACITY - 4 * KiB, 8 * KiB, 0), memoryview(bytearray(8 * KiB)))
     with pytest.raises(ProtocolError):
-        reader.unchanged(Location(100, 1, 0))
+        reader.unchanged(SlotLocation(100, 1, 0))
 
 
 # -- negotiation --------------------------------------------------------------------
@@ -151,8 +151,8 @@ def test_reader_rejects_locations_outside_the_arena(node: Node) -> None:
 
 def test_negotiation_follows_the_transport_setting(node: Node, tmp_path: Path) -> None:
     assert open_shared_arena(node.info, "tcp") is None
-    assert isinstance(open_shared_arena(node.info, "auto"), SharedArena)
-    assert isinstance(open_shared_arena(node.info, "shm"), SharedArena)
+    assert isinstance(open_shared_arena(node.info, "auto"), MappedArena)
+    assert isinstance(open_shared_arena(node.info, "shm"), MappedArena)
     assert open_shared_arena(None, "auto") is None
     with pytest.raises(SharedArenaUnavailable):
         open_shared_arena(None, "shm")
@@ -232,7 +232,7 @@ def test_shm_get_copies_located_blocks_and_reads_only_the_rest_over_the_wire(nod
     keys = [k(1), k(9), k(2)]
     request = LocateRequest(5, NS, [key[1] for key in keys])
     targets = [memoryview(bytearray(4 * KiB)), None, None]
-    gen = exchange.get_shared(request, targets, LIMITS, True, SharedArena(node.info))
+    gen = exchange.get_shared(request, targets, LIMITS, True, MappedArena(node.info))
     sent, (statuses, filled) = drive(gen, [locate_answer(node, 5, keys)], [])
     assert [s.buffers for s in sent] == [[encode(request)]], "one LOCATE, no GET"
     assert statuses == [OK, NOT_FOUND, OK]
@@ -248,7 +248,7 @@ def test_a_slot_reused_between_locate_and_copy_is_read_again_with_get(node: Node
     node.tier.delete(k(1))  # after LOCATE, before the copy: the slot is freed and reused
     node.put(k(3), data_for(3))
     get_frame = encode(GetResponse(6, [int(NOT_FOUND)], [0], [0]))
-    gen = exchange.get_shared(LocateRequest(6, NS, [key[1] for key in keys]), [None, None], LIMITS, False, SharedArena(node.info))
+    gen = exchange.get_shared(LocateRequest(6, NS, [key[1] for key in keys]), [None, None], LIMITS, False, MappedArena(node.info))
     sent, (statuses, filled) = drive(gen, [located, get_frame], [])
     assert sent[1].buffers == [encode(GetRequest(6, NS, [k(1)[1]]))], "only the reused block goes over the wire"
     assert statuses == [NOT_FOUND, OK] and filled[0] is None, "never the bytes of block 3"
@@ -257,7 +257,7 @@ def test_a_slot_reused_between_locate_and_copy_is_read_again_with_get(node: Node
 
 def test_an_answer_for_another_arena_marks_the_mapping_stale_and_gets_everything(node: Node) -> None:
     node.put(k(1), data_for(1))
-    reader = SharedArena(node.info)
+    reader = MappedArena(node.info)
     located = locate_answer(node, 8, [k(1)], arena_id=12345)
     payload = data_for(1)
     get_frame = encode(GetResponse(8, [int(OK)], [len(payload)], [xxhash.xxh3_64_intdigest(payload)]))
@@ -269,7 +269,7 @@ def test_an_answer_for_another_arena_marks_the_mapping_stale_and_gets_everything
 def test_shm_get_reports_size_mismatch_without_copying(node: Node) -> None:
     node.put(k(1), data_for(1))
     target = bytearray(b"\xee" * (2 * KiB))
-    gen = exchange.get_shared(LocateRequest(9, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, SharedArena(node.info))
+    gen = exchange.get_shared(LocateRequest(9, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, MappedArena(node.info))
     _, (statuses, filled) = drive(gen, [locate_answer(node, 9, [k(1)])], [])
     assert statuses == [ErrorCode.SIZE_MISMATCH] and filled == [None] and target == b"\xee" * (2 * KiB)
 
@@ -281,7 +281,7 @@ def test_meta_size_expected_by_the_client_matches_the_encoder() -> None:
 
 def test_transport_setting_comes_from_config_or_environment() -> None:
     from kvpool_client import ClientConfig
-    from kvpool_client.errors import UsageError
+    from kvpool_client.core.errors import UsageError
 
     assert ClientConfig(nodes=("a:1",)).transport == "auto"
     assert ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_TRANSPORT": " SHM "}).transport == "shm"
@@ -292,13 +292,13 @@ def test_transport_setting_comes_from_config_or_environment() -> None:
 # -- locations reused without asking the node ------------------------------------------
 
 
-def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[SharedArena, FakeClock]:
-    reader, clock = SharedArena(node.info), FakeClock()
+def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[MappedArena, FakeClock]:
+    reader, clock = MappedArena(node.info), FakeClock()
     reader.known = KnownLocations(ttl_s, clock=clock)
     return reader, clock
 
 
-def shm_get(reader: SharedArena, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
+def shm_get(reader: MappedArena, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
     """A get of ``keys`` by a client that does not verify checksums itself: what it sent, and its result."""
     request = LocateRequest(3, NS, [key[1] for key in keys])
     gen = exchange.get_shared(request, [None] * len(keys), LIMITS, False, reader)
@@ -364,7 +364,7 @@ def test_ttl_zero_asks_the_node_every_time(node: Node) -> None:
 def test_known_locations_are_bounded() -> None:
     known = KnownLocations(1.0, capacity=4, clock=FakeClock())
     for i in range(10):
-        known.remember(NS, b"%d" % i, Location(i * GRANULE, 1, 0), 0)
+        known.remember(NS, b"%d" % i, SlotLocation(i * GRANULE, 1, 0), 0)
     assert known.lookup(NS, [b"9"]) is not None
     assert sum(known.lookup(NS, [b"%d" % i]) is not None for i in range(10)) <= 4
 

@@ -21,12 +21,12 @@ import pytest
 import xxhash
 
 from kvpool_client import exchange
-from kvpool_client.control import SharedArenaInfo
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.control import SharedArenaInfo
+from kvpool_client.core.errors import ErrorCode
 from kvpool_client.exchange import Send
-from kvpool_client.transport.shm import KnownLocations, SharedArena
-from kvpool_client.wire import GetResponse, LocateRequest, WireLimits, encode
-from kvpool_client.wire.published import BEAT_LIMIT_NS, MARK_SHIFT
+from kvpool_client.transport.shm import KnownLocations, MappedArena
+from kvpool_client.core.wire import GetResponse, LocateRequest, WireLimits, encode
+from kvpool_client.core.wire.published import BEAT_LIMIT_NS, MARK_SHIFT
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
@@ -76,8 +76,8 @@ class Node:
         self.tier.commit(entry)
         return entry
 
-    def reader(self) -> SharedArena:
-        return SharedArena(self.info, location_ttl_s=1.0)
+    def reader(self) -> MappedArena:
+        return MappedArena(self.info, location_ttl_s=1.0)
 
 
 def make_node(directory: Path, entries: int = 64, probe_limit: int = 16) -> Node:
@@ -105,7 +105,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     close_node(made)
 
 
-def shm_get(reader: SharedArena, keys: list[StoreKey], frames: list[bytes],
+def shm_get(reader: MappedArena, keys: list[StoreKey], frames: list[bytes],
             targets: list[memoryview | None] | None = None, verify: bool = False) -> tuple[list[Send], list[int], list]:
     request = LocateRequest(3, NS, [key[1] for key in keys])
     gen = exchange.get_shared(request, targets or [None] * len(keys), LIMITS, verify, reader)
@@ -229,14 +229,14 @@ def test_a_client_that_cannot_write_hit_marks_does_not_read_the_table(node: Node
     """Its reads would be lost to the node's eviction order."""
     node.put(1)
     info = dataclasses.replace(node.info, hit_marks_path=str(Path(node.index.marks_path).with_name("gone")))
-    reader = SharedArena(info, location_ttl_s=1.0)
+    reader = MappedArena(info, location_ttl_s=1.0)
     assert reader.published is None
     assert len(shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])[0]) == 1
 
 
 def test_ttl_zero_asks_the_node_every_time_table_or_not(node: Node) -> None:
     node.put(1)
-    reader = SharedArena(node.info, location_ttl_s=0.0)
+    reader = MappedArena(node.info, location_ttl_s=0.0)
     for _ in range(2):
         sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
         assert len(sent) == 1 and statuses == [OK]
@@ -245,7 +245,7 @@ def test_ttl_zero_asks_the_node_every_time_table_or_not(node: Node) -> None:
 def test_an_index_of_another_arena_is_not_read(node: Node) -> None:
     node.put(1)
     info = dataclasses.replace(node.info, index_offset=node.info.generations_offset)  # the generations, not the table
-    assert SharedArena(info, location_ttl_s=1.0).published is None
+    assert MappedArena(info, location_ttl_s=1.0).published is None
 
 
 def test_a_table_whose_heartbeat_stopped_is_not_read(node: Node) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_server.config import ConfigError, load_config
 
-ucx_channel = pytest.importorskip("kvpool_client.transport.ucx_channel", reason="ucxx cannot be imported")
+ucx_channel = pytest.importorskip("kvpool_client.core.channels.ucx_channel", reason="ucxx cannot be imported")
 
 
 def test_ucx_is_off_by_default_and_set_by_flag_env_or_yaml(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool_client.config import ClientConfig
-from kvpool_client.control import NodeInfo
-from kvpool_client.errors import ProtocolError
-from kvpool_client.nodes import NodeRecord
-from kvpool_client.routing import Member
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import NodeInfo
+from kvpool_client.core.errors import ProtocolError
+from kvpool_client.nodes import NodeHandle
+from kvpool_client.core.routing import Member
 from kvpool_client.transport import ucx
-from kvpool_client.transport.ucx_frames import (
+from kvpool_client.core.channels.ucx_frames import (
     INLINE_LIMIT,
     MAX_SEGMENTS,
     Unit,
@@ -25,7 +25,7 @@ from kvpool_client.transport.ucx_frames import (
     fit_segments,
     plan_units,
 )
-from kvpool_client.wire import WireLimits
+from kvpool_client.core.wire import WireLimits
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -102,8 +102,8 @@ def test_hello_round_trips_and_refuses_strangers() -> None:
 # -- negotiation ---------------------------------------------------------------------------------
 
 
-def record(transport: str, endpoints: dict[str, str]) -> NodeRecord[object]:
-    node: NodeRecord[object] = NodeRecord(Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport))
+def record(transport: str, endpoints: dict[str, str]) -> NodeHandle[object]:
+    node: NodeHandle[object] = NodeHandle(Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport))
     node._info = NodeInfo("127.0.0.1:1", "n1", endpoints, WireLimits(), 1)
     return node
 

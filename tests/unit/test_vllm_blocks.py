@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
 
 

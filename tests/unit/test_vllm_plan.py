@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan
-from kvpool_client.keys import BlockKey, Namespace
+from kvpool_client.core.keys import BlockKey, Namespace
 
 NS = Namespace("m", "bf16", "vllm-test")
 BS = 4

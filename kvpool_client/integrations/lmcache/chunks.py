@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 
 def payload(memory_obj: Any) -> torch.Tensor:

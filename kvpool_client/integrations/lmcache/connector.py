@@ -26,7 +26,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.errors import ErrorCode, UsageError
+from kvpool_client.core.errors import ErrorCode, UsageError
 from kvpool_client.integrations.lmcache.chunks import ChunkAllocator, release
 from kvpool_client.integrations.lmcache.guard import Guard, log
 from kvpool_client.integrations.lmcache.keys import ChunkFormat, ChunkKeys

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.settings import PoolSettings
 
 PREFIX = "remote_storage_plugin."
@@ -122,7 +122,7 @@ def _check_etcd(source: str, prefix: str) -> None:
     """etcd membership needs ``kvpool[etcd]``, whose grpcio (>= 1.78.1) LMCache 0.5.6's pin
     (grpcio 1.78.0) excludes: say so at start rather than at the first call."""
     try:
-        importlib.import_module("kvpool_client.membership.etcd")
+        importlib.import_module("kvpool_client.core.membership.etcd")
     except ImportError as exc:
         raise UsageError(
             f"{source}: etcd_endpoints needs kvpool[etcd], which cannot be imported here ({exc}); "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 PageView = Callable[[int], Sequence[torch.Tensor]]
 """The views of one page's parts, given the host index of its first token."""

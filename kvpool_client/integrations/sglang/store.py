@@ -17,7 +17,7 @@ Contracts SGLang relies on, and what this class does for them:
 - A pool failure is a miss or a False, logged, never raised into SGLang's threads; a page
   that did not arrive whole (node down, evicted, a block of another size) is False, and
   SGLang does not use it.
-- Only settings and shapes raise (:class:`~kvpool_client.errors.UsageError`), at start.
+- Only settings and shapes raise (:class:`~kvpool_client.core.errors.UsageError`), at start.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
 from kvpool_client.buffers import byte_view
 from kvpool_client.client import KVPoolClient
-from kvpool_client.errors import ErrorCode, UsageError
+from kvpool_client.core.errors import ErrorCode, UsageError
 from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.sglang.pages import HostPages
 from kvpool_client.integrations.sglang.shape import PageKeys, PageShape
-from kvpool_client.keys import BlockKey
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import PUT_SUCCESS
 
 log = logging.getLogger("kvpool.sglang")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 
 
 @dataclass(frozen=True, slots=True)

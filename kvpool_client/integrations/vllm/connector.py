@@ -21,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, MLAAttentionSpec
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.vllm.blocks import BlockLayers
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan, StepPlan
 from kvpool_client.integrations.settings import PoolSettings

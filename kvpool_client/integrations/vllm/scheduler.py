@@ -21,7 +21,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvpool_client.keys import BlockKey, Namespace
+from kvpool_client.core.keys import BlockKey, Namespace
 
 log = logging.getLogger("kvpool.vllm")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpool_client.integrations.settings import dtype_field, model_field
-from kvpool_client.keys import Namespace
+from kvpool_client.core.keys import Namespace
 
 
 

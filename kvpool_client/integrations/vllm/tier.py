@@ -30,9 +30,9 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_client.integrations.settings import PoolSettings, model_field
-from kvpool_client.keys import BlockKey, Namespace
+from kvpool_client.core.keys import BlockKey, Namespace
 
 _STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)
 

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.errors import ErrorCode
+from kvpool_client.core.errors import ErrorCode
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
 from kvpool_client.integrations.vllm.scheduler import TransferJob
 

@@ -7,7 +7,7 @@ import torch
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat
 
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.lmcache.keys import ChunkFormat, ChunkKeys, chunk_hash_bytes
 
 QWEN = ChunkFormat.of(MemoryFormat.KV_2LTD, 256, [torch.Size([2, 24, 256, 128])], [torch.bfloat16])

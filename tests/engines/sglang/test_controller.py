@@ -22,7 +22,7 @@ from sglang.srt.runtime_context import get_parallel
 
 from bench.sglang.pools import TINY_MHA, device_pool, extra_config, fill_random, host_pool, page_bytes, page_starts
 from kvpool_client.integrations.sglang.store import KVPoolStore
-from kvpool_client.keys import BlockKeyBuilder
+from kvpool_client.core.keys import BlockKeyBuilder
 from tests.support.daemon import DaemonProcess
 
 PAGE = TINY_MHA.page_size

@@ -30,9 +30,9 @@ from bench.sglang.pools import (
     storage_config,
 )
 from kvpool_client import BlockKey, KVPoolClient
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.sglang.store import KVPoolStore
-from kvpool_client.keys import sglang_page_hash
+from kvpool_client.core.keys import sglang_page_hash
 from tests.engines.sglang.docs import flag, launch_flags
 from tests.support.daemon import DaemonProcess
 

@@ -18,7 +18,7 @@ from vllm.v1.request import RequestStatus
 
 from bench.vllm.harness import Engine, attention_spec, block_bytes, model_dir, vllm_config
 from kvpool_client import BlockKey, KVPoolClient
-from kvpool_client.errors import UsageError
+from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.vllm.shape import CacheShape
 from tests.engines.vllm.readme import connector_config
 from tests.support.daemon import DaemonProcess
