@@ -6,7 +6,7 @@ from array import array
 
 import numpy as np
 
-from kvpool_server.tiers.segments import Location
+from kvpool_server.tiers.segments import RecordAddress
 
 
 class RecordLocations:
@@ -21,7 +21,7 @@ class RecordLocations:
         self.length = array("I")  # payload bytes
         self.checksum = array("Q")
 
-    def set(self, block: int, location: Location, length: int, checksum: int) -> None:
+    def set(self, block: int, location: RecordAddress, length: int, checksum: int) -> None:
         if block == len(self.segment):
             for column in (self.segment, self.offset, self.size, self.length, self.checksum):
                 column.append(0)
@@ -38,8 +38,8 @@ class RecordLocations:
                                       (self.checksum, checksums, np.uint64)):
             column.frombytes(values.astype(dtype).tobytes())
 
-    def location(self, block: int) -> Location:
-        return Location(self.segment[block], self.offset[block], self.size[block])
+    def location(self, block: int) -> RecordAddress:
+        return RecordAddress(self.segment[block], self.offset[block], self.size[block])
 
     def nbytes(self) -> int:
         return sum(c.itemsize * len(c) for c in (self.segment, self.offset, self.size, self.length, self.checksum))

@@ -20,7 +20,7 @@ import xxhash
 from kvpool_server.index import StoreKey
 from kvpool_server.index.keys import KeyTable
 from kvpool_server.tiers.record_columns import RecordColumns
-from kvpool_server.tiers.segments import Location
+from kvpool_server.tiers.segments import RecordAddress
 
 
 def release_free_memory() -> None:
@@ -69,7 +69,7 @@ class Survivors:
     """What a replay of the log leaves."""
 
     records: LogRecords  # the live records, in log order
-    tombstones: list[tuple[StoreKey, Location]]  # every tombstone record, in log order
+    tombstones: list[tuple[StoreKey, RecordAddress]]  # every tombstone record, in log order
     undecodable: int  # records whose namespace is not UTF-8: never served
 
 
@@ -170,9 +170,9 @@ def _same_key(records: LogRecords, first: np.ndarray, second: np.ndarray) -> np.
             & (records.hashes[first] == records.hashes[second]).all(axis=1))
 
 
-def _tombstones(records: LogRecords) -> list[tuple[StoreKey, Location]]:
+def _tombstones(records: LogRecords) -> list[tuple[StoreKey, RecordAddress]]:
     found = []
     for i in range(len(records)):
         key = (records.namespaces[records.namespace_ids[i]], records.hashes[i, : records.hash_lens[i]].tobytes())
-        found.append((key, Location(int(records.segments[i]), int(records.offsets[i]), int(records.sizes[i]))))
+        found.append((key, RecordAddress(int(records.segments[i]), int(records.offsets[i]), int(records.sizes[i]))))
     return found

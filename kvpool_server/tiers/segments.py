@@ -68,8 +68,8 @@ class SegmentMissing(LookupError):
 
 
 @dataclass(frozen=True, slots=True)
-class Location:
-    """Where a record lives: ``length`` bytes (header + key + payload) at ``offset``."""
+class RecordAddress:
+    """A record's place in the log: ``length`` bytes (header + key + payload) at ``offset`` of a segment."""
 
     segment_id: int
     offset: int
@@ -86,11 +86,11 @@ class Span:
     members: tuple[int, ...]  # indices into the planned locations, in disk order
 
     @property
-    def location(self) -> Location:
-        return Location(self.segment_id, self.offset, self.length)
+    def location(self) -> RecordAddress:
+        return RecordAddress(self.segment_id, self.offset, self.length)
 
 
-def plan_spans(locations: Sequence[Location]) -> list[Span]:
+def plan_spans(locations: Sequence[RecordAddress]) -> list[Span]:
     """Group ``locations`` into spans of records back to back on disk, in disk order.
 
     Every index of ``locations`` is in exactly one span. The same location given
@@ -134,7 +134,7 @@ class ScanEntry:
     """One record found by :meth:`SegmentLog.scan`."""
 
     key: StoreKey
-    location: Location
+    location: RecordAddress
     checksum: int  # xxh3-64 of the payload
     payload_len: int
     tombstone: bool  # a deletion marker: the key's older records are void
@@ -212,7 +212,7 @@ def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
     return total
 
 
-def _check_record(front: bytearray, payload: memoryview, location: Location, key: StoreKey | None) -> None:
+def _check_record(front: bytearray, payload: memoryview, location: RecordAddress, key: StoreKey | None) -> None:
     """Verify one record read as its header and key (``front``), then its payload; raises :class:`CorruptRecord`."""
     header = decode_record_header(front)
     if header.record_len != location.length:
@@ -240,7 +240,7 @@ def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
                 walk.corrupt += 1  # checksums matched, so it was written so: never serve it
                 continue
         header = found.header
-        location = Location(segment_id, found.offset, header.record_len)
+        location = RecordAddress(segment_id, found.offset, header.record_len)
         tombstone = header.flags == RecordFlags.TOMBSTONE
         yield ScanEntry((namespace, found.hash), location, header.payload_checksum, header.payload_len, tombstone)
 
@@ -350,7 +350,7 @@ class SegmentLog:
         payload: memoryview | bytes,
         flags: RecordFlags = RecordFlags.NONE,
         payload_sum: int | None = None,
-    ) -> Location:
+    ) -> RecordAddress:
         """Append one record; the payload is handed to ``pwritev`` without a copy.
 
         Args:
@@ -386,7 +386,7 @@ class SegmentLog:
             self._write(segment, [memoryview(header), memoryview(ns), memoryview(hash_), view], offset)
             with self._meta_lock:
                 segment.size = offset + total
-        return Location(segment.id, offset, total)
+        return RecordAddress(segment.id, offset, total)
 
     def _write(self, segment: _Segment, buffers: list[memoryview], offset: int) -> None:
         try:
@@ -440,7 +440,7 @@ class SegmentLog:
         if close_now:
             os.close(segment.fd)
 
-    def will_need(self, locations: list[Location]) -> None:
+    def will_need(self, locations: list[RecordAddress]) -> None:
         """Ask the kernel to start reading these records now (``POSIX_FADV_WILLNEED``).
 
         A batch's reads then overlap on the device instead of queueing one by one
@@ -456,7 +456,7 @@ class SegmentLog:
             finally:
                 self._release(segment)
 
-    def read_into(self, location: Location, target: memoryview, key: StoreKey | None = None) -> None:
+    def read_into(self, location: RecordAddress, target: memoryview, key: StoreKey | None = None) -> None:
         """Read the payload at ``location`` into ``target`` and verify it.
 
         Args:
@@ -476,7 +476,7 @@ class SegmentLog:
             raise problem
 
     def read_span(
-        self, locations: Sequence[Location], targets: Sequence[memoryview], keys: Sequence[StoreKey | None]
+        self, locations: Sequence[RecordAddress], targets: Sequence[memoryview], keys: Sequence[StoreKey | None]
     ) -> list[CorruptRecord | None]:
         """Read records lying back to back in one segment (a :class:`Span`) and verify each.
 
@@ -518,7 +518,7 @@ class SegmentLog:
             self._release(segment)
 
     @staticmethod
-    def _read_call(fd: int, locations: list[Location], views: list[memoryview],
+    def _read_call(fd: int, locations: list[RecordAddress], views: list[memoryview],
                    keys: list[StoreKey | None]) -> list[CorruptRecord | None]:
         """One preadv of consecutive records, then each record's checks."""
         fronts = [bytearray(loc.length - len(view)) for loc, view in zip(locations, views)]  # header and key

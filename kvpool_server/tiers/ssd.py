@@ -52,7 +52,7 @@ from kvpool_server.tiers.rebuild import DigestCollision, Survivors, release_free
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.read_streams import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
-from kvpool_server.tiers.segments import Location, SegmentLog, SegmentMissing, plan_spans
+from kvpool_server.tiers.segments import RecordAddress, SegmentLog, SegmentMissing, plan_spans
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 log = logging.getLogger("kvpool.ssd")
@@ -78,7 +78,7 @@ class _Record:
     """A snapshot of one indexed record, taken under the lock."""
 
     block: int
-    location: Location
+    location: RecordAddress
     checksum: int
     length: int
 
@@ -200,7 +200,7 @@ class SsdTier:
             record = self._get(key)
         return None if record is None else record.length
 
-    def location_of(self, key: StoreKey) -> Location | None:
+    def location_of(self, key: StoreKey) -> RecordAddress | None:
         with self._lock:
             record = self._get(key)
         return None if record is None else record.location
@@ -212,7 +212,7 @@ class SsdTier:
             order = getattr(self._policy, "nbytes", lambda: 0)()
             return self._keys.nbytes() + self._records.nbytes() + runs + order
 
-    def log_range(self, location: Location) -> Stretch:
+    def log_range(self, location: RecordAddress) -> Stretch:
         """A record's place in the log as one line: segment ``s`` spans positions from
         ``s * SEGMENT_STRIDE``, and a sealed segment's end is the next one's start."""
         start = location.segment_id * SEGMENT_STRIDE + location.offset
@@ -355,7 +355,8 @@ class SsdTier:
             self._note_tombstone(key, location)
         return True
 
-    def _append(self, key: StoreKey, payload: memoryview | bytes, checksum: int, flags: RecordFlags) -> Location | None:
+    def _append(self, key: StoreKey, payload: memoryview | bytes, checksum: int,
+                flags: RecordFlags) -> RecordAddress | None:
         """Append a record; on a disk error, pause writes and return None."""
         try:
             location = self._log.append(key[0], key[1], payload, flags, payload_sum=checksum)
@@ -535,7 +536,7 @@ class SsdTier:
             self._counters.add("ssd_misses", len(keys) - hits)
         return sums
 
-    def _will_need(self, locations: list[Location]) -> None:
+    def _will_need(self, locations: list[RecordAddress]) -> None:
         if not locations:
             return
         try:
@@ -627,7 +628,7 @@ class SsdTier:
         start, _ = run.entry(position)
         return block if block >= 0 and start + self._records.size[block] == offset else -1
 
-    def _add(self, key: StoreKey, location: Location, length: int, checksum: int, depth: int = 0) -> None:
+    def _add(self, key: StoreKey, location: RecordAddress, length: int, checksum: int, depth: int = 0) -> None:
         block = self._keys.insert(key)
         self._records.set(block, location, length, checksum)
         self._account(block)
@@ -665,6 +666,6 @@ class SsdTier:
         if not self._namespace_bytes[namespace]:
             del self._namespace_bytes[namespace]
 
-    def _note_tombstone(self, key: StoreKey, location: Location) -> None:
+    def _note_tombstone(self, key: StoreKey, location: RecordAddress) -> None:
         self._tombstones_in[location.segment_id].add(key)
         self._tombstone_bytes[location.segment_id] += location.length

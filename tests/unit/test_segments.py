@@ -28,7 +28,7 @@ from kvpool_server.tiers.records import (
     walk_records,
 )
 from kvpool_server.tiers.segments import (
-    Location,
+    RecordAddress,
     SegmentLog,
     SegmentMissing,
     chunk_span,
@@ -109,7 +109,7 @@ def _payload(i: int, size: int) -> bytes:
     return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
 
 
-def _read(log: SegmentLog, location: Location, size: int) -> bytes:
+def _read(log: SegmentLog, location: RecordAddress, size: int) -> bytes:
     target = bytearray(size)
     log.read_into(location, memoryview(target))
     return bytes(target)
@@ -272,7 +272,7 @@ def test_delete_segment(tmp_path: Path) -> None:
         assert [e.location for e in log.scan()] == locs[2:]
     with SegmentLog(tmp_path, record * 2, fsync=True) as log:
         assert [e.location for e in log.scan()] == locs[2:]
-        assert log.append("ns", b"k5", b"0123456789") == Location(3, record, record)
+        assert log.append("ns", b"k5", b"0123456789") == RecordAddress(3, record, record)
         assert log.append("ns", b"k6", b"0123456789").segment_id == 4
 
 
@@ -382,11 +382,11 @@ def test_walk_yields_every_good_record_before_garbage(payloads: list[bytes], gar
 
 # -- batched reads: spans of back-to-back records ------------------------------------
 
-locations = st.lists(st.builds(Location, st.integers(1, 3), st.integers(0, 40), st.integers(1, 5)), max_size=30)
+locations = st.lists(st.builds(RecordAddress, st.integers(1, 3), st.integers(0, 40), st.integers(1, 5)), max_size=30)
 
 
 @given(locations)
-def test_plan_spans_covers_each_location_once_back_to_back_in_disk_order(wanted: list[Location]) -> None:
+def test_plan_spans_covers_each_location_once_back_to_back_in_disk_order(wanted: list[RecordAddress]) -> None:
     spans = plan_spans(wanted)
     assert sorted(i for span in spans for i in span.members) == list(range(len(wanted)))
     for span in spans:
@@ -400,7 +400,8 @@ def test_plan_spans_covers_each_location_once_back_to_back_in_disk_order(wanted:
 
 
 def test_plan_spans_joins_neighbours_and_splits_at_gaps_and_segments() -> None:
-    wanted = [Location(1, 10, 5), Location(1, 0, 10), Location(2, 15, 5), Location(1, 16, 4), Location(1, 15, 1)]
+    wanted = [RecordAddress(1, 10, 5), RecordAddress(1, 0, 10), RecordAddress(2, 15, 5), RecordAddress(1, 16, 4),
+              RecordAddress(1, 15, 1)]
     assert [(s.segment_id, s.offset, s.length, s.members) for s in plan_spans(wanted)] == [
         (1, 0, 20, (1, 0, 4, 3)), (2, 15, 5, (2,))]
 

@@ -39,7 +39,7 @@ from kvpool_server.tiers.records import (
     encode_record_header,
     walk_records,
 )
-from kvpool_server.tiers.segments import Location, SegmentMissing, segment_name
+from kvpool_server.tiers.segments import RecordAddress, SegmentMissing, segment_name
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier, record_size
 
 NS = "m@fp16@tp0"
@@ -146,7 +146,7 @@ class Harness:
         log = self.tier._log
         append = log.append
 
-        def watched(*args: object, **kwargs: object) -> Location:
+        def watched(*args: object, **kwargs: object) -> RecordAddress:
             location = append(*args, **kwargs)  # type: ignore[arg-type]
             self.peak_bytes = max(self.peak_bytes, log.stats().bytes)
             return location
@@ -183,7 +183,7 @@ class Harness:
     def segment_path(self, segment_id: int) -> Path:
         return self.directory / segment_name(segment_id)
 
-    def location(self, i: int) -> Location:
+    def location(self, i: int) -> RecordAddress:
         location = self.tier.location_of(k(i))
         assert location is not None, f"{k(i)} is not indexed"
         return location
@@ -442,7 +442,7 @@ def test_read_racing_a_compaction_retries_at_the_new_location(h: Harness) -> Non
     real = log.read_into
     calls: list[int] = []
 
-    def compact_first(location: Location, target: memoryview, key: StoreKey | None = None) -> None:
+    def compact_first(location: RecordAddress, target: memoryview, key: StoreKey | None = None) -> None:
         calls.append(location.segment_id)
         if len(calls) == 1:
             assert h.put(12)  # compacts segment 1 under this read: it reads inline, once more
@@ -460,7 +460,7 @@ def test_read_of_a_record_that_keeps_moving_gives_up_as_a_miss(h: Harness) -> No
     fill(h, 1)
     log = h.tier._log
 
-    def always_gone(location: Location, target: memoryview, key: StoreKey | None = None) -> None:
+    def always_gone(location: RecordAddress, target: memoryview, key: StoreKey | None = None) -> None:
         raise SegmentMissing(location.segment_id)
 
     log.read_into = always_gone  # type: ignore[method-assign]
@@ -520,7 +520,8 @@ def test_read_many_racing_a_compaction_reads_each_record_at_its_new_place(h: Har
     real = log.read_span
     calls: list[int] = []
 
-    def compact_first(locations: list[Location], targets: list[memoryview], keys: list[StoreKey | None]) -> list[object]:
+    def compact_first(locations: list[RecordAddress], targets: list[memoryview],
+                      keys: list[StoreKey | None]) -> list[object]:
         calls.append(locations[0].segment_id)
         if len(calls) == 1:
             assert h.put(12)  # moves record 3 out of segment 1 and deletes the segment
@@ -536,7 +537,7 @@ def test_read_many_racing_a_compaction_reads_each_record_at_its_new_place(h: Har
 def test_read_many_counts_a_disk_error_as_misses(h: Harness) -> None:
     fill(h, 4)
 
-    def broken(locations: list[Location], targets: list[memoryview], keys: list[StoreKey | None]) -> list[object]:
+    def broken(locations: list[RecordAddress], targets: list[memoryview], keys: list[StoreKey | None]) -> list[object]:
         raise OSError(errno.EIO, "I/O error")
 
     h.tier._log.read_span = broken  # type: ignore[method-assign]
@@ -547,7 +548,7 @@ def test_read_many_counts_a_disk_error_as_misses(h: Harness) -> None:
 
 def test_read_many_of_scattered_records_hints_the_spans_after_the_first(h: Harness) -> None:
     fill(h, 8)
-    hinted: list[list[Location]] = []
+    hinted: list[list[RecordAddress]] = []
     h.tier._log.will_need = hinted.append  # type: ignore[method-assign]
     assert read_many(h, [3, 2, 1, 0]) == [data_for(i) for i in (3, 2, 1, 0)]
     assert hinted == [], "one back-to-back span needs no hint: the kernel reads ahead of it"
@@ -767,7 +768,7 @@ def test_torn_tail_is_truncated(h: Harness, tail: str) -> None:
     h.reopen()
     assert h.held() == [0, 1, 2, 3, 4] and path.stat().st_size == good_size, (h.held(), path.stat().st_size)
     assert h.counters.get("ssd_corrupt_blocks") == 0, "a torn tail is not corruption"
-    assert h.put(5) and h.location(5) == Location(2, good_size, REC), h.location(5)
+    assert h.put(5) and h.location(5) == RecordAddress(2, good_size, REC), h.location(5)
     h.reopen()
     assert h.held() == [0, 1, 2, 3, 4, 5]
     h.audit()
