@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (e.g. `| head`); point stdout at /dev/null so the final flush is quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.ERROR
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 1
+    except Exception as exc:  # the last line of defence: one line, exit 1
         if args.debug:
             traceback.print_exc()
         hint = "" if args.debug else " (rerun with --debug for a traceback)"

@@ -82,7 +82,7 @@ class Namespace:
         return self.id
 
     @classmethod
-    def parse(cls, id: str) -> Namespace:  # noqa: A002 - mirrors the property
+    def parse(cls, id: str) -> Namespace:  # ``id`` mirrors the property
         """Return the Namespace whose :attr:`id` is ``id``.
 
         Raises:

@@ -54,7 +54,7 @@ def import_error() -> str | None:
     """Why ucxx cannot be imported here, or None when it can (asked once per process)."""
     try:
         import kvpool_client.core.channels.ucx_channel  # noqa: F401 - imports ucxx
-    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken native library
+    except Exception as exc:  # ImportError, or a broken native library
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -164,7 +164,7 @@ class UcxEngine:
             asyncio.set_event_loop(loop)
             try:
                 self._pump = loop.run_until_complete(_make_pump(WorkerPump, settings_from_env()))
-            except Exception as exc:  # noqa: BLE001 - handed to the thread that waits for the start
+            except Exception as exc:  # handed to the thread that waits for the start
                 ready.set_exception(exc)
                 return
             ready.set_result(None)

@@ -61,7 +61,7 @@ class ApiServer:
 
 def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:  # http.server's name
             code, body = api.answer(self.path.split("?")[0])
             data = json.dumps(body).encode()
             self.send_response(code)

@@ -395,7 +395,7 @@ def test_threads_share_one_sync_client(client: KVPoolClient, ns: str) -> None:
                         assert bytes(view) == pattern(k, BLOCK), f"wrong bytes for {k}"
                 assert client.exists(own) == [True] * len(own)
             assert client.delete(own) == [True] * len(own)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(WORKERS)]

@@ -194,7 +194,7 @@ class WorkerPump:
                 continue
             try:
                 request.check_error()
-            except Exception as exc:  # noqa: BLE001 - any UCX error means the peer or link is gone
+            except Exception as exc:  # any UCX error means the peer or link is gone
                 _fail(future, NodeUnavailable(f"UCX request failed: {exc}"))
             else:
                 if not future.done():
