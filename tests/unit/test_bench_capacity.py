@@ -24,9 +24,9 @@ BLOCK = 384 * KiB
 
 
 def measured(shape: Shape, round_: int, gbps: float, ops: float, client: float, server: float,
-             user: float = 0.3, system: float = 0.1) -> Measured:  # fmt: skip
+             user: float = 0.3, system: float = 0.1, load: float = 0.0) -> Measured:  # fmt: skip
     cell = Cell(shape.system, shape.op, shape.block, shape.batch, shape.clients, gbps=gbps, ops_per_s=ops,
-                client_cpu_us=client, server_cpu_us=server)  # fmt: skip
+                client_cpu_us=client, server_cpu_us=server, foreign_cores=load)  # fmt: skip
     return Measured(shape, round_, cell, user, system)
 
 
@@ -77,6 +77,17 @@ def test_scaling_pairs_cells_by_round_and_reports_the_fraction_of_the_ceiling() 
     assert result is not None
     assert result.per_round == pytest.approx((1.5, 1.8, 1.4))
     assert (result.ratio, result.ceiling, result.fraction) == pytest.approx((1.5, 2.0, 0.75))
+    assert (result.left_ceiling, result.left_fraction) == pytest.approx((2.0, 0.75))
+
+
+def test_the_ceiling_on_the_cores_left_subtracts_other_processes_load() -> None:
+    one, four = Shape("kvpool", "get", BLOCK, 1, 1), Shape("kvpool", "get", BLOCK, 1, 4)
+    # one client keeps 0.5 cores busy: 2 cores allow 4x (the cap), the 1.0 core left by a load of 1.0 allows 2x
+    result = scaling([measured(one, 0, 1.0, 2500.0, 100.0, 100.0, load=0.8)],
+                     [measured(four, 0, 1.6, 4000.0, 100.0, 100.0, load=1.2)], cpus=2)  # fmt: skip
+    assert result is not None
+    assert (result.ceiling, result.fraction) == pytest.approx((4.0, 0.4))
+    assert (result.left_ceiling, result.left_fraction) == pytest.approx((2.0, 0.8))
 
 
 def test_sizing_lists_one_client_shapes_with_cores_per_nic() -> None:
