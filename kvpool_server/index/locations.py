@@ -6,7 +6,7 @@ from array import array
 
 import numpy as np
 
-from kvpool_server.tiers.segments import RecordAddress
+from kvpool_server.tiers.spans import RecordAddress
 
 
 class RecordLocations:

@@ -20,7 +20,7 @@ import xxhash
 from kvpool_server.index import StoreKey
 from kvpool_server.index.keys import KeyTable
 from kvpool_server.tiers.record_columns import RecordColumns
-from kvpool_server.tiers.segments import RecordAddress
+from kvpool_server.tiers.spans import RecordAddress
 
 
 def release_free_memory() -> None:

@@ -25,16 +25,20 @@ Crash safety:
       ``read_into`` and ``read_span`` always do, so a corrupt payload is a miss, never
       wrong bytes.
 
-Batched reads: :func:`plan_spans` groups the records a batch wants into spans that lie
-back to back on disk, and :meth:`SegmentLog.read_span` reads a span front to back in
-calls of about ``READ_CHUNK`` bytes. A span is then read the way a sequential reader
-reads a file, so the kernel's read-ahead streams the device ahead of the reads (and
-past the span, into the records written after it: a prefix chain's next blocks).
+Batched reads: :func:`~kvpool_server.tiers.spans.plan_spans` groups the records a
+batch wants into spans that lie back to back on disk, and :meth:`SegmentLog.read_span`
+reads a span front to back in calls of about ``READ_CHUNK`` bytes (the kernel's
+read-ahead then streams the device ahead of the reads).
+
+The log holds the state of its files (which exist, the active one, reader counts of a
+segment being deleted, locks, counts); what one file holds and the I/O on it are in
+:mod:`~kvpool_server.tiers.segment_files`, record addresses and spans in
+:mod:`~kvpool_server.tiers.spans`.
 """
 
 from __future__ import annotations
 
-import mmap
+import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -42,102 +46,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpool_server.index import StoreKey
-from kvpool_server.tiers.record_columns import RecordColumns, scan_columns
+from kvpool_server.tiers.record_columns import RecordColumns
 from kvpool_server.tiers.records import (
     HEADER_SIZE,
     CorruptRecord,
     RecordFlags,
     WalkResult,
     WalkStop,
-    decode_record_header,
     encode_record_header,
     payload_checksum,
-    split_key,
-    verify_payload,
-    walk_records,
 )
-
-SEGMENT_SUFFIX = ".seg"
-_ID_DIGITS = 12
-READ_CHUNK = 1 << 20  # bytes per read call of a span: a sequential reader's size; the kernel reads ahead of it
-_CHUNK_RECORDS = 256  # two buffers per record, well under IOV_MAX (1024) per preadv
+from kvpool_server.tiers.segment_files import (
+    ScanEntry,
+    open_segment,
+    pwritev_all,
+    read_records,
+    scan_mapped,
+    scan_segment,
+    segment_ids_in,
+    segment_name,
+)
+from kvpool_server.tiers.spans import READ_CHUNK, RecordAddress, chunk_span
 
 
 class SegmentMissing(LookupError):
     """The location names a segment this log does not have (deleted, or never was)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RecordAddress:
-    """A record's place in the log: ``length`` bytes (header + key + payload) at ``offset`` of a segment."""
-
-    segment_id: int
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Records that lie back to back in one segment: read front to back as one stretch."""
-
-    segment_id: int
-    offset: int
-    length: int
-    members: tuple[int, ...]  # indices into the planned locations, in disk order
-
-    @property
-    def location(self) -> RecordAddress:
-        return RecordAddress(self.segment_id, self.offset, self.length)
-
-
-def plan_spans(locations: Sequence[RecordAddress]) -> list[Span]:
-    """Group ``locations`` into spans of records back to back on disk, in disk order.
-
-    Every index of ``locations`` is in exactly one span. The same location given
-    twice starts a new span (its bytes are read twice): a span never overlaps itself.
-    """
-    order = sorted(range(len(locations)), key=lambda i: (locations[i].segment_id, locations[i].offset))
-    groups: list[list[int]] = []
-    for i in order:
-        here, last = locations[i], locations[groups[-1][-1]] if groups else None
-        if last is not None and (last.segment_id, last.offset + last.length) == (here.segment_id, here.offset):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    spans = []
-    for group in groups:
-        first, final = locations[group[0]], locations[group[-1]]
-        spans.append(Span(first.segment_id, first.offset, final.offset + final.length - first.offset, tuple(group)))
-    return spans
-
-
-def chunk_span(lengths: Sequence[int], max_bytes: int = READ_CHUNK, max_records: int = _CHUNK_RECORDS) -> list[range]:
-    """Split a span's records (their lengths, in disk order) into read calls.
-
-    Each call reads whole records, at most ``max_bytes`` (or one record, if larger)
-    and ``max_records`` of them; the ranges cover every record once, in order.
-    """
-    calls: list[range] = []
-    start, size = 0, 0
-    for i, length in enumerate(lengths):
-        if i > start and (size + length > max_bytes or i - start >= max_records):
-            calls.append(range(start, i))
-            start, size = i, 0
-        size += length
-    if lengths:
-        calls.append(range(start, len(lengths)))
-    return calls
-
-
-@dataclass(frozen=True, slots=True)
-class ScanEntry:
-    """One record found by :meth:`SegmentLog.scan`."""
-
-    key: StoreKey
-    location: RecordAddress
-    checksum: int  # xxh3-64 of the payload
-    payload_len: int
-    tombstone: bool  # a deletion marker: the key's older records are void
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,105 +89,6 @@ class _Segment:
     size: int
     readers: int = 0
     doomed: bool = False  # deleted; close the fd when the last reader leaves
-
-
-def segment_name(segment_id: int) -> str:
-    return f"{segment_id:0{_ID_DIGITS}d}{SEGMENT_SUFFIX}"
-
-
-def _segment_ids(directory: Path) -> list[int]:
-    ids = []
-    for path in directory.iterdir():
-        stem = path.name.removesuffix(SEGMENT_SUFFIX)
-        if path.name.endswith(SEGMENT_SUFFIX) and len(stem) == _ID_DIGITS and stem.isdigit():
-            ids.append(int(stem))
-    return sorted(ids)
-
-
-def _open_segment(path: Path, flags: int) -> int:
-    """Open a segment file for appends and reads, marked as read sequentially.
-
-    Reads walk a segment front to back (a batch's stretches, a prefix chain's records
-    one batch after another), so ``POSIX_FADV_SEQUENTIAL`` doubles the kernel's
-    read-ahead window: more of the next batch is on its way while this one is sent
-    (about 1.1x the SSD tier's get rate in a same-run A/B here).
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | flags, 0o644)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    return fd
-
-
-def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
-    """Write all of ``buffers`` at ``offset``, resuming after short writes."""
-    while buffers:
-        written = os.pwritev(fd, buffers, offset)
-        offset += written
-        while buffers and written >= len(buffers[0]):
-            written -= len(buffers[0])
-            buffers.pop(0)
-        if buffers:
-            buffers[0] = buffers[0][written:]
-
-
-def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
-    """Fill ``buffers`` from ``offset``, resuming after short reads; returns bytes read (less only at end of file)."""
-    total = 0
-    while buffers:
-        got = os.preadv(fd, buffers, offset)
-        if got == 0:
-            break
-        offset, total = offset + got, total + got
-        while buffers and got >= len(buffers[0]):
-            got -= len(buffers[0])
-            buffers.pop(0)
-        if buffers:
-            buffers[0] = buffers[0][got:]
-    return total
-
-
-def _check_record(front: bytearray, payload: memoryview, location: RecordAddress, key: StoreKey | None) -> None:
-    """Verify one record read as its header and key (``front``), then its payload; raises :class:`CorruptRecord`."""
-    header = decode_record_header(front)
-    if header.record_len != location.length:
-        raise CorruptRecord("record length differs from the location's")
-    key_bytes = memoryview(front)[HEADER_SIZE:]
-    if key is None:
-        split_key(header, key_bytes)
-    else:  # the exact bytes wanted: a stronger check than the key checksum, and cheaper
-        namespace = key[0].encode()
-        if header.namespace_len != len(namespace) or key_bytes != namespace + key[1]:
-            raise CorruptRecord("record holds a different key")
-    verify_payload(header, payload)
-
-
-def _scan_segment(segment_id: int, fd: int, size: int, verify: bool,
-                  walk: WalkResult) -> Iterator[ScanEntry]:
-    """Yield the valid records of one segment file in order; see :func:`walk_records`."""
-    namespaces: dict[bytes, str] = {}  # a segment holds few namespaces: decode each once
-    for found in walk_records(lambda offset, n: os.pread(fd, n, offset), size, verify, walk):
-        namespace = namespaces.get(found.namespace)
-        if namespace is None:
-            try:
-                namespace = namespaces[found.namespace] = found.namespace.decode()
-            except UnicodeDecodeError:
-                walk.corrupt += 1  # checksums matched, so it was written so: never serve it
-                continue
-        header = found.header
-        location = RecordAddress(segment_id, found.offset, header.record_len)
-        tombstone = header.flags == RecordFlags.TOMBSTONE
-        yield ScanEntry((namespace, found.hash), location, header.payload_checksum, header.payload_len, tombstone)
-
-
-def _scan_mapped(fd: int, size: int, walk: WalkResult) -> RecordColumns:
-    """:func:`scan_columns` over a segment file mapped read-only (an empty one cannot be mapped)."""
-    if not size:
-        return scan_columns(b"", 0, walk)
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            return scan_columns(view, size, walk)
-        finally:
-            view.release()
 
 
 class SegmentLog:
@@ -282,8 +116,8 @@ class SegmentLog:
         self._segments: dict[int, _Segment] = {}
         self._corrupt = self._lost = self._truncated = 0
         self._tail_scan: tuple[int, int, RecordColumns, WalkResult] | None = None
-        for segment_id in _segment_ids(self._dir):
-            fd = _open_segment(self._dir / segment_name(segment_id), 0)
+        for segment_id in segment_ids_in(self._dir):
+            fd = open_segment(self._dir / segment_name(segment_id), 0)
             self._segments[segment_id] = _Segment(segment_id, fd, os.fstat(fd).st_size)
         self._next_id = max(self._segments, default=0) + 1
         last = self._segments.get(self._next_id - 1)
@@ -307,7 +141,7 @@ class SegmentLog:
     def _recover_tail(self, segment: _Segment) -> bool:
         """Truncate a torn tail off ``segment``; return whether appends may continue there."""
         walk = WalkResult()
-        columns = _scan_mapped(segment.fd, segment.size, walk)
+        columns = scan_mapped(segment.fd, segment.size, walk)
         if walk.stop is WalkStop.TORN:
             os.ftruncate(segment.fd, walk.good_end)
             self._sync(segment.fd)
@@ -320,7 +154,7 @@ class SegmentLog:
         """Create the next segment file and make it active. Caller holds the write lock."""
         segment_id = self._next_id
         path = self._dir / segment_name(segment_id)
-        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
+        fd = open_segment(path, os.O_CREAT | os.O_EXCL)
         self._sync_dir()
         segment = _Segment(segment_id, fd, 0)
         with self._meta_lock:
@@ -390,13 +224,11 @@ class SegmentLog:
 
     def _write(self, segment: _Segment, buffers: list[memoryview], offset: int) -> None:
         try:
-            _pwritev_all(segment.fd, buffers, offset)
+            pwritev_all(segment.fd, buffers, offset)
             self._sync(segment.fd)
         except OSError:
-            try:  # drop the partial record so the tail stays clean
-                os.ftruncate(segment.fd, offset)
-            except OSError:
-                pass  # the next append overwrites it; a reopen truncates it
+            with contextlib.suppress(OSError):  # if this fails, the next append overwrites it; a reopen truncates it
+                os.ftruncate(segment.fd, offset)  # drop the partial record so the tail stays clean
             raise
 
     def delete_segment(self, segment_id: int) -> None:
@@ -478,7 +310,7 @@ class SegmentLog:
     def read_span(
         self, locations: Sequence[RecordAddress], targets: Sequence[memoryview], keys: Sequence[StoreKey | None]
     ) -> list[CorruptRecord | None]:
-        """Read records lying back to back in one segment (a :class:`Span`) and verify each.
+        """Read records lying back to back in one segment (a :class:`~kvpool_server.tiers.spans.Span`) and verify each.
 
         The payloads go straight into ``targets`` (one copy, out of the page cache);
         headers and keys into small buffers. Calls of about ``READ_CHUNK`` bytes go
@@ -501,7 +333,7 @@ class SegmentLog:
             OSError: a read failed.
         """
         views = [memoryview(t).cast("B") for t in targets]
-        for i, (location, view) in enumerate(zip(locations, views)):
+        for i, (location, view) in enumerate(zip(locations, views, strict=True)):
             if view.readonly or location.length - HEADER_SIZE - len(view) < 1:
                 raise ValueError("target is read-only or larger than the record's payload")
             if i and (location.segment_id, location.offset) != (locations[i - 1].segment_id,
@@ -512,29 +344,10 @@ class SegmentLog:
         segment = self._acquire(locations[0].segment_id)
         try:
             return [problem for call in chunk_span([loc.length for loc in locations], READ_CHUNK)
-                    for problem in self._read_call(segment.fd, [locations[i] for i in call],
-                                                   [views[i] for i in call], [keys[i] for i in call])]
+                    for problem in read_records(segment.fd, [locations[i] for i in call],
+                                                 [views[i] for i in call], [keys[i] for i in call])]
         finally:
             self._release(segment)
-
-    @staticmethod
-    def _read_call(fd: int, locations: list[RecordAddress], views: list[memoryview],
-                   keys: list[StoreKey | None]) -> list[CorruptRecord | None]:
-        """One preadv of consecutive records, then each record's checks."""
-        fronts = [bytearray(loc.length - len(view)) for loc, view in zip(locations, views)]  # header and key
-        buffers = [memoryview(b) for pair in zip(fronts, views) for b in pair]
-        got = _preadv_all(fd, buffers, locations[0].offset)
-        problems: list[CorruptRecord | None] = []
-        for location, front, view, key in zip(locations, fronts, views, keys):
-            if got < location.offset + location.length - locations[0].offset:
-                problems.append(CorruptRecord(f"short read: record ends past the {got} bytes read"))
-                continue
-            try:
-                _check_record(front, view, location, key)
-                problems.append(None)
-            except CorruptRecord as exc:  # kept without its traceback, whose frames hold the target views
-                problems.append(exc.with_traceback(None))
-        return problems
 
     def scan(self, verify: bool = False) -> Iterator[ScanEntry]:
         """Yield every readable record, segment by segment, oldest first.
@@ -556,7 +369,7 @@ class SegmentLog:
                 continue  # deleted since the snapshot
             walk = WalkResult()
             try:
-                yield from _scan_segment(segment_id, segment.fd, size, verify, walk)
+                yield from scan_segment(segment_id, segment.fd, size, verify, walk)
             finally:
                 self._release(segment)
             with self._meta_lock:
@@ -580,7 +393,7 @@ class SegmentLog:
                 except SegmentMissing:
                     continue  # deleted since the snapshot
                 try:
-                    columns = _scan_mapped(segment.fd, size, walk)
+                    columns = scan_mapped(segment.fd, size, walk)
                 finally:
                     self._release(segment)
             with self._meta_lock:

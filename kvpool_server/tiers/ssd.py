@@ -52,7 +52,8 @@ from kvpool_server.tiers.rebuild import DigestCollision, Survivors, release_free
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.read_streams import Stretch
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
-from kvpool_server.tiers.segments import RecordAddress, SegmentLog, SegmentMissing, plan_spans
+from kvpool_server.tiers.segments import SegmentLog, SegmentMissing
+from kvpool_server.tiers.spans import RecordAddress, plan_spans
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 log = logging.getLogger("kvpool.ssd")

@@ -38,7 +38,7 @@ from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.read_streams import ReadAheadPlanner, Stretch
-from kvpool_server.tiers.segments import plan_spans
+from kvpool_server.tiers.spans import plan_spans
 from kvpool_server.tiers.ssd import SsdTier
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 

@@ -27,14 +27,9 @@ from kvpool_server.tiers.records import (
     split_key,
     walk_records,
 )
-from kvpool_server.tiers.segments import (
-    RecordAddress,
-    SegmentLog,
-    SegmentMissing,
-    chunk_span,
-    plan_spans,
-    segment_name,
-)
+from kvpool_server.tiers.segment_files import segment_name
+from kvpool_server.tiers.segments import SegmentLog, SegmentMissing
+from kvpool_server.tiers.spans import RecordAddress, chunk_span, plan_spans
 
 # -- codec --------------------------------------------------------------------
 

@@ -39,7 +39,9 @@ from kvpool_server.tiers.records import (
     encode_record_header,
     walk_records,
 )
-from kvpool_server.tiers.segments import RecordAddress, SegmentMissing, segment_name
+from kvpool_server.tiers.segment_files import segment_name
+from kvpool_server.tiers.segments import SegmentMissing
+from kvpool_server.tiers.spans import RecordAddress
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier, record_size
 
 NS = "m@fp16@tp0"
@@ -819,7 +821,7 @@ def _enospc() -> OSError:
 
 def test_write_error_pauses_then_clears(h: Harness, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     fill(h, 3)
-    real = segments_module._pwritev_all
+    real = segments_module.pwritev_all
     failing = [True]
 
     def full_disk(fd: int, buffers: list[memoryview], offset: int) -> None:
@@ -828,7 +830,7 @@ def test_write_error_pauses_then_clears(h: Harness, clock: FakeClock, monkeypatc
             raise _enospc()
         real(fd, buffers, offset)
 
-    monkeypatch.setattr(segments_module, "_pwritev_all", full_disk)
+    monkeypatch.setattr(segments_module, "pwritev_all", full_disk)
     assert h.put(3) is False
     assert h.tier.failure() == "ENOSPC: No space left on device", h.tier.failure()
     assert h.counters.get("ssd_io_errors") == 1
@@ -849,7 +851,7 @@ def test_write_error_during_compaction_keeps_the_segment(h: Harness, clock: Fake
     fill(h, 12)
     for i in (0, 1, 2):
         h.tier.forget(k(i))
-    real = segments_module._pwritev_all
+    real = segments_module.pwritev_all
     failing = [True]
 
     def full_disk(fd: int, buffers: list[memoryview], offset: int) -> None:
@@ -857,7 +859,7 @@ def test_write_error_during_compaction_keeps_the_segment(h: Harness, clock: Fake
             raise _enospc()
         real(fd, buffers, offset)
 
-    monkeypatch.setattr(segments_module, "_pwritev_all", full_disk)
+    monkeypatch.setattr(segments_module, "pwritev_all", full_disk)
     assert h.put(12) is False  # the move of block 3 fails: segment 1 must stay
     assert h.segments()[:3] == [1, 2, 3] and h.held() == list(range(3, 12)), (h.segments(), h.held())
     assert h.tier.failure() is not None and h.get(3) == data_for(3)
