@@ -31,8 +31,8 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient  # noqa: E402
-from bench.local.daemons import LocalCluster  # noqa: E402
+from bench.local.daemons import LocalCluster
+from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 
 BLOCK = 384 << 10
 BATCH = 32

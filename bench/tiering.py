@@ -47,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvpool_client import BlockKey, KVPoolClient  # noqa: E402
-from bench.local.daemons import DaemonProcess, start_daemon  # noqa: E402
+from bench.local.daemons import DaemonProcess, start_daemon
+from kvpool_client import BlockKey, KVPoolClient
 
 BLOCK = 384 << 10
 BATCH = 32  # an engine loads a prefix of tens of blocks in one get

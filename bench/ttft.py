@@ -23,17 +23,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from bench.engine import report  # noqa: E402
-from bench.engine.driver import Workers  # noqa: E402
-from bench.engine.model import ModelConfig  # noqa: E402
-from bench.engine.modes import (  # noqa: E402
-    DECODE, MODES, PREFILL, BenchConfig, LongPrefixResult, Mode, RunResult, pool_for, run_long_prefix, run_mode,
+from bench.engine import report
+from bench.engine.driver import Workers
+from bench.engine.model import ModelConfig
+from bench.engine.modes import (
+    DECODE,
+    MODES,
+    PREFILL,
+    BenchConfig,
+    LongPrefixResult,
+    Mode,
+    RunResult,
+    pool_for,
+    run_long_prefix,
+    run_mode,
 )
-from bench.engine.worker import BLOCK_SIZE, PoolSpec  # noqa: E402
-from bench.engine.workload import Workload, WorkloadSpec, build_workload, long_prefix_prompts  # noqa: E402
-from kvpool_client.connector import KVLayout  # noqa: E402
+from bench.engine.worker import BLOCK_SIZE, PoolSpec
+from bench.engine.workload import Workload, WorkloadSpec, build_workload, long_prefix_prompts
+from kvpool_client.connector import KVLayout
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

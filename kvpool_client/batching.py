@@ -17,11 +17,10 @@ from kvpool_client import exchange
 from kvpool_client.buffers import byte_view
 from kvpool_client.core.errors import ErrorCode, KVPoolError, UsageError
 from kvpool_client.core.keys import BlockKey
-from kvpool_client.results import failure_code
 from kvpool_client.core.routing import Member, Router
-from kvpool_client.transport.shm import MappedArena, SharedArenaUnavailable
 from kvpool_client.core.wire import DeleteRequest, ExistsRequest, GetRequest, LocateRequest, PutRequest, WireLimits
-
+from kvpool_client.results import failure_code
+from kvpool_client.transport.shm import MappedArena, SharedArenaUnavailable
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
 _DEFAULT_BLOCK_LIMIT = WireLimits().max_block_size  # a node's limit until its own is known

@@ -20,13 +20,18 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
+from kvpool_client.core.channels.tcp import TcpConnection, parse_address
+from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
 from kvpool_client.core.control import ControlClient, NodeInfo
-from kvpool_client.counters import ClientCounters, ClientStats
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout
-from kvpool_client.failure_log import FailureLog, node_label
-from kvpool_client.exchange import Exchange, run_sync
 from kvpool_client.core.keys import BlockKey, Namespace, check_model, namespace_id
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.routing import Member, Router
+from kvpool_client.core.wire import HelloRequest, WireLimits
+from kvpool_client.counters import ClientCounters, ClientStats
+from kvpool_client.exchange import Exchange, run_sync
+from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import (
@@ -36,14 +41,9 @@ from kvpool_client.placement_source import (
     ThreadedMembershipSource,
     member_at,
 )
-from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.results import GetResult, PutResult
-from kvpool_client.core.routing import Member, Router
 from kvpool_client.transport.shm import MappedArena
-from kvpool_client.core.channels.tcp import TcpConnection, parse_address
-from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.transport.ucx import UcxConnection, UcxEngine, UcxUnavailable
-from kvpool_client.core.wire import HelloRequest, WireLimits
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -17,7 +17,6 @@ from typing import Any, Protocol, TypeVar
 import xxhash
 
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
-from kvpool_client.transport.shm import SlotLocation, MappedArena
 from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
@@ -41,6 +40,7 @@ from kvpool_client.core.wire import (
     encode,
 )
 from kvpool_client.core.wire.codec import decode_get_one, encode_get_one_request
+from kvpool_client.transport.shm import MappedArena, SlotLocation
 
 T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20

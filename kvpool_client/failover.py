@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from kvpool_client.batching import Job, group
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.keys import BlockKey
-from kvpool_client.results import most_telling, to_codes
 from kvpool_client.core.routing import Member
+from kvpool_client.results import most_telling, to_codes
 
 Usable = Callable[[str], bool]  # node id -> may a request go there now (a breaker gate)
 

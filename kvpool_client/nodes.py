@@ -18,9 +18,9 @@ from kvpool_client.core.config import ClientConfig
 from kvpool_client.core.control import NodeInfo
 from kvpool_client.core.errors import KVPoolError, NodeUnavailable
 from kvpool_client.core.routing import Member
+from kvpool_client.core.wire import WireLimits
 from kvpool_client.transport import ucx
 from kvpool_client.transport.shm import MappedArena, open_shared_arena
-from kvpool_client.core.wire import WireLimits
 
 C = TypeVar("C")  # a pooled data connection
 N = TypeVar("N", bound="NodeHandle[Any]")

@@ -15,15 +15,15 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
-from kvpool_client.exchange import Exchange
-from kvpool_client.failure_log import describe, node_label
-from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.routing import Member
+from kvpool_client.core.wire import WireLimits
+from kvpool_client.exchange import Exchange
+from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
+from kvpool_client.failure_log import describe, node_label
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
 from kvpool_client.results import GetResult, PutResult, to_codes
-from kvpool_client.core.routing import Member
-from kvpool_client.core.wire import WireLimits
 
 R = TypeVar("R")
 Build = Callable[[batching.Job, WireLimits], Exchange[Any]]

@@ -23,7 +23,18 @@ from multiprocessing.queues import Queue
 from typing import Any
 
 from bench.engine.request import Finished, FirstToken
-from bench.engine.worker import Collect, Configure, EngineSpec, Evicted, EvictAll, Ready, Stop, Submit, WorkerReport, serve
+from bench.engine.worker import (
+    Collect,
+    Configure,
+    EngineSpec,
+    EvictAll,
+    Evicted,
+    Ready,
+    Stop,
+    Submit,
+    WorkerReport,
+    serve,
+)
 from bench.engine.workload import Conversation, Workload
 from bench.procs import start_shielded
 

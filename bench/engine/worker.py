@@ -28,7 +28,6 @@ from bench.procs import ignore_sigint
 from kvpool_client import ClientConfig, KVPoolClient
 from kvpool_client.connector import KVLayout
 
-
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default)
 
 

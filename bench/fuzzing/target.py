@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from kvpool_client.core.wire import HEADER_SIZE, PingRequest, WireLimits, encode
 from bench.local.daemons import DaemonProcess
+from kvpool_client.core.wire import HEADER_SIZE, PingRequest, WireLimits, encode
 
 MAX_KEYS = 64
 SLAB = 1 << 20

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.local.etcd import LocalEtcd
 from kvpool_client.core.membership.records import ClusterConfig
 from kvpool_server.alloc.arena import ARENA_PREFIX
-from bench.local.etcd import LocalEtcd
 
 # The interpreter that runs daemons: the one with the server's dependencies. Engine and
 # compatibility test suites run clients in environments without them (tests/environments.py

@@ -31,8 +31,8 @@ from bench.comparisons import Figure, median_figure, report  # noqa: E402
 from bench.servers import kvpool_daemon  # noqa: E402
 from bench.sglang.pools import PoolShape, attach, extra_config, fill_random, host_pool, storage_config  # noqa: E402
 from kvpool_client import ClientConfig, KVPoolClient  # noqa: E402
-from kvpool_client.integrations.sglang.store import KVPoolStore  # noqa: E402
 from kvpool_client.core.keys import sglang_page_hash  # noqa: E402
+from kvpool_client.integrations.sglang.store import KVPoolStore  # noqa: E402
 
 PAGE = 64
 SHAPES = (  # (shape, pages per call): about 24 and 64 MiB per call

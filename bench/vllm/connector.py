@@ -38,10 +38,10 @@ from bench.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, Figure, KVShape, median_
 from bench.servers import kvpool_daemon  # noqa: E402
 from bench.vllm.harness import attention_spec, model_dir, vllm_config  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
+from kvpool_client.core.keys import Namespace  # noqa: E402
 from kvpool_client.integrations.vllm.blocks import BlockLayers  # noqa: E402
 from kvpool_client.integrations.vllm.scheduler import SchedulerPlan, TransferJob  # noqa: E402
 from kvpool_client.integrations.vllm.worker import WorkerTransfers  # noqa: E402
-from kvpool_client.core.keys import Namespace  # noqa: E402
 
 PREFIX_BLOCKS = 32
 LOOKUP_BLOCKS = 1000
@@ -107,8 +107,9 @@ class Cache:
     """vLLM-allocated per-layer KV tensors of one model shape and layout, with its transfers."""
 
     def __init__(self, client: KVPoolClient, shape: KVShape, layout: str, work: Path) -> None:
-        from bench.vllm.harness import _allocate  # vLLM's planner and allocator
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+        from bench.vllm.harness import _allocate  # vLLM's planner and allocator
 
         config = vllm_config(model_dir(work), {"kv_connector": "KVPoolConnector",
                                                "kv_connector_module_path": "unused", "kv_role": "kv_both"},

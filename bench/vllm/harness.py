@@ -21,10 +21,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-import vllm.distributed.kv_transfer.kv_transfer_state as kv_state  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import (  # noqa: E402
+import torch
+import vllm.distributed.kv_transfer.kv_transfer_state as kv_state
+from vllm import SamplingParams
+from vllm.config import (
     AttentionConfig,
     CacheConfig,
     DeviceConfig,
@@ -35,27 +35,27 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.forward_context import set_forward_context  # noqa: E402
-from vllm.utils.hashing import sha256_cbor  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import set_forward_context
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     MLAAttentionSpec,
 )
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin  # noqa: E402
-from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+from vllm.v1.worker.utils import allocate_kv_cache
 
-from kvpool_client.integrations.vllm.connector import KVPoolConnector  # noqa: E402
+from kvpool_client.integrations.vllm.connector import KVPoolConnector
 
 EOS = 2
 MODEL_CONFIG = {  # a llama-shaped config.json: vLLM reads the architecture, never weights

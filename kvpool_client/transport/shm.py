@@ -43,12 +43,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvpool_client.core.channels.copy import address, copy_into
 from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError
-from kvpool_client.core.channels.copy import address, copy_into
 from kvpool_client.core.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
 from kvpool_client.core.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
-
 
 _ORDERED_LOADS = ("x86_64", "amd64")  # CPUs that never reorder a load before an earlier one
 

@@ -31,9 +31,9 @@ import weakref
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvpool_client.core.channels.tcp import parse_address
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.exchange import Exchange, run_async
-from kvpool_client.core.channels.tcp import parse_address
 
 if TYPE_CHECKING:
     from kvpool_client.core.channels.ucx_channel import UcxChannel, UcxSettings, WorkerPump

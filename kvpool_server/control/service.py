@@ -26,7 +26,6 @@ from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore, TierReport
 
 
-
 @dataclass(frozen=True, slots=True)
 class SharedArenaIdentity:
     """Where same-node clients find the arena to map read-only."""

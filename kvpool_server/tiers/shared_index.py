@@ -25,7 +25,13 @@ import itertools
 import logging
 import time
 
-from kvpool_client.core.wire.published import BEAT_INTERVAL_S, DEFAULT_PROBE_LIMIT, aligned_offset, marks_bytes, table_bytes
+from kvpool_client.core.wire.published import (
+    BEAT_INTERVAL_S,
+    DEFAULT_PROBE_LIMIT,
+    aligned_offset,
+    marks_bytes,
+    table_bytes,
+)
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.index.published import HitMarks, PublishedIndex

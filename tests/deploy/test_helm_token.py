@@ -16,7 +16,16 @@ import yaml
 
 from tests.deploy.apiserver import serving
 from tests.deploy.chart import (
-    CHART, ROOT, container, daemon_config, env_of, find, helm_binary, render, render_notes, run,
+    CHART,
+    ROOT,
+    container,
+    daemon_config,
+    env_of,
+    find,
+    helm_binary,
+    render,
+    render_notes,
+    run,
 )
 
 SECRET = "kvpool-secrets"  # the chart's Secret for release kvpool: <fullname>-secrets

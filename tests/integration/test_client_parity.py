@@ -19,10 +19,10 @@ from typing import Any
 
 from kvpool_client import AsyncKVPoolClient, BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace
 from kvpool_client.core.control import NodeInfo
-from kvpool_client.counters import ClientStats
 from kvpool_client.core.errors import KVPoolError
-from kvpool_client.placement_source import Placement
 from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.counters import ClientStats
+from kvpool_client.placement_source import Placement
 from kvpool_client.results import BatchResult, GetResult
 from tests.support.daemon import DaemonProcess
 from tests.unit.test_client_parity import public_methods

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvpool_client.core.wire.generations import GRANULE, GenerationsHeader
-from kvpool_client.core.wire.published import aligned_offset, table_bytes
 from kvpool_client import AsyncKVPoolClient, BlockKey, ErrorCode, KVPoolClient
 from kvpool_client.core.wire import GetRequest, Op, StatusResponse, encode
+from kvpool_client.core.wire.generations import GRANULE, GenerationsHeader
+from kvpool_client.core.wire.published import aligned_offset, table_bytes
 from kvpool_server.tiers.shared_index import entries_for
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection, put_frame

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.local.daemons import LocalCluster
 from kvpool_client.core.auth import Credentials
 from kvpool_client.core.membership.cluster import update_config
 from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import ClusterConfig
-from bench.local.daemons import LocalCluster
 from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-from kvpool_client.transport import shm
 from kvpool_client.core.channels.copy import SSE2_MEMMOVE, Copier
+from kvpool_client.transport import shm
 from tests.support.daemon import DaemonProcess, running_daemon
 
 pytestmark = pytest.mark.integration

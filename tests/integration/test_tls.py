@@ -15,17 +15,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.local.etcd import EtcdServerTls, LocalEtcd
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.core.auth import Credentials, TlsFiles, open_channel
+from kvpool_client.core.channels.tcp import TcpConnection
+from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.errors import NodeUnavailable
 from kvpool_client.core.membership.errors import EtcdUnavailable
 from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
-from kvpool_client.core.channels.tcp import TcpConnection
-from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.wire import HEADER_SIZE, PingRequest, encode
-from bench.local.etcd import EtcdServerTls, LocalEtcd
 from tests.integration.test_cli import kvpoolctl
 from tests.support.daemon import DaemonProcess
 from tests.support.etcd import requires_etcd

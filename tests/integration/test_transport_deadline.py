@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvpool_client.core.errors import RequestTimeout
 from kvpool_client.core.channels.tcp import TcpConnection
+from kvpool_client.core.errors import RequestTimeout
 
 
 @pytest.fixture

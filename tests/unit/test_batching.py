@@ -21,12 +21,12 @@ from kvpool_client.batching import (
     target_views,
 )
 from kvpool_client.core.errors import ErrorCode, UsageError
-from kvpool_client.exchange import Send
 from kvpool_client.core.keys import BlockKey
-from kvpool_client.operations import direct_job
-from kvpool_client.placement_source import Placement
 from kvpool_client.core.routing import KeyPlacement, Member, StaticRouter
 from kvpool_client.core.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits, encode
+from kvpool_client.exchange import Send
+from kvpool_client.operations import direct_job
+from kvpool_client.placement_source import Placement
 
 A = Member("a", "a:7000")
 B = Member("b", "b:7000")

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from kvpool_server.config import (
     CLIENT_ENV_VARS,
     SCHEMA,
+    ConfigError,
     GiB,
     KiB,
     MiB,
-    TiB,
-    ConfigError,
     ServerConfig,
+    TiB,
     build_arg_parser,
     env_name,
     flag_name,
@@ -458,7 +458,7 @@ def test_the_client_variables_come_from_one_declaration() -> None:
     import kvpool_client.core.config
     from kvpool_client.core.config import CLIENT_SCHEMA, ENV_VARS
 
-    assert ENV_VARS == {spec.env_name for spec in CLIENT_SCHEMA if spec.env}
+    assert {spec.env_name for spec in CLIENT_SCHEMA if spec.env} == ENV_VARS
     assert {"KVPOOL_NODES", "KVPOOL_AUTH_TOKEN_FILE", "KVPOOL_TLS_CA_FILE", "KVPOOL_ETCD_KEY_FILE"} <= ENV_VARS
     for module in (kvpool_client.core.config, kvpool_client.core.auth, kvpool_client.admin.cli):
         text = Path(module.__file__).read_text()

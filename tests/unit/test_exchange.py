@@ -25,7 +25,6 @@ from kvpool_client.core.errors import (
     UsageError,
     error_for_code,
 )
-from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send, run_async, run_sync
 from kvpool_client.core.wire import (
     HEADER_SIZE,
     DeleteRequest,
@@ -41,6 +40,7 @@ from kvpool_client.core.wire import (
     WireLimits,
     encode,
 )
+from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send, run_async, run_sync
 
 LIMITS = WireLimits(max_keys=16, max_block_size=4 << 20, max_payload=16 << 20)
 NS = "model@fp16@L2@tp0of1"

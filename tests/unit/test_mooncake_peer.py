@@ -19,8 +19,7 @@ from bench import mooncake_peer, report
 from bench.blocks import plan_cells, plan_ratio_round
 from bench.cells import Cell
 from bench.mooncake_peer.drivers import RING_POOL_BYTES, PoolRing
-from bench.mooncake_peer.env import ENVIRONMENT, debian_packages, installed, missing_libraries
-from bench.mooncake_peer.env import MooncakeUnavailable
+from bench.mooncake_peer.env import ENVIRONMENT, MooncakeUnavailable, debian_packages, installed, missing_libraries
 from bench.mooncake_peer.servers import MASTER_READY, NODE_READY, announced_port, mooncake_servers
 from bench.servers import Endpoint
 from bench.workload import RING_BYTES, CellSpec

@@ -11,9 +11,9 @@ from kvpool_client import batching, nodes, operations
 from kvpool_client.core.config import ClientConfig
 from kvpool_client.core.errors import ErrorCode, NodeUnavailable, UsageError
 from kvpool_client.core.keys import BlockKey
-from kvpool_client.placement_source import Placement
 from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_client.core.wire import WireLimits
+from kvpool_client.placement_source import Placement
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 MEMBERS = [Member(n, f"{n}.local:7000") for n in "abc"]

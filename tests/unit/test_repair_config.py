@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool_server.config import MiB, ConfigError, load_config
+from kvpool_server.config import ConfigError, MiB, load_config
 
 
 @pytest.fixture

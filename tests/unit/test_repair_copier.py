@@ -15,9 +15,9 @@ from kvpool_client.core.auth import Credentials
 from kvpool_client.core.control import NodeInfo
 from kvpool_client.core.errors import ErrorCode, UsageError
 from kvpool_client.core.keys import BlockKey
-from kvpool_client.results import PutResult
 from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
+from kvpool_client.results import PutResult
 from kvpool_server.index import StoreKey
 from kvpool_server.membership.copies import PUT_BATCH, BlockCopier, CopyTally, Pacer
 from kvpool_server.tiers.store import BlockStore, HeldBlock

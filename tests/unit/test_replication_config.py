@@ -13,8 +13,8 @@ from kvpool_client.core.errors import UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, NodeState
 from kvpool_client.core.membership.view import Membership
-from kvpool_client.placement_source import StaticSource, member_of, placement_of, replication_settings
 from kvpool_client.core.routing import Member, StaticRouter, place_key
+from kvpool_client.placement_source import StaticSource, member_of, placement_of, replication_settings
 
 
 def record(node_id: str, state: NodeState = NodeState.ACTIVE, weight: float = 1.0) -> NodeRecord:

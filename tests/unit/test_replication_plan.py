@@ -8,11 +8,11 @@ import pytest
 
 from kvpool_client.batching import Job
 from kvpool_client.core.errors import ErrorCode
-from kvpool_client.failover import ReadPlan
 from kvpool_client.core.keys import BlockKey
+from kvpool_client.core.routing import KeyPlacement, Member
+from kvpool_client.failover import ReadPlan
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out, quorum_for
 from kvpool_client.results import PutResult, most_telling
-from kvpool_client.core.routing import KeyPlacement, Member
 
 OK, EXISTS, BUSY = ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY
 DOWN, SLOW, MISS = ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.NOT_FOUND

@@ -20,10 +20,24 @@ import xxhash
 from kvpool_client import exchange
 from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode, ProtocolError
-from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send
-from kvpool_client.transport.shm import KnownLocations, SlotLocation, MappedArena, SharedArenaUnavailable, open_shared_arena
-from kvpool_client.core.wire import HEADER_SIZE, GetRequest, GetResponse, LocateRequest, LocateResponse, WireLimits, encode
+from kvpool_client.core.wire import (
+    HEADER_SIZE,
+    GetRequest,
+    GetResponse,
+    LocateRequest,
+    LocateResponse,
+    WireLimits,
+    encode,
+)
 from kvpool_client.core.wire.generations import GRANULE, HEADER_BYTES, decode_header
+from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send
+from kvpool_client.transport.shm import (
+    KnownLocations,
+    MappedArena,
+    SharedArenaUnavailable,
+    SlotLocation,
+    open_shared_arena,
+)
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import ALIGNMENT, SlabAllocator

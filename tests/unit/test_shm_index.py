@@ -23,10 +23,10 @@ import xxhash
 from kvpool_client import exchange
 from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode
-from kvpool_client.exchange import Send
-from kvpool_client.transport.shm import KnownLocations, MappedArena
 from kvpool_client.core.wire import GetResponse, LocateRequest, WireLimits, encode
 from kvpool_client.core.wire.published import BEAT_LIMIT_NS, MARK_SHIFT
+from kvpool_client.exchange import Send
+from kvpool_client.transport.shm import KnownLocations, MappedArena
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator

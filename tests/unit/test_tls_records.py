@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpool_client.core.auth import TlsFiles
-from kvpool_client.core.errors import NodeUnavailable
 from kvpool_client.core.channels.tls import TlsRecords
+from kvpool_client.core.errors import NodeUnavailable
 from tests.support.pki import issue, make_ca, requires_openssl
 
 pytestmark = requires_openssl

@@ -8,12 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool_client.core.config import ClientConfig
-from kvpool_client.core.control import NodeInfo
-from kvpool_client.core.errors import ProtocolError
-from kvpool_client.nodes import NodeHandle
-from kvpool_client.core.routing import Member
-from kvpool_client.transport import ucx
 from kvpool_client.core.channels.ucx_frames import (
     INLINE_LIMIT,
     MAX_SEGMENTS,
@@ -25,7 +19,13 @@ from kvpool_client.core.channels.ucx_frames import (
     fit_segments,
     plan_units,
 )
+from kvpool_client.core.config import ClientConfig
+from kvpool_client.core.control import NodeInfo
+from kvpool_client.core.errors import ProtocolError
+from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
+from kvpool_client.nodes import NodeHandle
+from kvpool_client.transport import ucx
 
 KiB, MiB = 1 << 10, 1 << 20
 

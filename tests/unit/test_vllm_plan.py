@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan
 from kvpool_client.core.keys import BlockKey, Namespace
+from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan
 
 NS = Namespace("m", "bf16", "vllm-test")
 BS = 4

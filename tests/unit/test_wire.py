@@ -12,13 +12,37 @@ from hypothesis import strategies as st
 
 from kvpool_client.core.errors import ErrorCode, LimitExceeded, ProtocolError
 from kvpool_client.core.wire.codec import (
-    HEADER_SIZE, decode_get_one, decode_get_one_request, decode_header, decode_message, encode, encode_get_one,
-    encode_get_one_request, payload_length, payload_lengths,
+    HEADER_SIZE,
+    decode_get_one,
+    decode_get_one_request,
+    decode_header,
+    decode_message,
+    encode,
+    encode_get_one,
+    encode_get_one_request,
+    payload_length,
+    payload_lengths,
 )
 from kvpool_client.core.wire.frames import (
-    MAX_HASH_BYTES, MAX_NAMESPACE_BYTES, RESPONSE_BIT, DeleteRequest, ErrorResponse, ExistsRequest,
-    MAX_TOKEN_BYTES, GetRequest, GetResponse, HelloRequest, HelloResponse, LocateRequest, LocateResponse, Op,
-    PingRequest, PingResponse, PutRequest, StatusResponse, WireLimits,
+    MAX_HASH_BYTES,
+    MAX_NAMESPACE_BYTES,
+    MAX_TOKEN_BYTES,
+    RESPONSE_BIT,
+    DeleteRequest,
+    ErrorResponse,
+    ExistsRequest,
+    GetRequest,
+    GetResponse,
+    HelloRequest,
+    HelloResponse,
+    LocateRequest,
+    LocateResponse,
+    Op,
+    PingRequest,
+    PingResponse,
+    PutRequest,
+    StatusResponse,
+    WireLimits,
 )
 
 LIMITS = WireLimits(max_keys=8, max_block_size=1024, max_payload=1 << 20)

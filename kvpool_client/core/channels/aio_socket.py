@@ -12,9 +12,9 @@ import asyncio
 import socket
 from collections.abc import Callable, Sequence
 
-from kvpool_client.core.errors import NodeUnavailable
 from kvpool_client.core.channels.iovec import IOV_MAX, advance
 from kvpool_client.core.channels.liveness import reusable
+from kvpool_client.core.errors import NodeUnavailable
 
 Buffer = bytes | bytearray | memoryview
 

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from kvpool_client.core.errors import NodeUnavailable, RequestTimeout
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.channels.iovec import IOV_MAX, advance
 from kvpool_client.core.channels.liveness import IdleProbe
+from kvpool_client.core.errors import NodeUnavailable, RequestTimeout
 
 # Large kernel buffers let one sendmsg hand over a whole block and cut wake-ups.
 SOCKET_BUFFER_BYTES = 4 << 20

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterator, Sequence
 
-from kvpool_client.core.errors import NodeUnavailable
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.channels.tcp import TcpConnection
+from kvpool_client.core.errors import NodeUnavailable
 
 Buffer = bytes | bytearray | memoryview
 

@@ -41,9 +41,9 @@ import ucxx._lib.libucxx as ucx_api  # after the variable above
 from ucxx._lib.arr import Array
 from ucxx.types import Tag, TagMaskFull
 
-from kvpool_client.core.errors import KVPoolError, NodeUnavailable, ProtocolError, UsageError
 from kvpool_client.core.channels import ucx_frames as frames
 from kvpool_client.core.channels.copy import copy_into
+from kvpool_client.core.errors import KVPoolError, NodeUnavailable, ProtocolError, UsageError
 
 T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview

@@ -24,7 +24,14 @@ from typing import Any
 
 from kvpool_client.core.membership.backoff import Backoff
 from kvpool_client.core.membership.errors import RecordError
-from kvpool_client.core.membership.etcd import EtcdError, EtcdStore, EtcdUnavailable, PutEvent, WatchCompacted, WatchEvent
+from kvpool_client.core.membership.etcd import (
+    EtcdError,
+    EtcdStore,
+    EtcdUnavailable,
+    PutEvent,
+    WatchCompacted,
+    WatchEvent,
+)
 from kvpool_client.core.membership.records import (
     ClusterConfig,
     NodeRecord,

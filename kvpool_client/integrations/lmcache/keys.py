@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool_client.integrations.settings import model_field
 from kvpool_client.core.keys import BlockKey, Namespace
+from kvpool_client.integrations.settings import model_field
 
 HASH_BYTES = 9  # holds every int64 and every uint64
 _LOW, _HIGH = -(1 << (8 * HASH_BYTES - 1)), 1 << (8 * HASH_BYTES - 1)

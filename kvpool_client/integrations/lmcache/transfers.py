@@ -29,10 +29,10 @@ import torch
 
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.lmcache.chunks import ChunkAllocator, payload, release
 from kvpool_client.integrations.lmcache.guard import Guard
 from kvpool_client.integrations.lmcache.keys import ChunkKeys
-from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import PUT_SUCCESS
 
 T = TypeVar("T")

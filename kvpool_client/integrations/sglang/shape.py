@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from kvpool_client.integrations.settings import dtype_field, model_field
 from kvpool_client.core.keys import BlockKey, Namespace
+from kvpool_client.integrations.settings import dtype_field, model_field
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 MHA_PARTS = ("k", "v")

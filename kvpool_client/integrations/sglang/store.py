@@ -34,10 +34,10 @@ from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from kvpool_client.buffers import byte_view
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import ErrorCode, UsageError
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.sglang.pages import HostPages
 from kvpool_client.integrations.sglang.shape import PageKeys, PageShape
-from kvpool_client.core.keys import BlockKey
 from kvpool_client.results import PUT_SUCCESS
 
 log = logging.getLogger("kvpool.sglang")

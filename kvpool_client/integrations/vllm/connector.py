@@ -22,9 +22,9 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, MLAAttentio
 
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import UsageError
+from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.vllm.blocks import BlockLayers
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan, StepPlan
-from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.vllm.shape import CacheShape
 from kvpool_client.integrations.vllm.worker import WorkerTransfers
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool_client.integrations.settings import dtype_field, model_field
 from kvpool_client.core.keys import Namespace
-
+from kvpool_client.integrations.settings import dtype_field, model_field
 
 
 @dataclass(frozen=True, slots=True)

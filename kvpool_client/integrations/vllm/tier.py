@@ -31,8 +31,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import ErrorCode
-from kvpool_client.integrations.settings import PoolSettings, model_field
 from kvpool_client.core.keys import BlockKey, Namespace
+from kvpool_client.integrations.settings import PoolSettings, model_field
 
 _STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)
 

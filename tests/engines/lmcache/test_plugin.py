@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from bench.lmcache.engine import StorageEngine, chunk_bytes, wait_for
-from tests.support.stopping import pause
 from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.integrations.lmcache.connector import KVPoolConnector
 from tests.engines.lmcache.conftest import CHUNK, EngineFactory
 from tests.engines.lmcache.doc import plugin_config
 from tests.support.daemon import DaemonProcess
+from tests.support.stopping import pause
 
 # Chunk hashes as LMCache makes them: Python's signed hash() and sha256 folded to uint64.
 HASHES = [0x1234, -5, 2**64 - 1, 2**63, -(2**63), 77]

@@ -21,8 +21,8 @@ from sglang.srt.mem_cache.utils import get_hash_str
 from sglang.srt.runtime_context import get_parallel
 
 from bench.sglang.pools import TINY_MHA, device_pool, extra_config, fill_random, host_pool, page_bytes, page_starts
-from kvpool_client.integrations.sglang.store import KVPoolStore
 from kvpool_client.core.keys import BlockKeyBuilder
+from kvpool_client.integrations.sglang.store import KVPoolStore
 from tests.support.daemon import DaemonProcess
 
 PAGE = TINY_MHA.page_size

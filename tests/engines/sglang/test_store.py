@@ -31,8 +31,8 @@ from bench.sglang.pools import (
 )
 from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.core.errors import UsageError
-from kvpool_client.integrations.sglang.store import KVPoolStore
 from kvpool_client.core.keys import sglang_page_hash
+from kvpool_client.integrations.sglang.store import KVPoolStore
 from tests.engines.sglang.docs import flag, launch_flags
 from tests.support.daemon import DaemonProcess
 
