@@ -1,10 +1,8 @@
 """The SSD tier: blocks demoted from DRAM, kept in a :class:`SegmentLog` on local disk.
 
-An in-memory index maps each key to its newest record, compactly: a key table
-(:class:`~kvpool_server.index.keys.KeyTable`), a column per field by block id, and
-per segment its records in log order (:class:`~kvpool_server.index.runs.SegmentRecords`),
-about 120 bytes a record besides the key's bytes. Space is managed in two
-steps, both inside :meth:`SsdTier.write` when a record would not fit:
+An in-memory index (:class:`~kvpool_server.tiers.ssd_index.SsdIndex`) maps each key
+to its newest record and keeps what each segment and namespace holds. Space is
+managed in two steps, both inside :meth:`SsdTier.write` when a record would not fit:
 
 - eviction drops the least valuable key from the index (its bytes turn dead);
 - compaction copies the live records of the sealed segment with the least live
@@ -38,22 +36,18 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from itertools import islice
 from dataclasses import dataclass
-
-import numpy as np
+from itertools import islice
 
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import StoreKey
-from kvpool_server.index.keys import KeyTable
-from kvpool_server.index.locations import RecordLocations
-from kvpool_server.index.runs import SegmentRecords
-from kvpool_server.tiers.rebuild import DigestCollision, Survivors, release_free_memory, survivors
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.read_streams import Stretch
+from kvpool_server.tiers.rebuild import DigestCollision, release_free_memory, survivors
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
 from kvpool_server.tiers.segments import SegmentLog, SegmentMissing
 from kvpool_server.tiers.spans import RecordAddress, plan_spans
+from kvpool_server.tiers.ssd_index import IndexedRecord, SsdIndex
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 log = logging.getLogger("kvpool.ssd")
@@ -72,16 +66,6 @@ class SsdConfig:
     gc_live_ratio: float = 0.5  # compact a sealed segment whose live share falls below this
     retry_after_error_s: float = 10.0  # pause writes this long after a disk error
     namespace_quota: int = 0  # most record bytes one namespace may hold here; 0: no quota
-
-
-@dataclass(frozen=True, slots=True)
-class _Record:
-    """A snapshot of one indexed record, taken under the lock."""
-
-    block: int
-    location: RecordAddress
-    checksum: int
-    length: int
 
 
 def record_size(key: StoreKey, payload_len: int) -> int:
@@ -115,14 +99,7 @@ class SsdTier:
         self._counters = counters
         self._budget = config.capacity - config.segment_size  # a segment's room for compaction
         self._log = SegmentLog(config.directory, config.segment_size, config.fsync)
-        self._keys = KeyTable()  # key -> block id of its newest record
-        self._records = RecordLocations()  # by block id
-        self._policy = policy_factory()  # eviction order of block ids
-        self._live: defaultdict[int, int] = defaultdict(int)  # segment -> live record bytes
-        self._runs: defaultdict[int, SegmentRecords] = defaultdict(SegmentRecords)  # segment -> its records
-        self._tombstones_in: defaultdict[int, set[StoreKey]] = defaultdict(set)
-        self._tombstone_bytes: defaultdict[int, int] = defaultdict(int)  # segment -> tombstone record bytes
-        self._namespace_bytes: defaultdict[str, int] = defaultdict(int)  # namespace -> live record bytes
+        self._index = SsdIndex(policy_factory())
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._failure: str | None = None
@@ -139,13 +116,13 @@ class SsdTier:
         """Replay every record in log order: the newest record of a key wins (decided in bulk)."""
         started = time.monotonic()
         try:
-            kept = survivors(self._log.scan_columns(), self._keys)
+            kept = survivors(self._log.scan_columns(), self._index.keys)
         except DigestCollision as exc:
             log.warning("SSD index rebuilt record by record", extra={"reason": str(exc)})
-            self._keys = KeyTable()
-            self._replay()
+            self._index = SsdIndex(self._index.policy)  # the key table the bulk pass filled, emptied
+            self._index.replay(self._log.scan())
         else:
-            self._load(kept)
+            self._index.load(kept)
             self._counters.add("ssd_corrupt_blocks", kept.undecodable)
             del kept
             release_free_memory()  # the rebuild's temporaries: hundreds of MiB at 10M records
@@ -155,7 +132,7 @@ class SsdTier:
             "SSD tier opened",
             extra={
                 "directory": self._config.directory,
-                "blocks": len(self._keys),
+                "blocks": len(self._index.keys),
                 "segments": stats.segments,
                 "corrupt_records": stats.corrupt_records,
                 "torn_bytes": stats.truncated_bytes,
@@ -163,55 +140,26 @@ class SsdTier:
             },
         )
 
-    def _replay(self) -> None:
-        """The rebuild one record at a time: what :meth:`_load` does in bulk."""
-        for found in self._log.scan():
-            self._drop(found.key)
-            if found.tombstone:
-                self._note_tombstone(found.key, found.location)
-            else:
-                self._add(found.key, found.location, found.payload_len, found.checksum)
-
-    def _load(self, kept: Survivors) -> None:
-        """Index the survivors of a replay as blocks 0..n-1, in log order."""
-        live = kept.records
-        self._keys.load(live.namespaces, live.namespace_ids, live.hashes, live.hash_lens, live.digests)
-        self._records.load(live.segments, live.offsets, live.sizes, live.payload_lens, live.payload_sums)
-        blocks = np.arange(len(live), dtype=np.int64)
-        bounds = np.flatnonzero(np.diff(live.segments)) + 1
-        for members in np.split(blocks, bounds) if len(blocks) else ():
-            segment = int(live.segments[members[0]])
-            self._runs[segment] = SegmentRecords.of(live.offsets[members], members)
-            self._live[segment] = int(live.sizes[members].sum())
-        for number, total in enumerate(np.bincount(live.namespace_ids, weights=live.sizes).tolist()):
-            if total:
-                self._namespace_bytes[live.namespaces[number]] = int(total)
-        self._policy.extend(blocks)
-        for key, location in kept.tombstones:
-            self._note_tombstone(key, location)
-
     # -- no I/O ---------------------------------------------------------------
 
     def contains(self, key: StoreKey) -> bool:
         with self._lock:
-            return self._keys.find(key) >= 0
+            return self._index.keys.find(key) >= 0
 
     def length_of(self, key: StoreKey) -> int | None:
         with self._lock:
-            record = self._get(key)
+            record = self._index.get(key)
         return None if record is None else record.length
 
     def location_of(self, key: StoreKey) -> RecordAddress | None:
         with self._lock:
-            record = self._get(key)
+            record = self._index.get(key)
         return None if record is None else record.location
 
     def index_bytes(self) -> int:
         """Bytes the index holds: key table, columns, per-segment runs and the eviction order (for benchmarks)."""
         with self._lock:
-            runs = sum(run.nbytes() for run in self._runs.values())
-            order = getattr(self._policy, "nbytes", lambda: 0)()
-            return self._keys.nbytes() + self._records.nbytes() + runs + order
+            return self._index.nbytes()
 
     def log_range(self, location: RecordAddress) -> Stretch:
         """A record's place in the log as one line: segment ``s`` spans positions from
@@ -231,11 +179,11 @@ class SsdTier:
         end = min(stretch.end - segment_id * SEGMENT_STRIDE, SEGMENT_STRIDE)
         keys: list[StoreKey] = []
         with self._lock:
-            run = self._runs.get(segment_id)
+            run = self._index.runs.get(segment_id)
             position, block = run.at(offset) if run is not None else (-1, -1)
             while offset < end and block >= 0 and run is not None:
-                keys.append(self._keys.key_of(block))
-                offset += self._records.size[block]
+                keys.append(self._index.keys.key_of(block))
+                offset += self._index.records.size[block]
                 position += 1
                 start, block = run.entry(position)
                 if start != offset:
@@ -255,12 +203,12 @@ class SsdTier:
                 if offset == 0:  # the previous segment's last record ends here
                     segment_id -= 1
                     offset = self._log.size_of(segment_id) or 0
-                block = self._ending_at(segment_id, offset)
+                block = self._index.ending_at(segment_id, offset)
                 if block < 0:
                     break
-                keys.append(self._keys.key_of(block))
-                offset -= self._records.size[block]
-                left -= self._records.size[block]
+                keys.append(self._index.keys.key_of(block))
+                offset -= self._index.records.size[block]
+                left -= self._index.records.size[block]
         return keys
 
     def touch(self, keys: Sequence[StoreKey]) -> None:
@@ -268,36 +216,36 @@ class SsdTier:
         the last one most of all."""
         with self._lock:
             for key in keys:
-                block = self._keys.find(key)
+                block = self._index.keys.find(key)
                 if block >= 0:
-                    self._policy.touch(block)
+                    self._index.policy.touch(block)
 
     def keys(self) -> list[StoreKey]:
         with self._lock:  # copies in bulk under the lock; the tuples are built after it
-            batch = self._keys.export(self._keys.mapped())
+            batch = self._index.keys.export(self._index.keys.mapped())
         return batch.keys()
 
     def eviction_order(self) -> list[StoreKey]:
         """Every key, the first to be evicted first (an O(n) walk: for tests and tools)."""
         with self._lock:
-            return [self._keys.key_of(block) for block in self._policy.candidates()]
+            return [self._index.keys.key_of(block) for block in self._index.policy.candidates()]
 
     def namespace_bytes(self) -> dict[str, int]:
         """Record bytes per namespace, kept as records come and go (cheap: for every metrics scrape)."""
         with self._lock:
-            return {ns: n for ns, n in self._namespace_bytes.items() if n}
+            return {ns: n for ns, n in self._index.namespace_bytes.items() if n}
 
     def namespace_usage(self) -> dict[str, NamespaceUsage]:
         """Records and their payload bytes per namespace (walks the index: an admin call)."""
         usage: defaultdict[str, NamespaceUsage] = defaultdict(NamespaceUsage)
         with self._lock:
-            for block in self._keys.mapped_ids():
-                usage[self._keys.namespace_of(block)].add(self._records.length[block])
+            for block in self._index.keys.mapped_ids():
+                usage[self._index.keys.namespace_of(block)].add(self._index.records.length[block])
         return dict(usage)
 
     def usage(self) -> TierUsage:
         with self._lock:
-            return TierUsage(self._config.capacity, self._log.stats().bytes, len(self._keys))
+            return TierUsage(self._config.capacity, self._log.stats().bytes, len(self._index.keys))
 
     def failure(self) -> str | None:
         """Why writes are paused (the last disk error), or None when the tier is healthy."""
@@ -308,7 +256,7 @@ class SsdTier:
     def forget(self, key: StoreKey) -> bool:
         """Drop ``key`` from the index; the caller then writes a tombstone (:meth:`bury`)."""
         with self._lock:
-            found = self._drop(key)
+            found = self._index.drop(key)
         if found:
             self._counters.add("ssd_deletes")
         return found
@@ -337,7 +285,7 @@ class SsdTier:
             if location is None:
                 return False
             with self._lock:
-                self._add(key, location, len(payload), checksum, depth)
+                self._index.add(key, location, len(payload), checksum, depth)
         self._counters.add("ssd_demotions")
         return True
 
@@ -353,7 +301,7 @@ class SsdTier:
         if location is None:
             return False
         with self._lock:
-            self._note_tombstone(key, location)
+            self._index.note_tombstone(key, location)
         return True
 
     def _append(self, key: StoreKey, payload: memoryview | bytes, checksum: int,
@@ -410,9 +358,9 @@ class SsdTier:
         for segment, size in sizes.items():
             if segment == active or size == 0:
                 continue
-            kept = self._live.get(segment, 0)
+            kept = self._index.live.get(segment, 0)
             if segment != oldest:
-                kept += self._tombstone_bytes.get(segment, 0)
+                kept += self._index.tombstone_bytes.get(segment, 0)
             live_share = kept / size
             if best is None or live_share < best[0]:
                 best = (live_share, segment)
@@ -428,23 +376,23 @@ class SsdTier:
         instead (the block stays in DRAM until it is evicted there).
         """
         quota = self._config.namespace_quota
-        while quota and self._namespace_bytes[namespace] + size > quota:
+        while quota and self._index.namespace_bytes[namespace] + size > quota:
             with self._lock:
-                scan = islice(self._policy.candidates(), _QUOTA_VICTIM_SCAN)
-                victim = next((block for block in scan if self._keys.namespace_of(block) == namespace), None)
+                scan = islice(self._index.policy.candidates(), _QUOTA_VICTIM_SCAN)
+                victim = next((block for block in scan if self._index.keys.namespace_of(block) == namespace), None)
                 if victim is None or size > quota:
                     self._counters.add("ssd_quota_refusals")
                     return False
-                self._drop_block(victim)
+                self._index.drop_block(victim)
             self._counters.add("ssd_quota_evictions")
         return True
 
     def _evict_one(self) -> bool:
         with self._lock:
-            victim = next(iter(self._policy.candidates()), None)
+            victim = next(iter(self._index.policy.candidates()), None)
             if victim is None:
                 return False
-            self._drop_block(victim)
+            self._index.drop_block(victim)
         self._counters.add("ssd_evictions")
         return True
 
@@ -457,10 +405,10 @@ class SsdTier:
         """
         oldest = segment == self._oldest_segment(self._log.segment_sizes())
         with self._lock:
-            run = self._runs.get(segment)
+            run = self._index.runs.get(segment)
             # in log order: stretches stay sequential
-            keys = [self._keys.key_of(block) for block in run.live()] if run is not None else []
-            tombstones = list(self._tombstones_in.get(segment, ()))
+            keys = [self._index.keys.key_of(block) for block in run.live()] if run is not None else []
+            tombstones = list(self._index.tombstones_in.get(segment, ()))
         for key in keys:
             if not self._move(key, segment):
                 return False
@@ -468,13 +416,7 @@ class SsdTier:
             if not self.contains(key) and not self._append_tombstone(key):
                 return False
         with self._lock:
-            left = self._runs.get(segment)
-            for block in left.live() if left is not None else ():  # unreadable (already counted): lost with it
-                self._drop_block(block)
-            self._runs.pop(segment, None)
-            self._live.pop(segment, None)
-            self._tombstones_in.pop(segment, None)
-            self._tombstone_bytes.pop(segment, None)
+            self._index.drop_segment(segment)
         self._log.delete_segment(segment)
         self._counters.add("ssd_compactions")
         return True
@@ -482,7 +424,7 @@ class SsdTier:
     def _move(self, key: StoreKey, segment: int) -> bool:
         """Copy one live record to the head; False only when the copy could not be written."""
         with self._lock:
-            record = self._get(key)
+            record = self._index.get(key)
         if record is None or record.location.segment_id != segment:
             return True
         buffer = memoryview(bytearray(record.length))
@@ -492,15 +434,14 @@ class SsdTier:
         if location is None:
             return False
         with self._lock:
-            if self._get(key) == record:
-                self._unaccount(record.block)
-                self._records.set(record.block, location, record.length, record.checksum)
-                self._account(record.block)
+            if self._index.get(key) == record:
+                self._index.relocate(record, location)
         return True
 
     # -- reads (blocking) -----------------------------------------------------
 
-    def read_many(self, keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+    def read_many(self, keys: Sequence[StoreKey], targets: Sequence[memoryview], *,
+                  touch: bool = True) -> list[int | None]:
         """Read a batch of blocks, each into its target (exactly its length), and verify each.
 
         The records are read in disk order, records lying back to back as one
@@ -516,10 +457,10 @@ class SsdTier:
             in its target, or None (a miss, a corrupt record, a read error).
         """
         with self._lock:
-            records = [self._get(key) for key in keys]
+            records = [self._index.get(key) for key in keys]
             for record in reversed(records):  # tail first: the head ends up most recent
                 if record is not None and touch:
-                    self._policy.touch(record.block)
+                    self._index.policy.touch(record.block)
         # gone, or stored again with another length since the caller asked: a miss
         wanted = [(i, r) for i, r in enumerate(records) if r is not None and r.length == targets[i].nbytes]
         spans = plan_spans([record.location for _, record in wanted])
@@ -528,7 +469,7 @@ class SsdTier:
         sums: list[int | None] = [None] * len(keys)
         for span in spans:
             members = [wanted[m] for m in span.members]
-            for (i, record), ok in zip(members, self._read_span(members, keys, targets)):
+            for (i, record), ok in zip(members, self._read_span(members, keys, targets), strict=True):
                 sums[i] = record.checksum if ok else None
         hits = sum(s is not None for s in sums)
         if touch and hits:
@@ -545,7 +486,7 @@ class SsdTier:
         except OSError as exc:  # only a hint: the reads themselves report real errors
             log.debug("read-ahead hint failed", extra={"error": str(exc)})
 
-    def _read_span(self, members: list[tuple[int, _Record]], keys: Sequence[StoreKey],
+    def _read_span(self, members: list[tuple[int, IndexedRecord]], keys: Sequence[StoreKey],
                    targets: Sequence[memoryview]) -> list[bool]:
         """Read one span's records; per member, whether its target holds verified bytes."""
         try:
@@ -557,7 +498,7 @@ class SsdTier:
             self._counters.add("ssd_io_errors")
             log.error("SSD read failed", extra={"blocks": len(members), "error": str(exc)})
             return [False] * len(members)
-        for (i, record), problem in zip(members, problems):
+        for (i, record), problem in zip(members, problems, strict=True):
             if problem is not None:
                 self._corrupt(keys[i], record, problem)
         return [problem is None for problem in problems]
@@ -575,9 +516,9 @@ class SsdTier:
         """
         for _ in range(_READ_RETRIES):
             with self._lock:
-                record = self._get(key)
+                record = self._index.get(key)
                 if record is not None and touch:
-                    self._policy.touch(record.block)
+                    self._index.policy.touch(record.block)
             if record is None or record.length != target.nbytes:
                 break  # gone, or stored again with another length since the caller asked
             try:
@@ -591,7 +532,7 @@ class SsdTier:
             self._counters.add("ssd_misses")
         return None
 
-    def _read(self, key: StoreKey, record: _Record, target: memoryview) -> bool:
+    def _read(self, key: StoreKey, record: IndexedRecord, target: memoryview) -> bool:
         """One verified read; a corrupt record is dropped. Raises SegmentMissing."""
         try:
             self._log.read_into(record.location, target, key)
@@ -603,70 +544,10 @@ class SsdTier:
             log.error("SSD read failed", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
         return False
 
-    def _corrupt(self, key: StoreKey, record: _Record, exc: CorruptRecord) -> None:
+    def _corrupt(self, key: StoreKey, record: IndexedRecord, exc: CorruptRecord) -> None:
         """Drop a record whose bytes failed a check: it is a miss from now on."""
         with self._lock:
-            if self._get(key) == record:
-                self._drop_block(record.block)
+            if self._index.get(key) == record:
+                self._index.drop_block(record.block)
         self._counters.add("ssd_corrupt_blocks")
         log.error("corrupt SSD record dropped", extra={"ns": key[0], "key": key[1].hex(), "error": str(exc)})
-
-    # -- index bookkeeping (caller holds _lock, or runs before threads exist) ----
-
-    def _get(self, key: StoreKey) -> _Record | None:
-        block = self._keys.find(key)
-        if block < 0:
-            return None
-        records = self._records
-        return _Record(block, records.location(block), records.checksum[block], records.length[block])
-
-    def _ending_at(self, segment_id: int, offset: int) -> int:
-        """The live block whose record ends exactly at ``offset`` of the segment, or -1."""
-        run = self._runs.get(segment_id)
-        if run is None:
-            return -1
-        position, block = run.before(offset)
-        start, _ = run.entry(position)
-        return block if block >= 0 and start + self._records.size[block] == offset else -1
-
-    def _add(self, key: StoreKey, location: RecordAddress, length: int, checksum: int, depth: int = 0) -> None:
-        block = self._keys.insert(key)
-        self._records.set(block, location, length, checksum)
-        self._account(block)
-        self._policy.insert(block, depth)
-
-    def _drop(self, key: StoreKey) -> bool:
-        block = self._keys.find(key)
-        if block < 0:
-            return False
-        self._drop_block(block)
-        return True
-
-    def _drop_block(self, block: int) -> None:
-        self._unaccount(block)
-        self._policy.remove(block)
-        self._keys.unmap(block)
-        self._keys.release(block)
-
-    def _account(self, block: int) -> None:
-        records = self._records
-        segment, size = records.segment[block], records.size[block]
-        self._live[segment] += size
-        self._runs[segment].append(records.offset[block], block)
-        self._namespace_bytes[self._keys.namespace_of(block)] += size
-
-    def _unaccount(self, block: int) -> None:
-        records = self._records
-        segment, size = records.segment[block], records.size[block]
-        namespace = self._keys.namespace_of(block)
-        self._live[segment] -= size
-        run = self._runs.get(segment)
-        if run is not None:
-            run.kill(records.offset[block])
-        self._namespace_bytes[namespace] -= size
-        if not self._namespace_bytes[namespace]:
-            del self._namespace_bytes[namespace]
-
-    def _note_tombstone(self, key: StoreKey, location: RecordAddress) -> None:
-        self._tombstones_in[location.segment_id].add(key)
-        self._tombstone_bytes[location.segment_id] += location.length

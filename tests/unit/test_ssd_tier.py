@@ -139,7 +139,7 @@ class Harness:
 
     def _open(self) -> SsdTier:
         tier = SsdTier.__new__(SsdTier)
-        self.policy.key_of = lambda block: tier._keys.key_of(block)  # the rebuild evicts too
+        self.policy.key_of = lambda block: tier._index.keys.key_of(block)  # the rebuild evicts too
         tier.__init__(self.config, self.counters, lambda: self.policy)  # type: ignore[misc]
         return tier
 
@@ -219,10 +219,10 @@ class Harness:
             location = tier.location_of(key)
             assert location is not None, f"{key} listed but not indexed"
             live[location.segment_id] = live.get(location.segment_id, 0) + location.length
-            _, block = tier._runs[location.segment_id].at(location.offset)
-            assert block >= 0 and tier._keys.key_of(block) == key, f"{key} missing from its segment's records"
-        assert sum(len(run.live()) for run in tier._runs.values()) == len(keys), "stale records in the runs"
-        tracked = {s: n for s, n in tier._live.items() if n}
+            _, block = tier._index.runs[location.segment_id].at(location.offset)
+            assert block >= 0 and tier._index.keys.key_of(block) == key, f"{key} missing from its segment's records"
+        assert sum(len(run.live()) for run in tier._index.runs.values()) == len(keys), "stale records in the runs"
+        tracked = {s: n for s, n in tier._index.live.items() if n}
         assert tracked == live, f"live bytes per segment: tracked {tracked}, index says {live}"
         sizes = tier._log.segment_sizes()
         assert set(live) <= set(sizes), f"records in deleted segments: {set(live) - set(sizes)}"
@@ -724,9 +724,10 @@ def index_state(tier: SsdTier) -> dict[str, object]:
         "lengths": {key: tier.length_of(key) for key in tier.keys()},
         "namespaces": tier.namespace_usage(),
         "namespace_bytes": tier.namespace_bytes(),
-        "live": {s: n for s, n in tier._live.items() if n},
-        "runs": {s: [tier._keys.key_of(b) for b in run.live()] for s, run in tier._runs.items() if run.live()},
-        "tombstones": {s: sorted(keys) for s, keys in tier._tombstones_in.items() if keys},
+        "live": {s: n for s, n in tier._index.live.items() if n},
+        "runs": {s: [tier._index.keys.key_of(b) for b in run.live()]
+                 for s, run in tier._index.runs.items() if run.live()},
+        "tombstones": {s: sorted(keys) for s, keys in tier._index.tombstones_in.items() if keys},
     }
 
 
