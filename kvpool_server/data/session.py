@@ -1,5 +1,11 @@
 """Serves data-plane frames on one connection, whatever transport carries it.
 
+The protocol's rules live in :class:`~kvpool_client.core.wire.connection.ServerConnection`
+(what a frame is, HELLO first, what a bad frame costs); the store work of an answer in
+:mod:`kvpool_server.data.answers`. This module moves bytes between the two: it feeds the
+machine what the channel received, dispatches the events it returns, moves payload and
+sends replies.
+
 The loop reads a header, its meta, then moves payload bytes straight between the
 channel and the DRAM arena: a put lands in reserved arena slots, a get is sent
 from pinned arena slots. Nothing is copied in between. A get that misses DRAM
@@ -24,54 +30,38 @@ take at once) is handed to the coroutine loop, which serves it as above.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-from kvpool_client.core.errors import AuthenticationError, ErrorCode, KVPoolError, LimitExceeded, NodeUnavailable, ProtocolError
-from kvpool_client.core.wire import (
-    HEADER_SIZE,
-    DeleteRequest,
-    ErrorResponse,
-    ExistsRequest,
-    FrameHeader,
-    GetRequest,
-    GetResponse,
-    HelloRequest,
-    HelloResponse,
-    LocateRequest,
-    LocateResponse,
-    Op,
-    PingRequest,
-    PingResponse,
-    PutRequest,
-    StatusResponse,
-    WireLimits,
-    decode_header,
-    decode_message,
-    encode,
-    header_identity,
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.core.wire import GetRequest, HelloResponse, LocateRequest, Op, PutRequest, StatusResponse, WireLimits, encode
+from kvpool_client.core.wire.connection import (
+    NEED_DATA,
+    Event,
+    GetOne,
+    Hello,
+    NeedData,
+    Refusal,
+    Request,
+    ServerConnection,
 )
-from kvpool_client.core.wire.codec import decode_get_one_request, encode_get_one
-from kvpool_client.core.wire.frames import MAX_TOKEN_BYTES
 from kvpool_server.data.admission import Admission
-from kvpool_server.data.readahead import HEAD_CHUNK, ReadAhead
+from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters, Latencies
-from kvpool_server.tiers.dram import checksum
-from kvpool_server.tiers.store import BlockStore, HeldBlock
+from kvpool_server.tiers.store import BlockStore
 
 log = logging.getLogger("kvpool.data")
 
-_OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
-_REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in _OP_NAMES.items()}
-_WITHOUT_PAYLOAD = frozenset({Op.GET, Op.LOCATE, Op.EXISTS, Op.DELETE, Op.PING})  # answered in the callback when whole
-
+# Bytes received at a time while a frame's head (header and meta) is read: what runs over
+# (a put's first payload bytes, the next pipelined frame) is kept by the connection, so at
+# most this much of a block is copied once more on its way to its slot.
+HEAD_CHUNK = 512
+_REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in OP_NAMES.items()}
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
-_NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
 
 
 class Channel(Protocol):
@@ -99,22 +89,9 @@ class PollableChannel(Channel, Protocol):
     def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]: ...
 
 
-Reply = list[bytes | memoryview]
-Request = GetRequest | LocateRequest | ExistsRequest | DeleteRequest | PingRequest  # a request without payload
-_REQUEST_OPS: dict[type, Op] = {
-    GetRequest: Op.GET, LocateRequest: Op.LOCATE, ExistsRequest: Op.EXISTS, DeleteRequest: Op.DELETE, PingRequest: Op.PING,
-}
-
-
-@dataclass(slots=True)
-class _Answer:
-    """A request being answered: the blocks it holds pinned, and the reply not sent yet."""
-
-    request: Request
-    keys: list[StoreKey]  # the blocks it reads (GET, LOCATE)
-    held: list[HeldBlock | None]
-    started: float  # perf_counter when its header was in
-    unsent: Reply | None = None  # None: not made yet (blocks to read from SSD first)
+# What the readiness callback hands the coroutine: a request begun, an event to serve, or
+# None for the next frame, still arriving.
+Handover = Answer | PutRequest | Hello | Refusal | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +126,9 @@ class Session:
         admission: Admission,
     ) -> None:
         self._channel = channel
+        self._connection = ServerConnection(config.limits, config.token)
+        self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._admission = admission
-        self._reader = ReadAhead(channel)
         self._store = store
         self._tier = store.dram  # writes go to DRAM
         self._counters = counters
@@ -158,9 +136,9 @@ class Session:
         self._config = config
         self._accepting_writes = accepting_writes  # False while the node drains
         self.busy = False  # True while a request is in flight; shutdown waits for it
-        self._authenticated = config.token is None
         self._pollable = channel if isinstance(channel, PollableChannel) else None
-        self._turn: asyncio.Future[_Answer | None] | None = None  # what the callback hands over (None: the next frame)
+        self._chunk = memoryview(bytearray(HEAD_CHUNK))  # recv_now's: done when it returns, so one serves all
+        self._turn: asyncio.Future[Handover] | None = None  # what the callback hands over
         self._last_served = 0.0  # monotonic time the callback last answered a request
 
     async def run(self) -> None:
@@ -173,7 +151,7 @@ class Session:
         idle = self._config.idle_timeout_s or None
         while True:
             try:
-                answer = await (self._handed_over(idle) if self._pollable else self._next_frame(idle))
+                handed = await (self._handed_over(idle) if self._pollable else self._next_frame(idle))
             except NodeUnavailable:
                 return
             except TimeoutError:
@@ -181,9 +159,9 @@ class Session:
                 return
             self.busy = True
             try:
-                if answer is not None:
-                    await self._finish(answer)
-                elif not await self._serve_frame(await self._reader.recv_exactly(HEADER_SIZE)):
+                if isinstance(handed, Answer):
+                    await self._finish(handed)
+                elif not await self._serve(handed if handed is not None else await self._next_event()):
                     return
             except (NodeUnavailable, TimeoutError) as exc:
                 log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
@@ -194,16 +172,33 @@ class Session:
 
     async def _next_frame(self, idle: float | None) -> None:
         """Wait until the next frame's first bytes are here (a channel without callbacks)."""
-        if idle is None:
-            await self._reader.wait_frame()
-        else:
-            await asyncio.wait_for(self._reader.wait_frame(), idle)
+        if not self._connection.buffered:
+            await (self._receive_some() if idle is None else asyncio.wait_for(self._receive_some(), idle))
+
+    async def _receive_some(self) -> None:
+        # A buffer of its own: a transport may still write into one whose wait was cancelled.
+        chunk = memoryview(bytearray(HEAD_CHUNK))
+        self._connection.receive_data(chunk[: await self._channel.recv_some(chunk)])
+
+    async def _next_event(self) -> Event:
+        """The next event, receiving the rest of its head first; the head may take
+        :meth:`SessionConfig.payload_deadline` of its size in all (trickling ends here too)."""
+        connection = self._connection
+        event = connection.next_event()
+        if event is NEED_DATA:
+            start = asyncio.get_running_loop().time()
+            async with asyncio.timeout(None) as timeout:
+                while isinstance(event, NeedData):
+                    timeout.reschedule(start + self._config.payload_deadline(connection.head_size))
+                    missing = max(connection.head_size - connection.buffered, 1)
+                    connection.receive_data(await self._channel.recv_upto(max(missing, HEAD_CHUNK)))
+                    event = connection.next_event()
+        return event
 
     # -- answering in the readiness callback ------------------------------------
 
-    async def _handed_over(self, idle: float | None) -> _Answer | None:
-        """Answer requests in the readiness callback until one needs this coroutine: that
-        request begun (an :class:`_Answer`), or None for a frame to read and serve here."""
+    async def _handed_over(self, idle: float | None) -> Handover:
+        """Answer requests in the readiness callback until one needs this coroutine."""
         assert self._pollable is not None
         handed = self._answer_buffered()
         if handed is not False:  # a frame read ahead by the last request needs this coroutine
@@ -214,14 +209,14 @@ class Session:
             return await (turn if idle is None else self._idle_bounded(turn, idle))
         except BaseException:
             begun = turn.result() if turn.done() and not turn.cancelled() and turn.exception() is None else None
-            if begun is not None:  # begun in the callback, never to be finished
+            if isinstance(begun, Answer):  # begun in the callback, never to be finished
                 self._store.release(begun.held)
             raise
         finally:
             self._pollable.serve_readable(None)
             self._turn = None
 
-    async def _idle_bounded(self, turn: asyncio.Future[_Answer | None], idle: float) -> _Answer | None:
+    async def _idle_bounded(self, turn: asyncio.Future[Handover], idle: float) -> Handover:
         """Await ``turn``; TimeoutError once no request came for ``idle`` seconds, callback ones included."""
         self._last_served = time.monotonic()
         while True:
@@ -236,10 +231,10 @@ class Session:
         """The socket has bytes: answer the requests they complete; hand the rest to :meth:`run`."""
         assert self._pollable is not None
         try:
-            self._reader.fill_now(self._pollable.recv_now)
+            self._connection.receive_data(self._chunk[: self._pollable.recv_now(self._chunk)])
             handed = self._answer_buffered()
         except NodeUnavailable as exc:
-            if not self._reader.buffered:  # the peer left between frames
+            if not self._connection.buffered:  # the peer left between frames
                 self._handover(exc)
                 return
             handed = None  # run() finds the end of the stream mid-frame
@@ -249,159 +244,115 @@ class Session:
         if handed is not False:
             self._handover(handed)
 
-    def _handover(self, handed: _Answer | None | BaseException) -> None:
+    def _handover(self, handed: Handover | BaseException) -> None:
         assert self._pollable is not None and self._turn is not None
         self._pollable.serve_readable(None)  # run() reads from now on
+        if self._turn.done():  # cancelled (shutdown) after this callback was queued
+            return
         if isinstance(handed, BaseException):
             self._turn.set_exception(handed)
         else:
             self._turn.set_result(handed)
 
-    def _answer_buffered(self) -> _Answer | None | bool:
+    def _answer_buffered(self) -> Handover | Literal[False]:
         """Answer every buffered request that needs no waiting.
 
         Returns:
-            False when all are answered; else what :meth:`run` must take over: a
-            request begun, or None for the next frame (not read yet).
+            False when all are answered; else what :meth:`run` must take over.
         """
         assert self._pollable is not None
-        limits = self._config.limits
-        while self._reader.buffered:
-            one = decode_get_one_request(self._reader.pending, limits) if self._authenticated else None
-            if one is not None:  # the usual single-block get, read in place
-                begun = self._answer_get_one(*one)
+        while self._connection.buffered:
+            event = self._connection.next_event()
+            if type(event) is GetOne:  # the usual single-block get
+                begun = self._answer_get_one(event)
                 if begun is not None:
                     return begun
                 continue
-            request, started = self._whole_request()
-            if request is None:
-                return None
-            answer = self._begin(request, started)
+            if isinstance(event, (NeedData, PutRequest, Hello, Refusal)):
+                return None if event is NEED_DATA else event
+            self._counters.add(_REQUEST_COUNTERS[request_op(event)])
+            answer = self._answers.begin(event, time.perf_counter())
             if self._store.wants_ssd(answer.keys, answer.held):
                 return answer
-            try:
-                unsent = self._pollable.send_now(self._reply(answer))
-            except BaseException:
-                self._store.release(answer.held)
-                raise
-            if unsent:
-                answer.unsent = unsent
+            if self._send_now(answer, self._answers.reply(answer)):
                 return answer
-            self._end(answer)
+            self._answers.end(answer)
         self._last_served = time.monotonic()
         return False
 
-    def _answer_get_one(self, request_id: int, namespace: str, block: bytes, size: int) -> _Answer | None:
-        """Answer a one-key GET of ``size`` bytes read in place (:func:`decode_get_one_request`) as
-        :meth:`_begin`, :meth:`_reply` and :meth:`_end` answer a GET, without their per-key
-        lists; returns the request begun when :meth:`run` must finish it (its block is on
-        SSD, or the socket did not take the whole reply), None once answered."""
+    def _answer_get_one(self, get: GetOne) -> Answer | None:
+        """Answer a one-key GET as :meth:`Answers.begin`, ``reply`` and ``end`` answer a GET,
+        without their per-key lists; returns the request begun when :meth:`run` must finish
+        it (its block is on SSD, or the socket did not take the whole reply), None once answered."""
         assert self._pollable is not None
         started = time.perf_counter()
-        self._reader.skip(size)
         self._counters.add("requests_get")
-        key = (namespace, block)
+        key = (get.namespace, get.block)
         held = self._store.acquire_dram_one(key)
         if held is None and self._store.on_ssd(key):
-            return _Answer(GetRequest(request_id, namespace, [block]), [key], [None], started)
+            return Answer(GetRequest(get.request_id, get.namespace, [get.block]), [key], [None], started)
         try:
-            unsent = self._pollable.send_now(self._get_one_reply(request_id, held))
+            unsent = self._pollable.send_now(self._answers.get_one_reply(get.request_id, held))
         except BaseException:
             self._store.release((held,))
             raise
-        if unsent:
-            return _Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, unsent)
+        if unsent:  # the rest goes out from run(); the answer is made only now, for speed
+            return Answer(GetRequest(get.request_id, get.namespace, [get.block]), [key], [held], started, unsent)
         self._store.release((held,))
-        self._latencies.observe(_OP_NAMES[Op.GET], time.perf_counter() - started)
+        self._latencies.observe(OP_NAMES[Op.GET], time.perf_counter() - started)
         return None
 
-    def _whole_request(self) -> tuple[Request | None, float]:
-        """The next buffered frame, decoded and taken from the buffer, if it is a request
-        without payload that has arrived whole; else (None, 0), and the frame stays buffered."""
-        raw = self._reader.peek(0, HEADER_SIZE)
-        if raw is None or not self._authenticated:
-            return None, 0.0
-        started = time.perf_counter()
+    def _send_now(self, answer: Answer, reply: Reply) -> bool:
+        """Send what the socket takes of ``reply`` now; True when some is left (kept in ``answer``)."""
+        assert self._pollable is not None
         try:
-            header = decode_header(raw, self._config.limits)
-            if header.payload_len or header.op not in _WITHOUT_PAYLOAD:
-                return None, 0.0
-            meta = self._reader.peek(HEADER_SIZE, HEADER_SIZE + header.meta_len)
-            if meta is None:
-                return None, 0.0
-            request = decode_message(header, meta, self._config.limits)
-        except ProtocolError:
-            return None, 0.0  # run() reads it again and answers the error
-        assert isinstance(request, Request)
-        self._reader.skip(HEADER_SIZE + header.meta_len)
-        self._counters.add(_REQUEST_COUNTERS[header.op])
-        return request, started
+            unsent = self._pollable.send_now(reply)
+        except BaseException:
+            self._store.release(answer.held)
+            raise
+        answer.unsent = unsent or None
+        return bool(unsent)
 
     # -- the coroutine loop ------------------------------------------------------
 
-    async def _serve_frame(self, raw: bytearray) -> bool:
-        """Handle one frame; False when the connection must close."""
-        try:
-            header = decode_header(raw, self._config.limits)
-        except ProtocolError as exc:
-            await self._send_error(*header_identity(raw), exc)
-            return False
-        if header.op == Op.HELLO:
-            return await self._hello(header)
-        if not self._authenticated:  # nothing more is read from an unproven peer
-            await self._send_error(header.request_id, header.request_op, AuthenticationError(_NEEDS_TOKEN))
-            return False
-        await self._dispatch(header)
+    async def _serve(self, event: Event) -> bool:
+        """Serve one event; False when the connection must close."""
+        started = time.perf_counter()
+        match event:
+            case GetOne():
+                self._counters.add("requests_get")
+                request = GetRequest(event.request_id, event.namespace, [event.block])
+                await self._finish(self._answers.begin(request, started))
+            case PutRequest():
+                self._counters.add("requests_put")
+                await self._put(event)
+                self._latencies.observe(OP_NAMES[Op.PUT], time.perf_counter() - started)
+            case Hello():
+                await self._channel.send([encode(HelloResponse(event.request_id))])
+            case Refusal():
+                if not event.close:
+                    await self._drop(self._connection.payload_left)
+                await self._send_error(event.request_id, event.op, event.error)
+                return not event.close
+            case NeedData():
+                raise AssertionError("_next_event returns whole events")
+            case _:
+                self._counters.add(_REQUEST_COUNTERS[request_op(event)])
+                await self._finish(self._answers.begin(event, started))
         return True
 
-    async def _hello(self, header: FrameHeader) -> bool:
-        """Check the token a HELLO proves; a wrong one closes the connection."""
-        if header.meta_len > MAX_TOKEN_BYTES or header.payload_len:
-            await self._send_error(header.request_id, Op.HELLO, ProtocolError("a HELLO holds only a token"))
-            return False
-        request = decode_message(header, await self._reader.recv_exactly(header.meta_len), self._config.limits)
-        assert isinstance(request, HelloRequest)
-        expected = self._config.token
-        if expected is not None and not hmac.compare_digest(request.token, expected):
-            await self._send_error(header.request_id, Op.HELLO, AuthenticationError("wrong token"))
-            return False
-        self._authenticated = True
-        await self._channel.send([encode(HelloResponse(header.request_id))])
-        return True
-
-    async def _dispatch(self, header: FrameHeader) -> None:
-        started = time.perf_counter()  # the header is in: meta, payload and reply are timed
-        op = header.request_op
-        async with asyncio.timeout(self._config.payload_deadline(header.meta_len)):  # trickling ends here too
-            meta = await self._reader.recv_exactly(header.meta_len)
-        try:
-            if header.is_response:
-                raise ProtocolError("a client sent a response frame")
-            request = decode_message(header, meta, self._config.limits)
-        except ProtocolError as exc:
-            await self._drain(header.payload_len)
-            await self._send_error(header.request_id, op, exc)
-            return
-        self._counters.add(_REQUEST_COUNTERS[op])
-        if isinstance(request, PutRequest):
-            await self._put(request)
-            self._latencies.observe(_OP_NAMES[op], time.perf_counter() - started)
-            return
-        assert isinstance(request, Request)
-        await self._finish(self._begin(request, started))
-
-    async def _finish(self, answer: _Answer) -> None:
+    async def _finish(self, answer: Answer) -> None:
         """Read the request's SSD blocks, make and send its reply, then unpin its blocks."""
         try:
             if answer.unsent is None:
                 arena_only = isinstance(answer.request, LocateRequest)  # an unpromotable block is not read twice
                 await self._store.acquire_rest(answer.keys, answer.held, arena_only=arena_only)
-                answer.unsent = self._reply(answer)
+                answer.unsent = self._answers.reply(answer)
             await self._channel.send(answer.unsent)
         except BaseException:
             self._store.release(answer.held)
             raise
-        self._end(answer)
+        self._answers.end(answer)
 
     async def _put(self, request: PutRequest) -> None:
         """Store the blocks a put carries, reserving each block's slot only as its bytes arrive.
@@ -421,7 +372,7 @@ class Session:
             async with asyncio.timeout(self._config.payload_deadline(sum(lengths))):
                 for h, length, depth in zip(request.hashes, lengths, depths, strict=True):
                     if writable and length > 0:  # its first bytes are here: now it may take a slot
-                        await self._reader.wait_buffered(min(length, HEAD_CHUNK))
+                        await self._payload_buffered(min(length, HEAD_CHUNK))
                     outcome = self._admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
                     outcomes.append(outcome)
                     await self._receive_block(outcome, length)
@@ -434,6 +385,11 @@ class Session:
         statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
         self._counters.add("bytes_in", sum(lengths))
         await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
+
+    async def _payload_buffered(self, nbytes: int) -> None:
+        """Wait, without a time limit of its own, until ``nbytes`` (<= ``HEAD_CHUNK``) of the payload are here."""
+        while self._connection.payload_buffered < nbytes:
+            await self._receive_some()
 
     def _admit(self, key: StoreKey, length: int, depth: int) -> BlockEntry | ErrorCode:
         """A slot for one block whose bytes are next on the wire, taken from the admission budget."""
@@ -451,12 +407,27 @@ class Session:
         """One block's bytes: into its reserved slot (its budget back once they are in, or not
         coming), or through the shared sink when it was refused."""
         if not isinstance(outcome, BlockEntry):
-            await self._drain(length)
+            await self._drop(length)
             return
         try:
-            await self._reader.recv_into([self._tier.view(outcome)])
+            await self._receive_payload(self._tier.view(outcome))
         finally:
             self._admission.give(outcome.slot_size)
+
+    async def _receive_payload(self, target: memoryview) -> None:
+        """Fill ``target`` with payload: the bytes that came with the head, then straight from the socket."""
+        rest = target[self._connection.take_payload(target) :]
+        if len(rest):
+            await self._channel.recv_into([rest])
+            self._connection.payload_received(len(rest))
+
+    async def _drop(self, nbytes: int) -> None:
+        """Receive and drop ``nbytes`` of payload through the daemon's one shared sink: no memory per connection."""
+        sink = self._admission.sink
+        while nbytes:
+            chunk = min(nbytes, len(sink))
+            await self._receive_payload(sink[:chunk])
+            nbytes -= chunk
 
     async def _commit(self, outcomes: list[BlockEntry | ErrorCode]) -> None:
         # Commit the chain's tail first: LRU then evicts tails before heads (a head
@@ -468,128 +439,8 @@ class Session:
         if write_through and stored:
             await self._store.persist(stored)  # acknowledged once on SSD
 
-    # -- answers: the same whichever loop sends them ---------------------------
-
-    def _begin(self, request: Request, started: float) -> _Answer:
-        """Pin the request's blocks that DRAM holds (a GET or LOCATE)."""
-        if not isinstance(request, (GetRequest, LocateRequest)):
-            return _Answer(request, [], [], started)
-        keys = [(request.namespace, h) for h in request.hashes]
-        return _Answer(request, keys, self._store.acquire_dram(keys), started)
-
-    def _end(self, answer: _Answer) -> None:
-        """The reply is sent: unpin its blocks and time the request."""
-        self._store.release(answer.held)
-        self._latencies.observe(_OP_NAMES[_REQUEST_OPS[type(answer.request)]], time.perf_counter() - answer.started)
-
-    def _reply(self, answer: _Answer) -> Reply:
-        request = answer.request
-        match request:
-            case GetRequest():
-                return self._get_reply(request, answer.held)
-            case LocateRequest():
-                return self._locate_reply(request, answer.keys, answer.held)
-            case ExistsRequest():
-                return [encode(StatusResponse(request.request_id, Op.EXISTS, self._exists(request)))]
-            case DeleteRequest():
-                ns = request.namespace
-                statuses = [int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
-                return [encode(StatusResponse(request.request_id, Op.DELETE, statuses))]
-            case PingRequest():
-                return [encode(PingResponse(request.request_id))]
-
-    def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
-        if len(held) == 1:
-            return self._get_one_reply(request.request_id, held[0])
-        statuses, lengths, sums, views = [], [], [], []
-        for block in held:
-            status = self._check(block)
-            statuses.append(int(status))
-            ok = block is not None and status is ErrorCode.OK
-            lengths.append(len(block.view) if ok else 0)
-            sums.append(block.checksum if ok else 0)
-            if ok:
-                views.append(block.view)
-        if sum(lengths) > self._config.limits.max_payload:
-            too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._config.limits.max_payload}")
-            return [self._error_frame(request.request_id, Op.GET, too_big)]
-        self._counters.add("bytes_out", sum(lengths))
-        return [encode(GetResponse(request.request_id, statuses, lengths, sums)), *views]
-
-    def _get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
-        """What :meth:`_get_reply` answers a get of one key, in one pack."""
-        status = self._check(block)
-        if block is None or status is not ErrorCode.OK:
-            return [encode_get_one(request_id, int(status), 0, 0)]
-        length = len(block.view)
-        if length > self._config.limits.max_payload:
-            too_big = LimitExceeded(f"the blocks add up to {length} bytes, over {self._config.limits.max_payload}")
-            return [self._error_frame(request_id, Op.GET, too_big)]
-        self._counters.add("bytes_out", length)
-        return [encode_get_one(request_id, int(status), length, block.checksum), block.view]
-
-    def _locate_reply(self, request: LocateRequest, keys: list[StoreKey], held: list[HeldBlock | None]) -> Reply:
-        """Where each block lies in the shared arena; the same-node client copies it itself.
-
-        Each block is held only while its location and slot generation are read:
-        the reader detects a reuse of the slot by the generation, not by a pin.
-        """
-        generations = self._tier.generations
-        if generations is None:
-            return [self._error_frame(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))]
-        rows = [self._location(key, block) for key, block in zip(keys, held)]
-        columns = [list(column) for column in zip(*rows)] or [[] for _ in range(5)]
-        response = LocateResponse(request.request_id, generations.arena_id, *columns)
-        self._counters.add("bytes_out_shm", sum(response.lengths))
-        return [encode(response)]
-
-    def _location(self, key: StoreKey, block: HeldBlock | None) -> tuple[int, int, int, int, int]:
-        """(status, offset, length, checksum, generation) of a held block; zeros unless OK."""
-        if block is None and self._store.contains(key):  # on SSD, and DRAM had no slot for it
-            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
-        status = self._check(block)
-        if status is not ErrorCode.OK or block is None:
-            return int(status), 0, 0, 0, 0
-        entry = block.entry
-        if entry is None:  # a private copy (acquire(arena_only=True) does not hand out one)
-            return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
-        return int(status), entry.offset, entry.length, entry.checksum, self._tier.generation(entry)
-
-    def _check(self, block: HeldBlock | None) -> ErrorCode:
-        if block is None:
-            return ErrorCode.NOT_FOUND
-        entry = block.entry  # bytes read from SSD were verified on the way
-        if entry is not None and self._config.verify_checksum_on_get and checksum(block.view) != entry.checksum:
-            log.error("checksum mismatch, block dropped", extra={"key": entry.key[1].hex(), "ns": entry.key[0]})
-            self._tier.discard_corrupt(entry)
-            return ErrorCode.CHECKSUM_MISMATCH
-        return ErrorCode.OK
-
-    def _exists(self, request: ExistsRequest) -> list[int]:
-        ns, statuses, missed = request.namespace, [], False
-        for h in request.hashes:
-            # A prefix lookup stops looking at the first miss: what follows is useless.
-            missed = (missed and request.prefix) or not self._store.contains((ns, h))
-            statuses.append(int(ErrorCode.NOT_FOUND if missed else ErrorCode.OK))
-        return statuses
-
-    async def _drain(self, nbytes: int) -> None:
-        """Read and drop ``nbytes`` through the daemon's one shared sink: no memory per connection."""
-        sink = self._admission.sink
-        while nbytes:
-            chunk = min(nbytes, len(sink))
-            await self._reader.recv_into([sink[:chunk]])
-            nbytes -= chunk
-
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
         try:
-            await self._channel.send([self._error_frame(request_id, op, exc)])
+            await self._channel.send([self._answers.error_frame(request_id, op, exc)])
         except NodeUnavailable:
             pass
-
-    def _error_frame(self, request_id: int, op: Op, exc: KVPoolError) -> bytes:
-        """The error reply to a request, counted and logged."""
-        self._counters.add(f"errors_{exc.code.name.lower()}")
-        log.warning("bad request", extra={"peer": self._channel.peer, "error": str(exc)})
-        code = exc.code if not isinstance(exc, LimitExceeded) else ErrorCode.LIMIT_EXCEEDED
-        return encode(ErrorResponse(request_id, op, int(code), str(exc)))

@@ -21,8 +21,7 @@ from kvpool_server.stats import Counters, UnknownCounter
 SERVER = Path(__file__).resolve().parents[2] / "kvpool_server"
 # Keys computed by a table lookup, with the test that covers the table.
 LOOKUPS = {
-    "_REQUEST_COUNTERS[header.op]": "requests_<op> for every Op: test_every_op_and_error_code_has_a_key",
-    "_REQUEST_COUNTERS[op]": "requests_<op> for every Op: test_every_op_and_error_code_has_a_key",
+    "_REQUEST_COUNTERS[request_op(event)]": "requests_<op> for every Op: test_every_op_and_error_code_has_a_key",
 }
 
 
