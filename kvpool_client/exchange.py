@@ -39,7 +39,7 @@ from kvpool_client.core.wire import (
     decode_message,
     encode,
 )
-from kvpool_client.core.wire.codec import decode_get_one, encode_get_one_request
+from kvpool_client.core.wire.codec import answer_meta_size, decode_get_one, encode_get_one_request
 from kvpool_client.transport.shm import MappedArena, SlotLocation
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
 def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -> Exchange[list[int]]:
     """Send blocks; returns one status per key (OK, ALREADY_EXISTS, BUSY, ...)."""
     yield Send([encode(request), *blocks])
-    response = yield from _response(request.request_id, Op.PUT, limits, _status_meta(len(request.hashes)))
+    response = yield from _response(request.request_id, Op.PUT, limits, answer_meta_size(Op.PUT, len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
@@ -157,7 +157,7 @@ def get(
     hashes = request.hashes
     yield Send([encode_get_one_request(request.request_id, request.namespace, hashes[0]) if len(hashes) == 1
                 else encode(request)])
-    expected_meta = _get_meta(len(hashes))
+    expected_meta = answer_meta_size(Op.GET, len(hashes))
     head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
     one = decode_get_one(head, request.request_id, limits) if len(targets) == 1 else None
     if one is not None:
@@ -169,7 +169,7 @@ def get(
     filled: list[memoryview | None] = [None] * len(targets)
     sinks: list[memoryview] = []
     scratch: memoryview | None = None  # only for blocks that do not fit their target
-    for i, (target, length) in enumerate(zip(targets, response.lengths)):
+    for i, (target, length) in enumerate(zip(targets, response.lengths, strict=True)):
         if statuses[i] != ErrorCode.OK:
             continue
         if target is None:
@@ -233,7 +233,7 @@ def get_shared(
         if copied is not None:
             return copied
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.LOCATE, limits, _locate_meta(len(request.hashes)))
+    response = yield from _response(request.request_id, Op.LOCATE, limits, answer_meta_size(Op.LOCATE, len(request.hashes)))
     if not isinstance(response, LocateResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} LOCATE results, got {response!r}")
     if response.arena_id != arena.arena_id:
@@ -250,7 +250,7 @@ def get_shared(
     if again:
         rest = GetRequest(request.request_id, request.namespace, [request.hashes[i] for i in again])
         codes, views = yield from get(rest, [targets[i] for i in again], limits, verify)
-        for i, code, view in zip(again, codes, views):
+        for i, code, view in zip(again, codes, views, strict=True):
             statuses[i], filled[i] = code, view
     return statuses, filled
 
@@ -269,7 +269,7 @@ def _copy_known(
     if not _still_there(request, known, arena):
         return None
     filled: list[memoryview] = []
-    for (location, _), target in zip(known, targets):
+    for (location, _), target in zip(known, targets, strict=True):
         target = memoryview(bytearray(location.length)) if target is None else target
         if len(target) != location.length:
             return None  # the node's answer reports it
@@ -278,7 +278,7 @@ def _copy_known(
     if not _still_there(request, known, arena):
         return None
     if verify:
-        for block, (_, checksum), view in zip(request.hashes, known, filled):
+        for block, (_, checksum), view in zip(request.hashes, known, filled, strict=True):
             if xxhash.xxh3_64_intdigest(view) != checksum:
                 arena.known.forget(request.namespace, block)
                 return None
@@ -287,7 +287,7 @@ def _copy_known(
 
 def _still_there(request: LocateRequest, known: list[tuple[SlotLocation, int]], arena: MappedArena) -> bool:
     """Whether every known block's slot is in the generation it was located in (forgets those that are not)."""
-    gone = [block for block, (location, _) in zip(request.hashes, known) if not arena.unchanged(location)]
+    gone = [block for block, (location, _) in zip(request.hashes, known, strict=True) if not arena.unchanged(location)]
     for block in gone:
         arena.known.forget(request.namespace, block)
     return not gone
@@ -329,13 +329,13 @@ def fail(error: KVPoolError) -> Exchange[Any]:
 
 def exists(request: ExistsRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.EXISTS, limits, _status_meta(len(request.hashes)))
+    response = yield from _response(request.request_id, Op.EXISTS, limits, answer_meta_size(Op.EXISTS, len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
 def delete(request: DeleteRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.DELETE, limits, _status_meta(len(request.hashes)))
+    response = yield from _response(request.request_id, Op.DELETE, limits, answer_meta_size(Op.DELETE, len(request.hashes)))
     return _statuses(response, len(request.hashes))
 
 
@@ -379,26 +379,14 @@ def _response(
     if len(head) < end:
         head += yield Receive(end - len(head))
     response = decode_message(header, head[HEADER_SIZE:], limits)
-    answers = header.is_response and header.request_id == request_id and header.op & 0x7F == op
+    answers = header.is_response and header.request_id == request_id and header.request_op == op
     # A node that could not parse our header addresses its error to (0, PING).
-    unaddressed = header.request_id == 0 and header.op & 0x7F == Op.PING
+    unaddressed = header.request_id == 0 and header.request_op == Op.PING
     if isinstance(response, ErrorResponse) and (answers or unaddressed):
         raise error_for_code(response.code, response.message)
     if not answers:
         raise ProtocolError(f"response {header} does not answer {op.name} request {request_id}")
     return response  # type: ignore[return-value]
-
-
-def _status_meta(count: int) -> int:
-    return 4 + count  # count u32, one status byte per key
-
-
-def _get_meta(count: int) -> int:
-    return 4 + 13 * count  # count u32, status u8 + length u32 + checksum u64 per key
-
-
-def _locate_meta(count: int) -> int:
-    return 12 + 29 * count  # count u32, arena id u64; status u8, offset, checksum, generation u64, length u32 per key
 
 
 def _statuses(response: Response, count: int) -> list[int]:

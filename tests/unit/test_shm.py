@@ -26,9 +26,11 @@ from kvpool_client.core.wire import (
     GetResponse,
     LocateRequest,
     LocateResponse,
+    Op,
     WireLimits,
     encode,
 )
+from kvpool_client.core.wire.codec import answer_meta_size
 from kvpool_client.core.wire.generations import GRANULE, HEADER_BYTES, decode_header
 from kvpool_client.exchange import Receive, ReceiveInto, ReceiveUpTo, Send
 from kvpool_client.transport.shm import (
@@ -236,7 +238,7 @@ def locate_answer(node: Node, rid: int, keys: list[StoreKey], arena_id: int | No
             continue
         rows.append((int(OK), entry.offset, entry.length, entry.checksum, node.tier.generation(entry)))
         node.tier.release(entry)
-    columns = [list(c) for c in zip(*rows)]
+    columns = [list(c) for c in zip(*rows, strict=True)]
     return encode(LocateResponse(rid, node.generations.arena_id if arena_id is None else arena_id, *columns))
 
 
@@ -290,7 +292,7 @@ def test_shm_get_reports_size_mismatch_without_copying(node: Node) -> None:
 
 def test_meta_size_expected_by_the_client_matches_the_encoder() -> None:
     frame = encode(LocateResponse(1, 2, [OK] * 3, [0] * 3, [1] * 3, [0] * 3, [0] * 3))
-    assert len(frame) == HEADER_SIZE + exchange._locate_meta(3)
+    assert len(frame) == HEADER_SIZE + answer_meta_size(Op.LOCATE, 3)
 
 
 def test_transport_setting_comes_from_config_or_environment() -> None:

@@ -203,6 +203,18 @@ def _encode_locate_response(message: LocateResponse) -> bytes:
     return _U32.pack(count) + _pack(_locate_response_layout(count), m.arena_id, _statuses(m.statuses), *fields)
 
 
+def answer_meta_size(op: Op, count: int) -> int:
+    """Meta bytes of a successful answer to a request for ``count`` keys: a client reads
+    header and meta in one receive of exactly this much, never into the payload."""
+    if op is Op.GET:
+        return _U32.size + _get_response_layout(count).size
+    if op is Op.LOCATE:
+        return _U32.size + _locate_response_layout(count).size
+    if op in _STATUS_OPS:
+        return _U32.size + count  # one status byte a key
+    return 0
+
+
 # A response's fields after its count, packed and unpacked in one call.
 @functools.lru_cache(maxsize=64)
 def _get_response_layout(count: int) -> struct.Struct:
