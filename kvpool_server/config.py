@@ -24,7 +24,7 @@ import sys
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -51,6 +51,7 @@ from kvpool_client.core.settings import (
 from kvpool_client.core.settings.render import add_setting_flags, markdown_tables
 from kvpool_client.core.settings.values import ConfigError
 from kvpool_client.core.version import package_version
+from kvpool_client.core.wire import WireLimits
 from kvpool_server.config_sections import (
     PAGE_SIZE,
     AuthSection,
@@ -64,6 +65,10 @@ from kvpool_server.config_sections import (
     TlsSection,
     UcxSection,
 )
+from kvpool_server.data.admission import AdmissionLimits
+
+if TYPE_CHECKING:
+    from kvpool_server.data.session import SessionConfig
 
 __all__ = [
     "CLIENT_ENV_VARS", "CONFIG_ENV", "ENV_PREFIX", "PAGE_SIZE", "SCHEMA", "ConfigError", "GiB", "KiB", "MiB",
@@ -80,8 +85,10 @@ CLIENT_ENV_VARS = client_config.ENV_VARS
 class ServerConfig:
     """Settings of one kvpool-server; build it with :func:`load_config`, which checks it.
 
-    Components take their section (``config.ssd``, ``config.repair``). A setting can also be
-    read by its flat key (``config.dram_capacity``), as users write it.
+    Components take their section (``config.ssd``), or what a section builds for them
+    (``config.ssd.tier(...)``, ``config.tls.certificates()``); what needs settings of several
+    sections is built here (:meth:`wire_limits`, :meth:`admission_limits`, :meth:`session_config`).
+    A setting can also be read by its flat key (``config.dram_capacity``), as users write it.
     """
 
     net: NetSettings = section(NetSettings, "Node and listeners")
@@ -132,12 +139,21 @@ class ServerConfig:
         """The largest block this daemon stores: one slab."""
         return self.dram.slab_size
 
-    def effective_inflight_put_bytes(self) -> int:
-        """``max_inflight_put_bytes``, or a quarter of the arena (at least one slab) when 0."""
-        return self.data.max_inflight_put_bytes or max(self.dram.capacity // 4, self.dram.slab_size)
+    def wire_limits(self) -> WireLimits:
+        """The bounds the data plane enforces and announces to clients."""
+        return WireLimits(self.data.max_keys_per_request, self.max_block_size, self.data.max_frame_bytes)
 
-    def effective_data_workers(self) -> int:
-        return self.data.effective_workers()
+    def admission_limits(self) -> AdmissionLimits:
+        """The daemon-wide budgets; ``max_inflight_put_bytes`` 0 is a quarter of the arena, at least one slab."""
+        inflight = self.data.max_inflight_put_bytes or max(self.dram.capacity // 4, self.dram.slab_size)
+        return AdmissionLimits(inflight, self.data.max_connections, self.data.max_connections_per_peer)
+
+    def session_config(self, token: bytes | None) -> SessionConfig:
+        """What every data connection is served with; ``token``: the cluster's (None: no authentication)."""
+        from kvpool_server.data.session import SessionConfig  # the session imports the tiers (numpy)
+
+        return SessionConfig(self.wire_limits(), self.data.verify_checksum_on_get, token, self.data.idle_timeout_s,
+                             self.data.io_timeout_s)
 
     def etcd_tls(self) -> TlsFiles | None:
         return self.membership.etcd_tls()

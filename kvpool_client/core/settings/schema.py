@@ -102,7 +102,7 @@ class Setting:
             return None
         convert = parse_byte_size if self.unit == "bytes" else CONVERTERS[self.kind]
         try:
-            result = convert(value)
+            result: Any = convert(value)
         except ValueError as exc:
             raise ConfigError(f"{where}={value!r}: {exc}") from None
         return result.strip().lower() if self.choices else result
