@@ -79,7 +79,7 @@ def serve_turn(client: KVPoolClient, builder: BlockKeyBuilder, tokens: list[int]
     pages = [torch.empty(BLOCK_SHAPE, dtype=torch.bfloat16) for _ in range(hits)]
     loaded = client.get(keys[:hits], pages)
     loaded.raise_for_errors()
-    for key, page in zip(keys, pages):
+    for key, page in zip(keys[:hits], pages, strict=True):
         if not torch.equal(page, kv_block_for(key)):
             raise AssertionError(f"block {key} came back with wrong bytes")
     missing = keys[loaded.prefix_hits :]

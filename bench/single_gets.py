@@ -109,7 +109,7 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
         ours, theirs = cells.get(("kvpool", size)), cells.get(("redis", size))
         if not ours or not theirs:
             continue
-        per_round = [a.gbps / b.gbps for a, b in zip(ours, theirs) if a.ok and b.ok and a.gbps and b.gbps]
+        per_round = [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
         cpu = [_cpu(c) for c in (ours, theirs)]
         cpu_ratio = f"{cpu[0] / cpu[1]:.2f}" if None not in cpu and cpu[1] else "n/a"
         lines.append(f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(_mid(per_round), 2)} "

@@ -307,7 +307,7 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
 
 def per_round(baseline: list[float], measured: list[float]) -> tuple[float, ...]:
     """Rate of ``measured`` over rate of ``baseline`` (seconds of the same bytes), per round, sorted."""
-    return tuple(sorted(round(b / m, 3) for b, m in zip(baseline, measured)))
+    return tuple(sorted(round(b / m, 3) for b, m in zip(baseline, measured, strict=True)))
 
 
 def start_ssd_node(stack: ExitStack, segments: Path, data_mib: int, *extra: str) -> SsdNode:

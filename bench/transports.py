@@ -168,7 +168,7 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
     blocks = [data[i * job.block : (i + 1) * job.block] for i in range(batches * BATCH)]
     if job.system == "memcpy":
         def copy(index: int) -> None:
-            for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH]):
+            for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH], strict=True):
                 np.copyto(target, source)
         return copy, lambda: None
     if job.system == "redis":
@@ -277,12 +277,12 @@ def target_ceilings(cells: list[Cell], cpus: int) -> list[float | None]:
     """Each scaling target's CPU ceiling on ``cpus`` cores (None: not a scaling target, or not measured)."""
     by = {(c.system, c.block, c.clients): c for c in cells}
     ones = [by.get(spec.bottom) if spec.scaling else None for spec in TARGETS]
-    return [scaling_ceiling(one.cores if one else None, spec.top[2], cpus) for spec, one in zip(TARGETS, ones)]
+    return [scaling_ceiling(one.cores if one else None, spec.top[2], cpus) for spec, one in zip(TARGETS, ones, strict=True)]
 
 
 def targets(cells: list[Cell], rounds: list[list[Cell]], cpus: int) -> tuple[list[Ratio], list[Ratio]]:
     """The targets from the full pass, and as medians of the rounds' ratios (and ceilings)."""
-    pairs = zip(TARGETS, target_ratios(cells), target_ceilings(cells, cpus))
+    pairs = zip(TARGETS, target_ratios(cells), target_ceilings(cells, cpus), strict=True)
     full = [Ratio(spec.name, value, spec.target, ceiling=ceiling) for spec, value, ceiling in pairs]
     per_round = [(target_ratios(r), target_ceilings(r, cpus)) for r in rounds]
     medians = []

@@ -297,7 +297,7 @@ class AsyncKVPoolClient:
             return [(job, exc)]
         pieces = batching.chunk(job, limits, sizes)
         outcomes = await asyncio.gather(*(self._exchange(node, build(piece, limits)) for piece in pieces))
-        return list(zip(pieces, outcomes))
+        return list(zip(pieces, outcomes, strict=True))
 
     async def _exchange(self, node: _AsyncNode, exchange: Exchange[T]) -> T | KVPoolError:
         """Run one exchange within the request timeout; a failure is returned, and reported to the breaker."""

@@ -204,7 +204,7 @@ def expected_sizes(targets: Sequence[memoryview | None]) -> list[int]:
 
 def scatter(into: list[Any], job: Job, values: Sequence[Any]) -> None:
     """Write a job's per-key answers back to their batch positions."""
-    for index, value in zip(job.indices, values):
+    for index, value in zip(job.indices, values, strict=True):
         into[index] = value
 
 

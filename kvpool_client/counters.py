@@ -54,7 +54,7 @@ class ClientCounters:
     def got(self, result: GetResult) -> None:
         ok, received = ErrorCode.OK, 0
         hits = result.statuses.count(ok)
-        for buffer, status in zip(result.buffers, result.statuses):
+        for buffer, status in zip(result.buffers, result.statuses, strict=True):
             if buffer is not None and status is ok:
                 received += len(buffer)
         misses = len(result.statuses) - hits

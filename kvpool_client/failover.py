@@ -71,7 +71,7 @@ class ReadPlan:
 
     def record(self, job: Job, codes: Sequence[int]) -> None:
         """The statuses ``job.member`` answered for ``job``'s keys."""
-        for index, code in zip(job.indices, codes):
+        for index, code in zip(job.indices, codes, strict=True):
             read = self._reads[index]
             if code in RETRY_ELSEWHERE:
                 read.seen.append(code)

@@ -78,7 +78,7 @@ class WritePlan:
 
     def record(self, job: Job, codes: Sequence[int]) -> None:
         """The statuses ``job.member`` answered for ``job``'s keys."""
-        for index, code in zip(job.indices, codes):
+        for index, code in zip(job.indices, codes, strict=True):
             write = self._writes[index]
             write.answers[job.member.node_id] = code
             if code == ErrorCode.DRAINING:
@@ -145,7 +145,7 @@ class DeleteTally:
         """``codes`` per key of ``job``, or None when its node failed."""
         if codes is None:
             return
-        for index, code in zip(job.indices, codes):
+        for index, code in zip(job.indices, codes, strict=True):
             self.answered[index] = True
             self.removed[index] = self.removed[index] or code == ErrorCode.OK
 

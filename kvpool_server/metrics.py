@@ -130,7 +130,7 @@ class KVPoolCollector(Collector):
             histogram = histograms.get(op)
             cumulative = histogram.cumulative() if histogram else [0] * len(bounds)
             total = histogram.total if histogram else 0.0
-            family.add_metric([op], list(zip(bounds, cumulative)), total)
+            family.add_metric([op], list(zip(bounds, cumulative, strict=True)), total)
         return family
 
 

@@ -91,7 +91,7 @@ class Worker:
         result = self.client.put([k for k, _ in pairs], [d for _, d in pairs])
         self.names.update((m.address, m.node_id) for m in self.client.placement().router.members())
         below: list[BlockKey] = []
-        for (key, _), status, nodes in zip(pairs, result.statuses, result.stored_on):
+        for (key, _), status, nodes in zip(pairs, result.statuses, result.stored_on, strict=True):
             if status in PUT_OK and len(set(nodes)) >= 2:
                 record = Acked(key.hash, tuple(self.names.get(n, n) for n in nodes), sent)
                 self.live.append(record)
@@ -114,7 +114,7 @@ class Worker:
         orders = [tuple(m.node_id for m in router.placement(k).read_order) for k in keys]
         result = self.client.get(keys)
         now, verdicts = time.monotonic(), []
-        for record, order, status, buf in zip(picks, orders, result.statuses, result.buffers):
+        for record, order, status, buf in zip(picks, orders, result.statuses, result.buffers, strict=True):
             if status is ErrorCode.OK and buf is not None:
                 verdicts.append("ok" if hashlib.blake2b(buf, digest_size=32).digest() == record.hash else "wrong")
             elif status is ErrorCode.NOT_FOUND:
@@ -134,8 +134,8 @@ class Worker:
         """
         doomed, self.live = self.live[: self.s.batch], self.live[self.s.batch :]
         verdicts = self.read(doomed)
-        self.result.suspects += [a.hash for a, v in zip(doomed, verdicts) if v in ("miss", UNREACHED)]
-        verified = [a for a, v in zip(doomed, verdicts) if v == "ok"]
+        self.result.suspects += [a.hash for a, v in zip(doomed, verdicts, strict=True) if v in ("miss", UNREACHED)]
+        verified = [a for a, v in zip(doomed, verdicts, strict=True) if v == "ok"]
         self.result.verified_before_delete += len(verified)
         now = time.monotonic()
         for record in verified:

@@ -38,7 +38,7 @@ def final_check(cluster: SoakCluster, client: KVPoolClient, acked: list[Acked], 
         for start in range(0, len(pending), batch):
             part = pending[start : start + batch]
             got = client.get([BlockKey(NS, a.hash) for a in part])
-            for record, status, buf in zip(part, got.statuses, got.buffers):
+            for record, status, buf in zip(part, got.statuses, got.buffers, strict=True):
                 if status is ErrorCode.OK and buf is not None:
                     wrong += hashlib.blake2b(buf, digest_size=32).digest() != record.hash
                 else:
@@ -50,7 +50,7 @@ def final_check(cluster: SoakCluster, client: KVPoolClient, acked: list[Acked], 
         time.sleep(1.0)
     where = cluster.holders([a.hash for a in pending]) if pending else []
     lost = [{"hash": a.hash.hex(), "stored_on": a.stored_on, "sent_at": round(a.sent_at, 2), "held_by": w}
-            for a, w in zip(pending, where)]  # fmt: skip
+            for a, w in zip(pending, where, strict=True)]  # fmt: skip
     return {"checked": checked, "wrong_bytes": wrong, "lost": len(lost), "unreached_in_last_pass": unreached,
             "lost_gone": sum(1 for x in lost if not x["held_by"]), "lost_unreachable": sum(1 for x in lost if x["held_by"]),
             "lost_samples": lost[:10]}  # fmt: skip

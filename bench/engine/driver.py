@@ -126,7 +126,7 @@ class Workers:
 
     def close(self) -> None:
         """Stop the workers (idempotent); a worker that does not exit in 15 s is killed."""
-        for proc, inbox in zip(self._procs, self.inboxes.values()):
+        for proc, inbox in zip(self._procs, self.inboxes.values(), strict=True):
             if proc.is_alive():
                 inbox.put(Stop())
         for proc in self._procs:

@@ -183,7 +183,7 @@ class Engine:
         now = time.monotonic()
         events: list[Event] = []
         row = 0
-        for item, seq in zip(plan, seqs):
+        for item, seq in zip(plan, seqs, strict=True):
             item.request.computed += item.count
             if seq.wants_logits:
                 events.extend(self._sample(item.request, logits[row], now))

@@ -176,7 +176,7 @@ class Model:
                    kv: PagedKVCache) -> torch.Tensor:
         """Causal GQA of each sequence's new queries over its cached keys; ``[n, q_heads * head_dim]``."""
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
-        for s, table in zip(seqs, tables):
+        for s, table in zip(seqs, tables, strict=True):
             keys, values = kv.gather(layer, table, s.context)  # [kv_heads, context, head_dim]
             query = q[s.start : s.start + s.length].transpose(0, 1)  # [q_heads, length, head_dim]
             mask = None

@@ -60,7 +60,7 @@ class PagedKVCache:
         """Page and slot of every new token of a ragged batch, and each sequence's page table."""
         block = self.layout.block_size
         tables = tuple(torch.tensor(list(s.pages), dtype=torch.int64) for s in seqs)
-        pages = [t[positions[s.start : s.start + s.length] // block] for s, t in zip(seqs, tables)]
+        pages = [t[positions[s.start : s.start + s.length] // block] for s, t in zip(seqs, tables, strict=True)]
         page = torch.cat(pages) if pages else torch.empty(0, dtype=torch.int64)
         return StepSlots(page, positions % block, tables)
 

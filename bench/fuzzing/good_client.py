@@ -63,7 +63,7 @@ class GoodClient(threading.Thread):
         keys = self.rng.sample(self.live, 4)
         got = client.get(keys)
         self.tally.gets += 1
-        for key, status, buf in zip(keys, got.statuses, got.buffers):
+        for key, status, buf in zip(keys, got.statuses, got.buffers, strict=True):
             self._check(key, status, buf)
 
     def _check(self, key: BlockKey, status: ErrorCode, buf: memoryview | None) -> None:

@@ -196,7 +196,7 @@ class Coverage:
         return next((i for i, s in enumerate(self.stored) if not s), len(self.stored))
 
     def as_json(self) -> dict[str, object]:
-        pairs = enumerate(zip(self.keys, self.stored))
+        pairs = enumerate(zip(self.keys, self.stored, strict=True))
         blocks = [{"index": i, "hash": key.hash.hex(), "stored": stored} for i, (key, stored) in pairs]
         return {
             "namespace": self.namespace,
@@ -223,7 +223,7 @@ class Coverage:
         bs = self.block_size
         rows = [
             (i, f"{i * bs}-{(i + 1) * bs - 1}", key.hash.hex(), "yes" if stored else "no")
-            for i, (key, stored) in enumerate(zip(self.keys, self.stored))
+            for i, (key, stored) in enumerate(zip(self.keys, self.stored, strict=True))
         ]
         return fmt.table(("BLOCK", "TOKENS", "HASH", "STORED"), rows, right=(0,))
 

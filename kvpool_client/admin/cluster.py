@@ -67,7 +67,7 @@ def run_status(args: argparse.Namespace) -> ExitCode:
             "revision": listing.revision,
             "config": None if config is None else config_json(config),
             "config_error": config_problem,
-            "nodes": [_node_json(r, p) for r, p in zip(records, reports)],
+            "nodes": [_node_json(r, p) for r, p in zip(records, reports, strict=True)],
             "malformed": listing.malformed,
         })
     else:
@@ -94,7 +94,7 @@ def _print_status(cluster: str, listing: NodeListing, config_text: str, records:
     else:
         headers = ("NODE", "STATE", "ADDRESS", "DATA", "WEIGHT", "CAPACITY", "DRAM USED", "BLOCKS", "HIT RATE",
                    "UPTIME", "METRICS")
-        rows = [_status_row(r, p) for r, p in zip(records, reports)]
+        rows = [_status_row(r, p) for r, p in zip(records, reports, strict=True)]
         print(fmt.table(headers, rows, right=(4, 5, 6, 7, 8, 9)))
     for key, problem in sorted(listing.malformed.items()):
         print(f"skipped {key}: {problem}")

@@ -76,7 +76,7 @@ def _align(rows: Sequence[Sequence[object]], right: Collection[int]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(n)]
     lines = []
     for row in cells:
-        padded = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        padded = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ class Staged:
     @property
     def copies(self) -> bool:
         """Whether the buffers are staging copies rather than the pages themselves."""
-        return any(b is not p for b, p in zip(self.buffers, self.pages))
+        return any(b is not p for b, p in zip(self.buffers, self.pages, strict=True))
 
 
 class StagingArea:
@@ -86,7 +86,7 @@ class StagingArea:
         """Buffers holding the bytes of ``page_ids``, ready to put (device copies finished)."""
         staged = self._stage(page_ids)
         if staged.copies:
-            for page, buffer in zip(staged.pages, staged.buffers):
+            for page, buffer in zip(staged.pages, staged.buffers, strict=True):
                 buffer.copy_(page, non_blocking=True)
             self._synchronize()
         return staged
@@ -98,7 +98,7 @@ class StagingArea:
     def finish_load(self, staged: Staged, count: int) -> None:
         """Copy the first ``count`` staged blocks into their pages (no-op when direct)."""
         if staged.copies:
-            for page, buffer in zip(staged.pages[:count], staged.buffers[:count]):
+            for page, buffer in zip(staged.pages[:count], staged.buffers[:count], strict=True):
                 page.copy_(buffer, non_blocking=True)
             self._synchronize()
 

@@ -204,13 +204,13 @@ class BlockCopier:
         except KVPoolError as exc:
             log.warning("existence check failed", extra={"target": self.target.node_id, "error": str(exc)})
             return set()
-        return {key for key, held in zip(keys, found) if held}
+        return {key for key, held in zip(keys, found, strict=True) if held}
 
     async def _put_batch(self, batch: Sequence[StoreKey], limit: int | None) -> CopyTally:
         """Put the blocks of ``batch`` still held here that fit ``limit``; the batch's tally."""
         held = await self._blocks.acquire(batch, touch=False)
         try:
-            present = [(key, block) for key, block in zip(batch, held) if block is not None]
+            present = [(key, block) for key, block in zip(batch, held, strict=True) if block is not None]
             # One oversized block would make the client refuse the whole put: leave it out.
             fits = [(key, block) for key, block in present if limit is None or len(block.view) <= limit]
             too_large = len(present) - len(fits)
@@ -235,7 +235,7 @@ class BlockCopier:
         tally = CopyTally(copies=statuses.count(ErrorCode.OK), present=statuses.count(ErrorCode.ALREADY_EXISTS),
                           refused=sum(s in _REFUSALS for s in statuses))  # fmt: skip
         tally.failed = len(blocks) - tally.copies - tally.present
-        tally.bytes = sum(len(block.view) for (_, block), s in zip(blocks, statuses) if s not in _UNREACHABLE)
+        tally.bytes = sum(len(block.view) for (_, block), s in zip(blocks, statuses, strict=True) if s not in _UNREACHABLE)
         return tally
 
 

@@ -314,7 +314,7 @@ class BlockStore:
             except BaseException:
                 load.add_done_callback(self._release_load)  # its blocks never reach the caller
                 raise
-            for i, block in zip(misses, loaded):
+            for i, block in zip(misses, loaded, strict=True):
                 held[i] = block
         if touch:  # hits were touched before the promotions: order the whole chain again, tail first
             self.dram.refresh([b.entry for b in reversed(held) if b is not None and b.entry is not None])
@@ -346,7 +346,7 @@ class BlockStore:
                 elif target is not None:
                     reads.append((i, *target))
             sums = self.ssd.read_many([keys[i] for i, _, _ in reads], [view for _, _, view in reads], touch=touch)
-            for (i, slot, view), checksum in zip(reads, sums):
+            for (i, slot, view), checksum in zip(reads, sums, strict=True):
                 block = held[i] = self._finish(slot, view, checksum, arena_only)
                 finished += 1
                 promoted += slot is not None and block is not None and block.entry is slot
@@ -428,7 +428,7 @@ class BlockStore:
         finished = read = 0
         try:
             sums = self.ssd.read_many([slot.key for slot in slots], [view for _, _, view in reads], touch=False)
-            for (_, slot, view), checksum in zip(reads, sums):
+            for (_, slot, view), checksum in zip(reads, sums, strict=True):
                 block = self._finish(slot, view, checksum, arena_only=True)
                 finished += 1
                 if block is not None:
@@ -454,7 +454,7 @@ class BlockStore:
         arrived = [self.dram.acquire(keys[i], touch=False) for i in misses]  # their misses were counted
         if touch:
             self._note_read_ahead_hits(arrived)
-        for i, entry in zip(misses, arrived):
+        for i, entry in zip(misses, arrived, strict=True):
             if entry is not None:
                 held[i] = self._dram_held(entry)
         return self._ssd_misses(keys, held)

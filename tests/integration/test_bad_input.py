@@ -69,7 +69,7 @@ def assert_intact(daemon: DaemonProcess) -> None:
     with KVPoolClient([daemon.address]) as client:
         got = client.get(list(REFERENCE))
     assert got.statuses == (ErrorCode.OK,) * len(REFERENCE), f"{got.statuses}\n{daemon.log()}"
-    for (key, data), view in zip(REFERENCE.items(), got.buffers):
+    for (key, data), view in zip(REFERENCE.items(), got.buffers, strict=True):
         assert bytes(view) == data, f"{key} came back with wrong bytes\n{daemon.log()}"
 
 
@@ -351,7 +351,7 @@ def test_slow_but_steady_peer_is_not_dropped(impatient: DaemonProcess) -> None:
     (within the payload's deadline: the io timeout plus 1 s per MiB)."""
     keys = fresh_keys(2)
     blocks = [_block(3, 1 << 20), _block(4, 1 << 20)]
-    frame = put_frame(21, NS, [(key.hash, block) for key, block in zip(keys, blocks)])
+    frame = put_frame(21, NS, [(key.hash, block) for key, block in zip(keys, blocks, strict=True)])
     step = len(frame) // 16
     started = time.monotonic()
     with RawConnection(impatient.data_address) as conn:

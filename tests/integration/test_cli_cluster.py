@@ -86,7 +86,7 @@ def test_status_lists_every_node_from_etcd_with_live_stats(etcd: LocalEtcd, star
     assert lines[2].split()[-1] == "METRICS", lines[2]
     rows = lines[3:]
     assert [row.split()[0] for row in rows] == ["node-a", "node-b", "node-c"]
-    for row, daemon in zip(rows, daemons):
+    for row, daemon in zip(rows, daemons, strict=True):
         assert f"  active  {daemon.address}  tcp://{daemon.data_address} +shm  " in row
         assert "16.0 MiB" in row
         assert row.endswith(f"  http://127.0.0.1:{daemon.metrics_port}/metrics"), row
@@ -148,7 +148,7 @@ def test_drain_with_handoff_copies_blocks_to_the_other_nodes(etcd: LocalEtcd, st
     for other in others:
         with KVPoolClient([other.address]) as client:
             held.append(client.exists(keys))
-    assert all(any(on_node) for on_node in zip(*held)), held
+    assert all(any(on_node) for on_node in zip(*held, strict=True)), held
     assert all(sum(h) > 0 for h in held)  # spread over both, not piled on one
     with KVPoolClient([source.address]) as client:  # still readable where they were
         assert all(client.exists(keys))

@@ -87,7 +87,7 @@ def eventually(read: Callable[[], Placement], check: Callable[[Placement], bool]
 
 def assert_all_read(statuses: Sequence[ErrorCode], buffers: Sequence[memoryview | None], keys: list[BlockKey]) -> None:
     assert list(statuses) == [OK] * len(keys), [(i, s.name) for i, s in enumerate(statuses) if s is not OK]
-    assert all(b is not None and bytes(b) == pattern(k) for k, b in zip(keys, buffers)), "wrong bytes"
+    assert all(b is not None and bytes(b) == pattern(k) for k, b in zip(keys, buffers, strict=True)), "wrong bytes"
 
 
 def set_state(daemon: DaemonProcess, state: str) -> None:

@@ -149,7 +149,7 @@ def assert_filled_in_place(
     dst: Sequence[torch.Tensor], ptrs: list[int], src: Sequence[torch.Tensor], got: Any
 ) -> None:
     assert got.statuses == (OK,) * len(src), got.statuses
-    for i, (d, s) in enumerate(zip(dst, src)):
+    for i, (d, s) in enumerate(zip(dst, src, strict=True)):
         assert d.data_ptr() == ptrs[i], f"tensor {i} was reallocated"
         assert torch.equal(d, s), f"tensor {i} differs after the round trip"
         assert address_of(got.buffers[i]) == ptrs[i], f"result buffer {i} does not alias the caller's tensor"
@@ -179,7 +179,7 @@ def test_sync_numpy_zero_copy(client: KVPoolClient, ns: str) -> None:
     ptrs = [a.ctypes.data for a in dst]
     got = client.get(keys, into=dst)
     assert got.ok, got.statuses
-    for a, b, p, view in zip(dst, src, ptrs, got.buffers):
+    for a, b, p, view in zip(dst, src, ptrs, got.buffers, strict=True):
         assert a.ctypes.data == p and address_of(view) == p
         np.testing.assert_array_equal(a, b)
 
@@ -389,7 +389,7 @@ def test_threads_share_one_sync_client(client: KVPoolClient, ns: str) -> None:
                 put = client.put(keys, [pattern(k, BLOCK) for k in keys])
                 assert put.ok, put.statuses
                 got = client.get(keys, into=[bytearray(BLOCK) for _ in keys])
-                for k, status, view in zip(keys, got.statuses, got.buffers):
+                for k, status, view in zip(keys, got.statuses, got.buffers, strict=True):
                     assert status is OK or (k in shared and status is NOT_FOUND), status  # shared: maybe mid-write
                     if status is OK:
                         assert bytes(view) == pattern(k, BLOCK), f"wrong bytes for {k}"
@@ -422,7 +422,7 @@ def test_tasks_share_one_async_client(node: DaemonProcess, ns: str) -> None:
             assert put.ok, put.statuses
             targets = [torch.empty(BLOCK, dtype=torch.uint8) for _ in keys]
             got = await c.get(keys, into=targets)
-            for k, status, target in zip(keys, got.statuses, targets):
+            for k, status, target in zip(keys, got.statuses, targets, strict=True):
                 assert status is OK or (k in shared and status is NOT_FOUND), status
                 if status is OK:
                     assert target.numpy().tobytes() == pattern(k, BLOCK), f"wrong bytes for {k}"

@@ -54,7 +54,7 @@ def counters_in(samples: Samples) -> dict[str, float | None]:
     values: dict[str, float | None] = {}
     for family in FAMILIES:
         for key, labels in family.series.items():
-            values[key] = samples.get((f"{family.name}_total", tuple(sorted(zip(family.labels, labels)))))
+            values[key] = samples.get((f"{family.name}_total", tuple(sorted(zip(family.labels, labels, strict=True)))))
     return values
 
 

@@ -106,7 +106,7 @@ def owned_by(client: KVPoolClient, keys: list[BlockKey], node_id: str) -> list[B
 def held_by(daemon: DaemonProcess, keys: list[BlockKey]) -> list[BlockKey]:
     """The keys the daemon itself stores (asked alone, not through the placement)."""
     with KVPoolClient(config=ClientConfig(nodes=(daemon.address,))) as alone:
-        return [k for k, held in zip(keys, alone.exists(keys)) if held]
+        return [k for k, held in zip(keys, alone.exists(keys), strict=True) if held]
 
 
 def wait_held(daemon: DaemonProcess, keys: list[BlockKey]) -> None:

@@ -78,7 +78,7 @@ def config_for(cluster: LocalCluster, **settings: object) -> ClientConfig:
 
 def assert_all_read(statuses: Sequence[ErrorCode], buffers: Sequence[memoryview | None], keys: list[BlockKey]) -> None:
     assert list(statuses) == [OK] * len(keys), [(i, s.name) for i, s in enumerate(statuses) if s is not OK]
-    wrong = [i for i, (k, b) in enumerate(zip(keys, buffers)) if b is None or bytes(b) != pattern(k)]
+    wrong = [i for i, (k, b) in enumerate(zip(keys, buffers, strict=True)) if b is None or bytes(b) != pattern(k)]
     assert not wrong, f"wrong bytes for keys {wrong}"
 
 
@@ -199,7 +199,7 @@ def test_a_draining_node_takes_no_writes_and_keeps_serving_reads(trio: LocalClus
     # location_ttl_s 0: every get asks its node (none reads a same-node shared index), so the node counts it.
     with KVPoolClient(config=config_for(trio, replicas=2, write_quorum=2, location_ttl_s=0.0)) as client:
         before = client.put(old_keys, [pattern(k) for k in old_keys])
-        held = [k for k, nodes in zip(old_keys, before.stored_on) if drained.address in nodes]
+        held = [k for k, nodes in zip(old_keys, before.stored_on, strict=True) if drained.address in nodes]
         assert held and before.ok
         set_state(drained, "draining")
         written = counter(client, drained, "dram_blocks_written")

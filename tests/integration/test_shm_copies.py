@@ -60,7 +60,7 @@ Stored = tuple[list[BlockKey], list[bytes]]
 def stored(client: KVPoolClient) -> Stored:
     ns = f"cp-{uuid.uuid4().hex[:12]}@u8@raw@tp0of1"
     keys = [BlockKey(ns, os.urandom(32)) for _ in SIZES]
-    blocks = [random.Random(key.hash).randbytes(size) for key, size in zip(keys, SIZES)]
+    blocks = [random.Random(key.hash).randbytes(size) for key, size in zip(keys, SIZES, strict=True)]
     assert client.put(keys, blocks).stored == len(keys)
     return keys, blocks
 
@@ -69,10 +69,10 @@ def stored(client: KVPoolClient) -> Stored:
 def test_gets_into_offsets_from_a_page(client: KVPoolClient, stored: Stored, offset: int) -> None:
     keys, blocks = stored
     pages = [mmap.mmap(-1, size + 2 * mmap.PAGESIZE) for size in SIZES]
-    targets = [memoryview(m)[mmap.PAGESIZE + offset :][:size] for m, size in zip(pages, SIZES)]
+    targets = [memoryview(m)[mmap.PAGESIZE + offset :][:size] for m, size in zip(pages, SIZES, strict=True)]
     got = client.get(keys, targets)
     assert got.ok, got
-    for target, block, page in zip(targets, blocks, pages):
+    for target, block, page in zip(targets, blocks, pages, strict=True):
         assert target == block, f"{len(block)} bytes into page+{offset} differ"
         assert page[: mmap.PAGESIZE + offset] == bytes(mmap.PAGESIZE + offset), "bytes before the target changed"
 

@@ -158,7 +158,7 @@ def test_a_restarted_daemon_is_read_from_its_new_arena(
 
             def read_all() -> list[str]:
                 seen = []
-                for key, old_bytes, new_bytes in zip(keys, before, after):
+                for key, old_bytes, new_bytes in zip(keys, before, after, strict=True):
                     started = time.monotonic()
                     got = reader.get([key], [bytearray(64 * KiB)])
                     data = bytes(got.buffers[0]) if got.statuses == (OK,) else None

@@ -67,7 +67,7 @@ def put_demoted(pool: KVPoolClient, address: str, batch: list[BlockKey]) -> None
 
 def assert_all_read_back(pool: KVPoolClient, batch: list[BlockKey]) -> None:
     result = pool.get(batch)
-    wrong = [str(k) for k, buf in zip(batch, result.buffers) if buf is None or bytes(buf) != payload(k)]
+    wrong = [str(k) for k, buf in zip(batch, result.buffers, strict=True) if buf is None or bytes(buf) != payload(k)]
     assert not wrong, f"{len(wrong)} of {len(batch)} blocks missing or wrong: {wrong[:3]}; statuses {result.statuses}"
 
 
@@ -205,7 +205,7 @@ def test_sigkill_during_a_write_burst_loses_no_acknowledged_block(daemon_factory
                 result = pool.put(batch, [payload(k) for k in batch])
             except Exception:  # the node is gone: this batch was never acknowledged
                 break
-            acknowledged += [k for k, status in zip(batch, result.statuses) if status == ErrorCode.OK]
+            acknowledged += [k for k, status in zip(batch, result.statuses, strict=True) if status == ErrorCode.OK]
             if len(acknowledged) >= 40:
                 started.set()
     started.set()
@@ -217,7 +217,7 @@ def test_sigkill_during_a_write_burst_loses_no_acknowledged_block(daemon_factory
         for start in range(0, len(acknowledged), 8):
             assert_all_read_back(pool, acknowledged[start : start + 8])
         readable = pool.get(blocks)  # blocks put but unacknowledged may or may not be there
-        wrong = [str(k) for k, buf in zip(blocks, readable.buffers) if buf is not None and bytes(buf) != payload(k)]
+        wrong = [str(k) for k, buf in zip(blocks, readable.buffers, strict=True) if buf is not None and bytes(buf) != payload(k)]
         ssd = tier(pool, again.address, "ssd")
     assert not wrong, f"wrong bytes after the crash: {wrong}"
     assert ssd.corrupt_blocks == 0, f"{ssd}"

@@ -84,7 +84,7 @@ def pattern(key: BlockKey, size: int) -> bytes:
 def test_gets_into_every_kind_of_buffer(client: KVPoolClient) -> None:
     keys = new_keys(4)
     sizes = [4 * KiB, 64 * KiB, 384 * KiB, MiB]
-    blocks = [pattern(k, n) for k, n in zip(keys, sizes)]
+    blocks = [pattern(k, n) for k, n in zip(keys, sizes, strict=True)]
     assert client.put(keys, blocks).stored == 4
     into_bytearrays = [bytearray(n) for n in sizes]
     assert client.get(keys, into_bytearrays).ok
@@ -158,7 +158,7 @@ def test_concurrent_clients_each_read_their_own_and_shared_blocks(node: DaemonPr
             for _ in range(10):
                 keys = own + shared
                 got = c.get(keys)
-                if not got.ok or any(bytes(b) != pattern(k, len(b)) for k, b in zip(keys, got.buffers)):
+                if not got.ok or any(bytes(b) != pattern(k, len(b)) for k, b in zip(keys, got.buffers, strict=True)):
                     failures.append(f"client {index}: {got.statuses}")
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
@@ -200,7 +200,7 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
                     continue
                 keys = written[-80:][::5]  # recent ones: some still there, some being evicted
                 got = c.get(keys, [bytearray(64 * KiB) for _ in keys])
-                for key, status, buffer in zip(keys, got.statuses, got.buffers):
+                for key, status, buffer in zip(keys, got.statuses, got.buffers, strict=True):
                     if status is OK and bytes(buffer) != pattern(key, 64 * KiB):
                         wrong.append(key.hash.hex())
                     seen["ok" if status is OK else "missing"] += 1
@@ -268,7 +268,7 @@ def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
             while time.monotonic() < deadline:
                 got = c.get(keys, [bytearray(256 * KiB) for _ in keys])
                 outcomes.append(got.statuses)
-                wrong.extend(i for i, (s, b) in enumerate(zip(got.statuses, got.buffers)) if s is OK and bytes(b) != blocks[i])
+                wrong.extend(i for i, (s, b) in enumerate(zip(got.statuses, got.buffers, strict=True)) if s is OK and bytes(b) != blocks[i])
                 if all(s in NODE_DOWN for s in got.statuses):
                     return
 

@@ -27,7 +27,7 @@ def test_each_shape_is_measured_once_and_only_for_systems_present() -> None:
 def test_a_ratio_is_its_two_cells_and_none_when_one_is_missing() -> None:
     gbps = every_target_cell(1.0) | {("ucx", 2 * MiB, 1): 5.0, ("tcp", 2 * MiB, 1): 2.5}
     del gbps[("shm", 384 * KiB, 4)]
-    by_name = dict(zip((spec.name for spec in TARGETS), target_ratios(cells(gbps))))
+    by_name = dict(zip((spec.name for spec in TARGETS), target_ratios(cells(gbps)), strict=True))
     assert by_name["ucx / tcp, 2 MiB x32, 1 client"] == 2.0, by_name
     assert by_name["shm: 4 clients / 1, 384 KiB x32"] is None, by_name
 

@@ -31,7 +31,7 @@ class MemoryPool:
 
     def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         statuses = []
-        for key, block in zip(keys, blocks):
+        for key, block in zip(keys, blocks, strict=True):
             assert block.is_contiguous()
             if key in self.blocks:
                 statuses.append(ErrorCode.ALREADY_EXISTS)
@@ -43,7 +43,7 @@ class MemoryPool:
     def get(self, keys: Sequence[BlockKey], into: Sequence[Any]) -> GetResult:
         self.get_targets = list(into)
         statuses = []
-        for key, target in zip(keys, into):
+        for key, target in zip(keys, into, strict=True):
             data = self.blocks.get(key)
             if data is None:
                 statuses.append(ErrorCode.NOT_FOUND)
@@ -130,7 +130,7 @@ def test_contiguous_pages_round_trip_with_zero_copy() -> None:
     _, reader = _pair(pool, target)
     loaded = reader.load(keys, [2, 3, 0, 1])
     assert loaded.loaded == 4
-    assert all(t.data_ptr() == target[p].data_ptr() for t, p in zip(pool.get_targets, [2, 3, 0, 1]))
+    assert all(t.data_ptr() == target[p].data_ptr() for t, p in zip(pool.get_targets, [2, 3, 0, 1], strict=True))
     assert torch.equal(target[[2, 3, 0, 1]], cache[[4, 1, 0, 5]])
 
 

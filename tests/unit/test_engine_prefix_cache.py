@@ -18,7 +18,7 @@ def cache() -> Iterator[PrefixCache]:
 
 def _fill(cache: PrefixCache, hashes: list[bytes]) -> list[int]:
     pages = cache.allocate(len(hashes)).pages
-    for page, block_hash in zip(pages, hashes):
+    for page, block_hash in zip(pages, hashes, strict=True):
         assert cache.register(page, block_hash)
     return pages
 

@@ -7,6 +7,7 @@ locked venv is built (bench/blocks.py builds it on its first run with a Mooncake
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def test_a_bursts_blocks_in_the_pool_ring_never_overlap_and_keep_their_shift(siz
         offsets = [ring.next(size, shift) for _ in range(per_ring)]
         assert all((address + o) % PAGE == shift for o in offsets), f"burst {burst}: a block lost its shift"
         spans = sorted((o, o + size) for o in offsets)
-        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), f"burst {burst}: overlap"
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), f"burst {burst}: overlap"
         assert spans[0][0] >= 0 and spans[-1][1] <= RING_POOL_BYTES, (spans[0], spans[-1], RING_POOL_BYTES)
 
 
@@ -116,7 +117,7 @@ def test_the_report_compares_kvpool_with_each_way_of_reading_mooncake_and_names_
         cell("kvpool", 1.5), cell("kvpool-shm", 6.0), cell("mooncake", 0.5), cell("mooncake-zc", 0.75),
         cell("mooncake-local", 1.5), cell("mooncake-local-zc", 3.0), cell("mooncake-local-zc", 2.0, 16),
     ]  # fmt: skip
-    by_top_bottom = {(s.top[0], s.bottom[0]): r for s, r in zip(report.RATIO_SPECS, report.ratios(cells, 2))}
+    by_top_bottom = {(s.top[0], s.bottom[0]): r for s, r in zip(report.RATIO_SPECS, report.ratios(cells, 2), strict=True)}
     assert by_top_bottom[("kvpool", "mooncake")].value == 3.0
     assert by_top_bottom[("kvpool", "mooncake-zc")].value == 2.0
     assert by_top_bottom[("kvpool-shm", "mooncake-local")].value == 4.0

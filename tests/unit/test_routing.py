@@ -119,7 +119,7 @@ def test_adding_a_node_moves_about_one_in_n_keys_and_only_to_it() -> None:
     hashes = random_hashes(MOVE_KEYS)
     before = owner_of(hashes, members("a", "b", "c", "d"))
     after = owner_of(hashes, members("a", "b", "c", "d", "new"))
-    moved = [(old, new) for old, new in zip(before, after) if old != new]
+    moved = [(old, new) for old, new in zip(before, after, strict=True) if old != new]
     destinations = Counter(new for _, new in moved)
     assert set(destinations) == {"new"}, f"keys moved between old nodes: {destinations}"
     assert all(new == "new" for _, new in moved)
@@ -134,10 +134,10 @@ def test_removing_a_node_moves_only_its_keys() -> None:
     hashes = random_hashes(MOVE_KEYS)
     before = owner_of(hashes, members("a", "b", "c", "d", "e"))
     after = owner_of(hashes, members("a", "b", "c", "e"))
-    for old, new in zip(before, after):
+    for old, new in zip(before, after, strict=True):
         if old != "d":
             assert new == old, f"a key of {old} moved to {new} when only d left"
-    inherited = Counter(new for old, new in zip(before, after) if old == "d")
+    inherited = Counter(new for old, new in zip(before, after, strict=True) if old == "d")
     total = sum(inherited.values())
     assert abs(total / MOVE_KEYS - 0.2) <= 0.02, total
     assert all(abs(inherited[n] / total - 0.25) <= 0.03 for n in "abce"), f"d's keys went to {inherited}"

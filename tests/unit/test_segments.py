@@ -124,7 +124,7 @@ def test_append_read_round_trip_several_sizes(tmp_path: Path, fsync: bool) -> No
     with SegmentLog(tmp_path, 4 << 20, fsync=fsync) as log:
         locations = [log.append("ns", f"h{i}".encode(), memoryview(_payload(i, n)))
                      for i, n in enumerate(sizes)]
-        for i, (n, loc) in enumerate(zip(sizes, locations)):
+        for i, (n, loc) in enumerate(zip(sizes, locations, strict=True)):
             assert _read(log, loc, n) == _payload(i, n)
         target = bytearray(sizes[3])
         log.read_into(locations[3], memoryview(target), key=("ns", b"h3"))

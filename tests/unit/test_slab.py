@@ -6,6 +6,8 @@ slot 0 of slab 0 at offset 0, slot 1 at 4 KiB, ... slab 1 starting at 16 KiB.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -289,7 +291,7 @@ class SlabMachine(RuleBasedStateMachine):
     @invariant()
     def layout_is_sane(self) -> None:
         spans = sorted((o, o + s) for o, s in self.live.items())
-        for (a_start, a_end), (b_start, _) in zip(spans, spans[1:]):
+        for (a_start, a_end), (b_start, _) in itertools.pairwise(spans):
             assert a_end <= b_start, f"[{a_start}, {a_end}) overlaps an allocation at {b_start}"
         for start, end in spans:
             size = end - start

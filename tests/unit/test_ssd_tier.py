@@ -476,9 +476,9 @@ def test_read_of_a_record_that_keeps_moving_gives_up_as_a_miss(h: Harness) -> No
 def read_many(h: Harness, indices: list[int], touch: bool = True) -> list[bytes | None]:
     targets = [bytearray(PAYLOAD) for _ in indices]
     sums = h.tier.read_many([k(i) for i in indices], [memoryview(t) for t in targets], touch=touch)
-    for i, found, target in zip(indices, sums, targets):
+    for i, found, target in zip(indices, sums, targets, strict=True):
         assert found is None or found == checksum(target), f"{k(i)}: returned checksum is not the bytes'"
-    return [None if found is None else bytes(t) for found, t in zip(sums, targets)]
+    return [None if found is None else bytes(t) for found, t in zip(sums, targets, strict=True)]
 
 
 def test_read_many_returns_each_block_in_the_callers_order(h: Harness) -> None:
@@ -989,7 +989,7 @@ class SsdMachine(RuleBasedStateMachine):
     def read_many(self, indices: list[int], touch: bool) -> None:
         targets = [bytearray(model_length(i)) for i in indices]
         sums = self.h.tier.read_many([k(i) for i in indices], [memoryview(t) for t in targets], touch=touch)
-        for i, found, target in zip(indices, sums, targets):
+        for i, found, target in zip(indices, sums, targets, strict=True):
             assert found is None or (target == data_for(i, model_length(i)) and found == checksum(target)), \
                 f"{k(i)} read other bytes in a batch"
             if i not in self.model:

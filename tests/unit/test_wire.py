@@ -209,7 +209,7 @@ def test_frames_are_self_delimiting_in_a_chunked_stream(batch, data):
     sent = [(m, payload_for(m, tag)) for tag, m in enumerate(batch)]
     stream = send(sent)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20), label="cuts"))
-    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     received = receive(chunks)
     assert received == sent, f"cuts {cuts}: sent {sent!r}, received {received!r}"
 
