@@ -87,9 +87,7 @@ class Daemon:
         self._certificates = cfg.tls.certificates()
         self._tiers = await NodeTiers.open(cfg.dram, cfg.ssd, self.counters)
         store = self._tiers.store
-        self._data = DataPlane(cfg, store, self.counters, self.latencies, self._token, self._certificates,
-                               lambda: self.presence.accepting_writes)
-        self._data.start()
+        data = self._start_data_plane(store)
         grpc_port = self._bind_grpc()
         net = cfg.resolved(grpc_port).net
         metrics_port = self._start_metrics(store, net.node_id)
@@ -103,33 +101,66 @@ class Daemon:
             self._background.add(drain)  # cancelled at shutdown
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("kvpool.v1.KVPool", health_pb2.HealthCheckResponse.SERVING)
-        self._announce(net.node_id, grpc_port, self._data.tcp_port, metrics_port)
-        log.info("serving", extra={"grpc_port": grpc_port, "data_port": self._data.tcp_port,
-                                   "node_id": identity.node_id, "metrics": identity.metrics_url or "off"})
+        self._announce(net.node_id, grpc_port, data.tcp_port, metrics_port)
+        log.info(
+            "serving",
+            extra={
+                "grpc_port": grpc_port,
+                "data_port": data.tcp_port,
+                "node_id": identity.node_id,
+                "metrics": identity.metrics_url or "off",
+            },
+        )
+
+    def _start_data_plane(self, store: BlockStore) -> DataPlane:
+        """Serve data connections; puts are refused while this node takes no writes (draining)."""
+        data = self._data = DataPlane(  # kept before it starts: shutdown stops what a failed start left running
+            self.config, store, self.counters, self.latencies, self._token, self._certificates, self._accepting_writes
+        )
+        data.start()
+        return data
+
+    def _accepting_writes(self) -> bool:
+        return self.presence.accepting_writes
 
     def _identity(self, net: NetSettings, metrics_port: int) -> NodeIdentity:
         """What GetServerInfo reports; ``net`` resolved, so it names the node and the host clients reach."""
         assert self._data is not None
         host = net.advertise_host
         shared = self._shared_arena()
-        endpoints = [("tls" if self.config.tls.data else "tcp", f"{host}:{self._data.tcp_port}"),
-                     ("shm", shared.arena_path)]
+        endpoints = [
+            ("tls" if self.config.tls.data else "tcp", f"{host}:{self._data.tcp_port}"),
+            ("shm", shared.arena_path),
+        ]
         if self._data.ucx_port is not None:
             endpoints.append(("ucx", f"{host}:{self._data.ucx_port}"))
         # The advertised host, as for the data endpoints: where a scraper or kvpoolctl can reach it.
         url_host = f"[{host}]" if ":" in host else host  # IPv6
         metrics_url = f"http://{url_host}:{metrics_port}/metrics" if metrics_port > 0 else ""
-        return NodeIdentity(node_id=net.node_id, version=package_version(), endpoints=tuple(endpoints),
-                            limits=self.config.wire_limits(), slab_size=self.config.dram.slab_size,
-                            started_at=time.time(), shared_arena=shared, metrics_url=metrics_url)
+        return NodeIdentity(
+            node_id=net.node_id,
+            version=package_version(),
+            endpoints=tuple(endpoints),
+            limits=self.config.wire_limits(),
+            slab_size=self.config.dram.slab_size,
+            started_at=time.time(),
+            shared_arena=shared,
+            metrics_url=metrics_url,
+        )
 
     def _shared_arena(self) -> SharedArenaIdentity:
         """The arena as same-node clients map it (the ``shm`` transport)."""
         assert self._tiers is not None
         arena, index = self._tiers.arena, self._tiers.shared_index
-        return SharedArenaIdentity(str(arena.path), arena.capacity, self._tiers.generations.arena_id, arena.capacity,
-                                   self.config.data.verify_checksum_on_get, index.offset if index is not None else 0,
-                                   index.marks_path if index is not None else "")
+        return SharedArenaIdentity(
+            str(arena.path),
+            arena.capacity,
+            self._tiers.generations.arena_id,
+            arena.capacity,
+            self.config.data.verify_checksum_on_get,
+            index.offset if index is not None else 0,
+            index.marks_path if index is not None else "",
+        )
 
     def _bind_grpc(self) -> int:
         """Create the gRPC server and bind its port; returns the port bound.
@@ -156,7 +187,9 @@ class Daemon:
 
     async def _start_control_plane(self, store: BlockStore, identity: NodeIdentity) -> None:
         assert self._grpc is not None
-        control = ControlService(identity, store, self.counters, self.presence, lambda: self._start_handoff(store, identity))
+        control = ControlService(
+            identity, store, self.counters, self.presence, lambda: self._start_handoff(store, identity)
+        )
         kvpool_pb2_grpc.add_KVPoolServicer_to_server(control, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         await self._grpc.start()
@@ -179,10 +212,15 @@ class Daemon:
 
     def _record(self, identity: NodeIdentity, net: NetSettings, grpc_port: int) -> NodeRecord:
         """This node as etcd lists it; ``net`` resolved."""
-        return NodeRecord(node_id=identity.node_id, address=f"{net.advertise_host}:{grpc_port}",
-                          data_endpoints=dict(identity.endpoints), capacity_bytes=self.config.dram.capacity,
-                          weight=self.config.membership.node_weight, version=identity.version,
-                          registered_at=identity.started_at)
+        return NodeRecord(
+            node_id=identity.node_id,
+            address=f"{net.advertise_host}:{grpc_port}",
+            data_endpoints=dict(identity.endpoints),
+            capacity_bytes=self.config.dram.capacity,
+            weight=self.config.membership.node_weight,
+            version=identity.version,
+            registered_at=identity.started_at,
+        )
 
     def _credentials(self) -> Credentials:
         """What this node shows the nodes it copies blocks to (hand-off, repair)."""
@@ -205,8 +243,15 @@ class Daemon:
         repair = self.config.repair
         if not repair.enabled or self.presence.store is None:
             return
-        self._repair = MembershipRepair(blocks, self.presence.store, self.presence.cluster, node_id, self.counters,
-                                        self._credentials(), repair.settings())
+        self._repair = MembershipRepair(
+            blocks,
+            self.presence.store,
+            self.presence.cluster,
+            node_id,
+            self.counters,
+            self._credentials(),
+            repair.settings(),
+        )
         await self._repair.start()
 
     def _announce(self, node_id: str, grpc_port: int, data_port: int, metrics_port: int) -> None:
@@ -215,8 +260,13 @@ class Daemon:
             return
         path = Path(self.config.net.announce_file)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        info = {"node_id": node_id, "grpc_port": grpc_port, "data_port": data_port, "metrics_port": metrics_port,
-                "pid": os.getpid()}
+        info = {
+            "node_id": node_id,
+            "grpc_port": grpc_port,
+            "data_port": data_port,
+            "metrics_port": metrics_port,
+            "pid": os.getpid(),
+        }
         tmp.write_text(json.dumps(info))
         tmp.rename(path)  # readers never see a half-written file
 

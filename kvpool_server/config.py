@@ -71,9 +71,24 @@ if TYPE_CHECKING:
     from kvpool_server.data.session import SessionConfig
 
 __all__ = [
-    "CLIENT_ENV_VARS", "CONFIG_ENV", "ENV_PREFIX", "PAGE_SIZE", "SCHEMA", "ConfigError", "GiB", "KiB", "MiB",
-    "ServerConfig", "TiB", "build_arg_parser", "env_name", "flag_name", "format_byte_size", "load_config",
-    "parse_byte_size", "validate_config",
+    "CLIENT_ENV_VARS",
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "PAGE_SIZE",
+    "SCHEMA",
+    "ConfigError",
+    "GiB",
+    "KiB",
+    "MiB",
+    "ServerConfig",
+    "TiB",
+    "build_arg_parser",
+    "env_name",
+    "flag_name",
+    "format_byte_size",
+    "load_config",
+    "parse_byte_size",
+    "validate_config",
 ]
 
 CONFIG_ENV = "KVPOOL_CONFIG"
@@ -123,11 +138,13 @@ class ServerConfig:
         if self.data.max_inflight_put_bytes and self.data.max_inflight_put_bytes < slab:
             report.fail("max_inflight_put_bytes", f"must be 0 or at least slab_size ({slab}): one block")
         if self.data.max_frame_bytes < slab:
-            report.fail("max_frame_bytes",
-                        f"must be >= {report.describe('slab_size')} so the largest block fits in a frame")
+            report.fail(
+                "max_frame_bytes", f"must be >= {report.describe('slab_size')} so the largest block fits in a frame"
+            )
         if self.ssd.dir and self.ssd.segment_size < slab + PAGE_SIZE:
-            report.fail("ssd_segment_size",
-                        f"must be >= {report.describe('slab_size')} + 4KiB, so the largest block fits")
+            report.fail(
+                "ssd_segment_size", f"must be >= {report.describe('slab_size')} + 4KiB, so the largest block fits"
+            )
         for name in ("grpc_port", "data_port"):
             if self.ucx.port == getattr(self.net, name) > 0:
                 report.fail("ucx_port", f"must differ from {report.describe(name)}")
@@ -152,8 +169,13 @@ class ServerConfig:
         """What every data connection is served with; ``token``: the cluster's (None: no authentication)."""
         from kvpool_server.data.session import SessionConfig  # the session imports the tiers (numpy)
 
-        return SessionConfig(self.wire_limits(), self.data.verify_checksum_on_get, token, self.data.idle_timeout_s,
-                             self.data.io_timeout_s)
+        return SessionConfig(
+            self.wire_limits(),
+            self.data.verify_checksum_on_get,
+            token,
+            self.data.idle_timeout_s,
+            self.data.io_timeout_s,
+        )
 
     def etcd_tls(self) -> TlsFiles | None:
         return self.membership.etcd_tls()
@@ -166,8 +188,11 @@ class ServerConfig:
 
     def resolved(self, bound_grpc_port: int | None = None) -> ServerConfig:
         """A copy with ``node_id`` and ``advertise_host`` filled in (see :class:`NetSettings`)."""
-        net = dataclasses.replace(self.net, node_id=self.net.effective_node_id(bound_grpc_port),
-                                  advertise_host=self.net.effective_advertise_host())
+        net = dataclasses.replace(
+            self.net,
+            node_id=self.net.effective_node_id(bound_grpc_port),
+            advertise_host=self.net.effective_advertise_host(),
+        )
         return dataclasses.replace(self, net=net)
 
 
@@ -261,8 +286,10 @@ def validate_config(config: ServerConfig, origins: Mapping[str, str] | None = No
 
 
 # The docs' generated part lies between these lines.
-DOCS_BEGIN = ("<!-- settings: generated from kvpool_server/config.py by "
-              "`python -m kvpool_server.config --write-docs docs/configuration.md` -->")
+DOCS_BEGIN = (
+    "<!-- settings: generated from kvpool_server/config.py by "
+    "`python -m kvpool_server.config --write-docs docs/configuration.md` -->"
+)
 DOCS_END = "<!-- end of settings -->"
 
 

@@ -55,16 +55,15 @@ class NetSettings:
 
     node_id: str = setting("", "node id in the cluster; empty: <hostname>-<grpc port>")
     host: str = setting("127.0.0.1", "address both listeners bind")
-    advertise_host: str = setting(
-        "", "address published to clients; empty: host (hostname if host is a wildcard)"
-    )
+    advertise_host: str = setting("", "address published to clients; empty: host (hostname if host is a wildcard)")
     grpc_port: int = setting(50051, "gRPC control-plane port (0: ephemeral)")
     data_port: int = setting(50052, "data-plane port (0: ephemeral)")
     metrics_port: int = setting(
-        0, "Prometheus /metrics HTTP port on host (0: ephemeral, -1: off); Helm sets a fixed one",
+        0,
+        "Prometheus /metrics HTTP port on host (0: ephemeral, -1: off); Helm sets a fixed one",
         doc="It serves `kvpool_tier_*`, `kvpool_requests_total`, `kvpool_request_duration_seconds`, "
-            "`kvpool_data_bytes_total`, `kvpool_errors_total`, `kvpool_node_state`, ... "
-            "(see [metrics](operations.md#metrics))",
+        "`kvpool_data_bytes_total`, `kvpool_errors_total`, `kvpool_node_state`, ... "
+        "(see [metrics](operations.md#metrics))",
     )
     announce_file: str = setting("", "if set, the bound ports are written there as JSON once ready")
     shutdown_grace_s: float = setting(10.0, "seconds in-flight requests get to finish at shutdown (SIGTERM, SIGINT)")
@@ -108,7 +107,8 @@ class UcxSection:
     """The UCX data plane (off unless ``ucx_port`` is set)."""
 
     port: int = setting(
-        -1, "UCX data-plane port, on every interface (0: ephemeral, -1: off); needs ucxx (pip install kvpool[ucx])",
+        -1,
+        "UCX data-plane port, on every interface (0: ephemeral, -1: off); needs ucxx (pip install kvpool[ucx])",
         doc="See [docs/transports.md](transports.md)",
     )
     tls: str = setting(
@@ -116,7 +116,8 @@ class UcxSection:
         "UCX transports (UCX_TLS): tcp,sm on one node or over Ethernet; rc,sm,self with verbs UCX on InfiniBand/RoCE",
     )
     progress_mode: str = setting(
-        "blocking", "how the UCX worker is progressed: blocking (epoll; idle costs nothing) or polling (one core busy)",
+        "blocking",
+        "how the UCX worker is progressed: blocking (epoll; idle costs nothing) or polling (one core busy)",
         choices=("blocking", "polling"),
     )
     net_devices: str = setting("", "UCX_NET_DEVICES, e.g. mlx5_0:1 or eth0; empty: UCX's choice")
@@ -178,7 +179,8 @@ class RepairSection:
     """Re-replication after membership changes (see [re-replication](architecture.md))."""
 
     enabled: bool = setting(
-        True, "after a membership change, copy blocks held here to owners that lack them (needs etcd)",
+        True,
+        "after a membership change, copy blocks held here to owners that lack them (needs etcd)",
         doc="See [re-replication](architecture.md)",
     )
     settle_s: float = setting(2.0, "the active nodes must stay unchanged this long before a repair starts")
@@ -207,20 +209,26 @@ class DramSection:
     # 64 MiB holds a 256-token LMCache chunk of an 8B model (32 MiB) with room to spare; the cost
     # (fewer slabs, so fewer block sizes held at once in a small arena) is in docs/configuration.md.
     slab_size: int = setting(
-        64 * MiB, "allocator slab, also the largest block; multiple of 4096; one block size per slab", unit="bytes",
+        64 * MiB,
+        "allocator slab, also the largest block; multiple of 4096; one block size per slab",
+        unit="bytes",
         doc="See [choosing `slab_size`](#choosing-slab_size)",
     )
     shm_dir: str = setting("/dev/shm", "existing directory holding the shared-memory arena")
     namespace_quota: int = setting(
-        0, "most DRAM bytes one namespace may hold here; past it its own oldest blocks go (0: no quota)", unit="bytes",
+        0,
+        "most DRAM bytes one namespace may hold here; past it its own oldest blocks go (0: no quota)",
+        unit="bytes",
         doc="`QUOTA_EXCEEDED` if all of them are pinned",
     )
     eviction_policy: str = setting(
-        "lru", "eviction order: lru, or prefix (a chain's tail before its head, among blocks of similar age)",
+        "lru",
+        "eviction order: lru, or prefix (a chain's tail before its head, among blocks of similar age)",
         choices=("lru", "prefix"),
     )
     shared_index_entries: int = setting(
-        -1, "entries of the shared index, where same-node clients find blocks without asking (rounded up to a "
+        -1,
+        "entries of the shared index, where same-node clients find blocks without asking (rounded up to a "
         "power of two; -1: two per 64 KiB of dram_capacity; 0: off)",
         doc="64 bytes an entry in the arena file, 8 in the hit marks file. A lossy cache of locations: a block "
         "left out is read by asking. See [transports.md](transports.md#shm-the-published-index)",
@@ -260,15 +268,28 @@ class DramSection:
 
         return POLICIES[self.eviction_policy]
 
-    def tier(self, arena: SharedArena, counters: Counters, generations: SlotGenerations,
-             published: PublishedIndex | None, on_evict: Callable[[StoreKey], None] | None) -> DramTier:
+    def tier(
+        self,
+        arena: SharedArena,
+        counters: Counters,
+        generations: SlotGenerations,
+        published: PublishedIndex | None,
+        on_evict: Callable[[StoreKey], None] | None,
+    ) -> DramTier:
         """The DRAM tier over ``arena``, cut into slabs of ``slab_size``."""
         from kvpool_server.alloc.slab import SlabAllocator
         from kvpool_server.tiers.dram import DramTier
 
-        return DramTier(arena, SlabAllocator(self.capacity, self.slab_size), counters, policy_factory=self.policy(),
-                        on_evict=on_evict, generations=generations, namespace_quota=self.namespace_quota,
-                        published=published)
+        return DramTier(
+            arena,
+            SlabAllocator(self.capacity, self.slab_size),
+            counters,
+            policy_factory=self.policy(),
+            on_evict=on_evict,
+            generations=generations,
+            namespace_quota=self.namespace_quota,
+            published=published,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,13 +298,17 @@ class SsdSection:
 
     dir: str = setting("", "directory of the SSD tier's segment files (created if missing); empty: no SSD tier")
     capacity: int = setting(
-        64 * GiB, "bytes of segment files the SSD tier may use", unit="bytes",
+        64 * GiB,
+        "bytes of segment files the SSD tier may use",
+        unit="bytes",
         doc="One segment is kept free for compaction",
     )
     segment_size: int = setting(
-        256 * MiB, "bytes per SSD segment file; at least slab_size + 4KiB", unit="bytes",
+        256 * MiB,
+        "bytes per SSD segment file; at least slab_size + 4KiB",
+        unit="bytes",
         doc="Each segment file is a fresh start for the kernel's read-ahead: 16 MiB segments read half as fast "
-            "as 256 MiB ones here",
+        "as 256 MiB ones here",
     )
     fsync: bool = setting(False, "fdatasync each SSD write: blocks survive power loss, not only a crash")
     io_threads: int = setting(4, "threads that read blocks from the SSD tier")
@@ -293,13 +318,16 @@ class SsdSection:
     )
     promote_on_hit: bool = setting(True, "copy a block served from SSD back into DRAM")
     read_ahead: int = setting(
-        32 * MiB, "bytes a client reading SSD records front to back is read ahead of, into DRAM "
-        "(at most a quarter of dram_capacity; needs ssd_promote_on_hit; 0: off)", unit="bytes",
+        32 * MiB,
+        "bytes a client reading SSD records front to back is read ahead of, into DRAM "
+        "(at most a quarter of dram_capacity; needs ssd_promote_on_hit; 0: off)",
+        unit="bytes",
         doc="A long prefix reloaded batch by batch is read ahead while its replies are sent",
     )
     gc_live_ratio: float = setting(0.5, "compact an SSD segment once its live share falls below this")
     flush_on_shutdown: bool = setting(
-        True, "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm",
+        True,
+        "write DRAM's blocks to SSD at a clean shutdown, so a restart starts warm",
         doc="Within `shutdown_grace_s`",
     )
     namespace_quota: int = setting(
@@ -324,8 +352,14 @@ class SsdSection:
         """The tier's settings (imported here: the tier needs numpy, the config does not)."""
         from kvpool_server.tiers.ssd import SsdConfig
 
-        return SsdConfig(self.dir, self.capacity, self.segment_size, self.fsync, gc_live_ratio=self.gc_live_ratio,
-                         namespace_quota=self.namespace_quota)
+        return SsdConfig(
+            self.dir,
+            self.capacity,
+            self.segment_size,
+            self.fsync,
+            gc_live_ratio=self.gc_live_ratio,
+            namespace_quota=self.namespace_quota,
+        )
 
     def tier(self, counters: Counters, policy: Callable[[], EvictionPolicy]) -> SsdTier:
         """The SSD tier over ``dir``, its segments scanned (slow: call it off the event loop).
@@ -341,8 +375,15 @@ class SsdSection:
         """The block store over both tiers; ``read_ahead`` is held to a quarter of ``dram_capacity``."""
         from kvpool_server.tiers.store import BlockStore
 
-        return BlockStore(dram, ssd, counters, promote_on_hit=self.promote_on_hit, write_through=self.write_through,
-                          io_threads=self.io_threads, read_ahead=min(self.read_ahead, dram_capacity // 4))
+        return BlockStore(
+            dram,
+            ssd,
+            counters,
+            promote_on_hit=self.promote_on_hit,
+            write_through=self.write_through,
+            io_threads=self.io_threads,
+            read_ahead=min(self.read_ahead, dram_capacity // 4),
+        )
 
     def demoter(self, store: BlockStore) -> Demoter:
         """The thread that copies DRAM's coldest ``demote_share`` to SSD, not started."""
@@ -356,7 +397,9 @@ class DataSection:
     """The data plane: worker loops, limits announced to clients, admission and timeouts."""
 
     workers: int = setting(
-        0, "data-plane event loops, one thread each; 0: one per CPU, at most 8", key="data_workers",
+        0,
+        "data-plane event loops, one thread each; 0: one per CPU, at most 8",
+        key="data_workers",
         doc="Kernel copies run in parallel",
     )
     max_keys_per_request: int = setting(4096, "most keys in one request (1..65535)")
@@ -365,12 +408,15 @@ class DataSection:
     max_connections: int = setting(4096, "most data connections at once; past it new ones are closed")
     max_connections_per_peer: int = setting(1024, "most data connections from one peer address")
     max_inflight_put_bytes: int = setting(
-        0, "most bytes reserved for puts whose payload is still arriving, over every connection; past it a "
-        "block is refused OVERLOADED (retryable); 0: a quarter of dram_capacity", unit="bytes",
+        0,
+        "most bytes reserved for puts whose payload is still arriving, over every connection; past it a "
+        "block is refused OVERLOADED (retryable); 0: a quarter of dram_capacity",
+        unit="bytes",
         doc="At least one slab",
     )
     io_timeout_s: float = setting(
-        30.0, "seconds a peer may stall mid-frame before it is dropped",
+        30.0,
+        "seconds a peer may stall mid-frame before it is dropped",
         doc="A put's whole payload may take this plus 1 s per MiB, then it is dropped and its reserved slots freed",
     )
     idle_timeout_s: float = setting(
@@ -400,14 +446,17 @@ class TlsSection:
     """TLS of the gRPC port and, optionally, of the TCP data plane."""
 
     cert_file: str = setting(
-        "", "PEM certificate chain of the gRPC port; with tls_key_file, gRPC runs over TLS",
+        "",
+        "PEM certificate chain of the gRPC port; with tls_key_file, gRPC runs over TLS",
         doc="Files are re-read when they change",
     )
     key_file: str = setting("", "PEM private key of tls_cert_file")
     client_ca_file: str = setting("", "PEM CA of client certificates: set, gRPC requires them (mTLS)")
     data: bool = setting(
-        False, "the TCP data plane requires TLS too (tls_cert_file's certificates): for networks that are not private",
-        key="data_tls", doc="It costs throughput",
+        False,
+        "the TCP data plane requires TLS too (tls_cert_file's certificates): for networks that are not private",
+        key="data_tls",
+        doc="It costs throughput",
     )
 
     def check(self, report: SectionReport) -> None:
@@ -437,8 +486,10 @@ class AuthSection:
     """The cluster's shared token."""
 
     token_file: str = setting(
-        "", "file with the cluster's shared token (16..1024 printable bytes): data connections and gRPC calls "
-        "must prove it; empty: no authentication", doc="See [SECURITY.md](SECURITY.md)",
+        "",
+        "file with the cluster's shared token (16..1024 printable bytes): data connections and gRPC calls "
+        "must prove it; empty: no authentication",
+        doc="See [SECURITY.md](SECURITY.md)",
     )
 
     def check(self, report: SectionReport) -> None:
@@ -457,6 +508,7 @@ class AuthSection:
 class LogSection:
     """Structured logs on stderr."""
 
-    level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"),
-                         doc="Logs are structured, on stderr")
+    level: str = setting(
+        "info", "log level", choices=("debug", "info", "warning", "error"), doc="Logs are structured, on stderr"
+    )
     format: str = setting("json", "log line format", choices=("json", "text"))

@@ -50,9 +50,16 @@ class DataPlane:
         accepting_writes: whether this node takes writes now (False while draining).
     """
 
-    def __init__(self, config: ServerConfig, store: BlockStore, counters: Counters, latencies: Latencies,
-                 token: bytes | None, certificates: CertificateFiles | None,
-                 accepting_writes: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: BlockStore,
+        counters: Counters,
+        latencies: Latencies,
+        token: bytes | None,
+        certificates: CertificateFiles | None,
+        accepting_writes: Callable[[], bool],
+    ) -> None:
         self._config = config
         self._store = store
         self._counters = counters
@@ -88,8 +95,9 @@ class DataPlane:
         self._workers = [LoopThread(f"kvpool-data-{i}") for i in range(cfg.data.effective_workers())]
         for worker in self._workers:
             worker.start()
-        self._tcp = TcpListener(cfg.net.host, cfg.net.data_port, self._serve, self._workers, cfg.data.io_timeout_s,
-                                self._tls)
+        self._tcp = TcpListener(
+            cfg.net.host, cfg.net.data_port, self._serve, self._workers, cfg.data.io_timeout_s, self._tls
+        )
         self._tcp.start()
         if cfg.ucx.port >= 0:
             limits = self._session_config.limits
@@ -101,8 +109,15 @@ class DataPlane:
         if not self.admission.connect(channel.peer):  # over a connection limit: closed unserved
             log.info("connection refused: over a connection limit", extra={"peer": channel.peer})
             return
-        session = Session(channel, self._store, self._counters, self._latencies, self._session_config,
-                          self._accepting_writes, self.admission)
+        session = Session(
+            channel,
+            self._store,
+            self._counters,
+            self._latencies,
+            self._session_config,
+            self._accepting_writes,
+            self.admission,
+        )
         with self._sessions_lock:
             self._sessions.add(session)
         try:

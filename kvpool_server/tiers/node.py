@@ -70,8 +70,9 @@ class NodeTiers:
                 undo.callback(disk.close)
             on_evict = count_lost_evictions(disk, counters) if disk is not None else None
             published = index.table if index is not None else None
-            store = ssd.store(dram.tier(arena, counters, generations, published, on_evict), disk, counters,
-                              dram.capacity)
+            store = ssd.store(
+                dram.tier(arena, counters, generations, published, on_evict), disk, counters, dram.capacity
+            )
             demoter = ssd.demoter(store) if disk is not None else None
             if demoter is not None:
                 demoter.start()

@@ -65,8 +65,14 @@ def _spellings(schema: Schema) -> list[str]:
     return [*schema.settings, *(spec.nested for spec in schema if spec.section)]
 
 
-def env_layer(schema: Schema, env: Mapping[str, str], *, allowed: Collection[str] = (), strict: bool = True,
-              skip_blank: bool = False) -> Layer:
+def env_layer(
+    schema: Schema,
+    env: Mapping[str, str],
+    *,
+    allowed: Collection[str] = (),
+    strict: bool = True,
+    skip_blank: bool = False,
+) -> Layer:
     """Settings from ``KVPOOL_<KEY>`` variables.
 
     Args:
@@ -92,8 +98,9 @@ def env_layer(schema: Schema, env: Mapping[str, str], *, allowed: Collection[str
     return layer
 
 
-def argv_layer(schema: Schema, parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-               others: Collection[str] = ()) -> tuple[Layer, dict[str, Any]]:
+def argv_layer(
+    schema: Schema, parser: argparse.ArgumentParser, argv: Sequence[str] | None, others: Collection[str] = ()
+) -> tuple[Layer, dict[str, Any]]:
     """Settings from flags (see :func:`~kvpool_client.core.settings.render.add_setting_flags`).
 
     Args:
@@ -111,8 +118,11 @@ def argv_layer(schema: Schema, parser: argparse.ArgumentParser, argv: Sequence[s
         hint = did_you_mean(flag, [spec.flag for spec in schema] + list(others))
         raise ConfigError(f"command line: unknown argument {extras[0]!r}{hint}")
     given = vars(namespace)
-    layer = {key: (schema.settings[key].flag, schema.settings[key].coerce(given.pop(key), schema.settings[key].flag))
-             for key in list(given) if key in schema.settings}
+    layer = {
+        key: (schema.settings[key].flag, schema.settings[key].coerce(given.pop(key), schema.settings[key].flag))
+        for key in list(given)
+        if key in schema.settings
+    }
     return layer, given
 
 

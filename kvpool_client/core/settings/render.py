@@ -35,8 +35,11 @@ def add_setting_flags(parser: argparse.ArgumentParser, schema: Schema) -> None:
     for name, info in schema.sections.items():
         groups[name] = parser.add_argument_group(f"{info.title} ({name})")
     for spec in schema:
-        kwargs: dict[str, Any] = {"dest": spec.key, "help": help_line(spec).replace("%", "%%"),
-                                  "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {
+            "dest": spec.key,
+            "help": help_line(spec).replace("%", "%%"),
+            "default": argparse.SUPPRESS,
+        }
         if spec.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

@@ -41,8 +41,16 @@ class _SectionDeclared:
     title: str
 
 
-def setting(default: Any, help: str, *, unit: str | None = None, choices: tuple[str, ...] = (),
-            key: str | None = None, env: bool = True, doc: str = "") -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    unit: str | None = None,
+    choices: tuple[str, ...] = (),
+    key: str | None = None,
+    env: bool = True,
+    doc: str = "",
+) -> Any:
     """Declare a setting as a dataclass field.
 
     Args:
@@ -201,9 +209,17 @@ def _setting_of(owner: type, field: dataclasses.Field[Any], section_name: str, p
     if kind not in CONVERTERS or (declared.unit == "bytes" and kind is not int):
         raise TypeError(f"{owner.__name__}.{field.name}: no loader for {hint}")
     return Setting(
-        key=declared.key or prefix + field.name, section=section_name, name=field.name, kind=kind,
-        optional=optional, default=field.default, help=declared.help, unit=declared.unit,
-        choices=declared.choices, env=declared.env, doc=declared.doc,
+        key=declared.key or prefix + field.name,
+        section=section_name,
+        name=field.name,
+        kind=kind,
+        optional=optional,
+        default=field.default,
+        help=declared.help,
+        unit=declared.unit,
+        choices=declared.choices,
+        env=declared.env,
+        doc=declared.doc,
     )
 
 
