@@ -13,6 +13,7 @@ after, from /proc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import statistics
 import sys
@@ -79,10 +80,8 @@ def hostile(stack: ExitStack, data_address: str, peers: int, held: list[BlockKey
     def trickle() -> None:
         while not stop.wait(1.0):
             for conn in tricklers:
-                try:
+                with contextlib.suppress(OSError):  # dropped by its deadline: what should happen
                     conn.send(b"\0")
-                except OSError:
-                    pass  # dropped by its deadline: what should happen
 
     threading.Thread(target=trickle, daemon=True).start()
 

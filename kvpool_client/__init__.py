@@ -36,24 +36,27 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from kvpool_client.aio import AsyncKVPoolClient
-    from kvpool_client.breaker import CircuitBreaker, CircuitState
-    from kvpool_client.client import KVPoolClient
-    from kvpool_client.core.config import ClientConfig
-    from kvpool_client.core.errors import (
-        ErrorCode,
-        KVPoolError,
-        LimitExceeded,
-        NodeUnavailable,
-        ProtocolError,
-        RequestTimeout,
-        ServerError,
-        UsageError,
-    )
-    from kvpool_client.core.keys import BlockKey, BlockKeyBuilder, Namespace
-    from kvpool_client.counters import ClientStats
-    from kvpool_client.results import BatchResult, GetResult, PutResult
+if TYPE_CHECKING:  # `X as X`: the lazy names, re-exported for type checkers (PEP 484)
+    from kvpool_client.aio import AsyncKVPoolClient as AsyncKVPoolClient
+    from kvpool_client.breaker import CircuitBreaker as CircuitBreaker
+    from kvpool_client.breaker import CircuitState as CircuitState
+    from kvpool_client.client import KVPoolClient as KVPoolClient
+    from kvpool_client.core.config import ClientConfig as ClientConfig
+    from kvpool_client.core.errors import ErrorCode as ErrorCode
+    from kvpool_client.core.errors import KVPoolError as KVPoolError
+    from kvpool_client.core.errors import LimitExceeded as LimitExceeded
+    from kvpool_client.core.errors import NodeUnavailable as NodeUnavailable
+    from kvpool_client.core.errors import ProtocolError as ProtocolError
+    from kvpool_client.core.errors import RequestTimeout as RequestTimeout
+    from kvpool_client.core.errors import ServerError as ServerError
+    from kvpool_client.core.errors import UsageError as UsageError
+    from kvpool_client.core.keys import BlockKey as BlockKey
+    from kvpool_client.core.keys import BlockKeyBuilder as BlockKeyBuilder
+    from kvpool_client.core.keys import Namespace as Namespace
+    from kvpool_client.counters import ClientStats as ClientStats
+    from kvpool_client.results import BatchResult as BatchResult
+    from kvpool_client.results import GetResult as GetResult
+    from kvpool_client.results import PutResult as PutResult
 
 
 def __getattr__(name: str) -> Any:

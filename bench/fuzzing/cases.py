@@ -126,8 +126,8 @@ class CaseMaker:
 
     def random_header(self) -> tuple[str, bytes]:
         op = self.rng.choice((0, 1, 2, 3, 4, 5, 6, 0x7F, 0x81, 0x82, 0x85, 0xFF, self.rng.randrange(256)))
-        meta_len = self.rng.choice(_interesting(LIMITS.max_meta, self.rng.randrange(0, 300)) + [2**32 - 1])
-        payload_len = self.rng.choice(_interesting(MAX_FRAME, self.rng.randrange(0, 300)) + [2**64 - 1, 2**63])
+        meta_len = self.rng.choice([*_interesting(LIMITS.max_meta, self.rng.randrange(0, 300)), 2**32 - 1])
+        payload_len = self.rng.choice([*_interesting(MAX_FRAME, self.rng.randrange(0, 300)), 2**64 - 1, 2**63])
         version = self.rng.choice((1, 1, 1, 0, 2, 255))
         header = HEADER.pack(b"KV", version, op, self.rng.choice((0, 0, 1, 0xFFFF)), 0,
                               self.rng.getrandbits(64), meta_len, payload_len)  # fmt: skip
@@ -193,9 +193,9 @@ def _header_field(m: CaseMaker, buf: bytearray) -> bytearray:
     if which == 0:
         op = m.rng.choice((op | 0x80, (op % 5) + 1, 0, 6, m.rng.randrange(256)))
     elif which == 1:
-        meta_len = m.rng.choice(_interesting(LIMITS.max_meta, meta_len) + [2**32 - 1])
+        meta_len = m.rng.choice([*_interesting(LIMITS.max_meta, meta_len), 2**32 - 1])
     elif which == 2:
-        payload_len = m.rng.choice(_interesting(MAX_FRAME, payload_len) + [2**64 - 1])
+        payload_len = m.rng.choice([*_interesting(MAX_FRAME, payload_len), 2**64 - 1])
     elif which == 3:
         version = m.rng.choice((0, 2, 255))
     elif which == 4:

@@ -28,8 +28,10 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -87,23 +89,27 @@ class Cell:
         """Seconds each op took over ``repeat`` batches."""
         spent = dict.fromkeys(OPS, 0.0)
         for _ in range(repeat):
-            hashes, sdk_hashes = self.hashes(), self.hashes()
-            keys = [self.engine.key(h) for h in hashes]
-            objs = self.engine.chunks(hashes)
-            spent["plugin put"] += _timed(lambda: self.engine.put(keys, objs))
-            for name, read in (("plugin get", self.engine.get_remote), ("LMCache retrieve", self.engine.get)):
-                got: list[object] = []
-                spent[name] += _timed(lambda: got.extend(read(keys)))
-                self._check(hashes, got)
-            sdk_keys = self._sdk_keys(sdk_hashes)
-            for source, chunk_hash in zip(self.sources, sdk_hashes, strict=True):
-                source.copy_(chunk_bytes(chunk_hash, self.shape.chunk_nbytes))
-            spent["SDK put"] += _timed(lambda: self.client.put(sdk_keys, self.sources).raise_for_errors())
-            spent["SDK get"] += _timed(lambda: self.client.get(sdk_keys, self.targets).raise_for_errors())
-            assert all(torch.equal(s, t) for s, t in zip(self.sources, self.targets, strict=True))
-            self.client.delete(self.engine.connector.keys.keys(keys) + sdk_keys)
-            self.engine.drop_local()  # every batch starts from the same LMCache memory
+            self._batch(spent)
         return spent
+
+    def _batch(self, spent: dict[str, float]) -> None:
+        """Add one batch of each op to ``spent``, on fresh keys that it deletes after."""
+        hashes, sdk_hashes = self.hashes(), self.hashes()
+        keys = [self.engine.key(h) for h in hashes]
+        objs = self.engine.chunks(hashes)
+        spent["plugin put"] += _timed(lambda: self.engine.put(keys, objs))
+        for name, read in (("plugin get", self.engine.get_remote), ("LMCache retrieve", self.engine.get)):
+            got: list[object] = []
+            spent[name] += _timed(partial(_read_all, read, keys, got))
+            self._check(hashes, got)
+        sdk_keys = self._sdk_keys(sdk_hashes)
+        for source, chunk_hash in zip(self.sources, sdk_hashes, strict=True):
+            source.copy_(chunk_bytes(chunk_hash, self.shape.chunk_nbytes))
+        spent["SDK put"] += _timed(lambda: self.client.put(sdk_keys, self.sources).raise_for_errors())
+        spent["SDK get"] += _timed(lambda: self.client.get(sdk_keys, self.targets).raise_for_errors())
+        assert all(torch.equal(s, t) for s, t in zip(self.sources, self.targets, strict=True))
+        self.client.delete(self.engine.connector.keys.keys(keys) + sdk_keys)
+        self.engine.drop_local()  # every batch starts from the same LMCache memory
 
     def close(self) -> None:
         self.engine.close()
@@ -129,6 +135,10 @@ def _timed(run: Callable[[], object]) -> float:
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
+
+
+def _read_all(read: Callable[[Any], Sequence[object]], keys: object, into: list[object]) -> None:
+    into.extend(read(keys))
 
 
 def figures_of(label: str, shape: ModelShape, rounds: list[dict[str, float]], repeat: int) -> list[Figure]:

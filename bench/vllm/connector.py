@@ -156,15 +156,21 @@ def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor],
     sources = [t.numpy() for t in flat]
     seconds: dict[str, float] = dict.fromkeys(("connector save", "connector load", "SDK put", "SDK get", "memcpy"), 0.0)
     for _ in range(repeat):
-        keys, sdk_keys = cache.keys(), cache.keys()
-        seconds["connector save"] += _timed(lambda: cache.save(keys), 1)
-        seconds["connector load"] += _timed(lambda: cache.load(keys), 1)
-        seconds["SDK put"] += _timed(lambda: client.put(sdk_keys, flat).raise_for_errors(), 1)
-        seconds["SDK get"] += _timed(lambda: client.get(sdk_keys, flat).raise_for_errors(), 1)
-        seconds["memcpy"] += _timed(lambda: [np.copyto(d, s) for d, s in zip(copies, sources, strict=True)], 1)
-        client.delete(keys + sdk_keys)
+        _time_once(seconds, client, cache, flat, copies, sources)
     nbytes = repeat * PREFIX_BLOCKS * cache.layers.block_nbytes
     return {name: nbytes / spent / 1e9 for name, spent in seconds.items()}
+
+
+def _time_once(seconds: dict[str, float], client: KVPoolClient, cache: Cache, flat: list[torch.Tensor],
+               copies: list[np.ndarray], sources: list[np.ndarray]) -> None:
+    """Add one repeat of each op to ``seconds``, on fresh keys that it deletes after."""
+    keys, sdk_keys = cache.keys(), cache.keys()
+    seconds["connector save"] += _timed(lambda: cache.save(keys), 1)
+    seconds["connector load"] += _timed(lambda: cache.load(keys), 1)
+    seconds["SDK put"] += _timed(lambda: client.put(sdk_keys, flat).raise_for_errors(), 1)
+    seconds["SDK get"] += _timed(lambda: client.get(sdk_keys, flat).raise_for_errors(), 1)
+    seconds["memcpy"] += _timed(lambda: [np.copyto(d, s) for d, s in zip(copies, sources, strict=True)], 1)
+    client.delete(keys + sdk_keys)
 
 
 def main() -> int:

@@ -151,10 +151,7 @@ def run_flush(args: argparse.Namespace) -> ExitCode:
     with _pool(args) as pool:
         nodes = [m.address for m in pool.router.members()]
         pool.reach(nodes)
-        if args.model:
-            deleted = pool.client.flush_model(args.model)
-        else:
-            deleted = pool.client.flush_namespace(args.namespace)
+        deleted = pool.client.flush_model(args.model) if args.model else pool.client.flush_namespace(args.namespace)
     what = ("model", args.model) if args.model else ("namespace", args.namespace)
     fields = {what[0]: what[1], "nodes": len(nodes), "deleted": deleted}
     if args.json:

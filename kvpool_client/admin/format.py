@@ -13,11 +13,11 @@ def size(n: int) -> str:
     """``n`` bytes in binary units: ``"0 B"``, ``"512 B"``, ``"1.5 KiB"``, ``"64.0 MiB"``."""
     if n < 1024:
         return f"{n} B"
-    value = float(n)
-    for unit in _UNITS:
-        value /= 1024
+    value, unit = n / 1024, _UNITS[0]
+    for larger in _UNITS[1:]:
         if value < 1024:
             break
+        value, unit = value / 1024, larger
     return f"{value:.1f} {unit}"
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
@@ -115,10 +116,8 @@ class UcxEngine:
             return
         if loop.is_running():
             done = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
-            try:
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 done.result(_STOP_TIMEOUT_S)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
             loop.call_soon_threadsafe(loop.stop)
         thread.join(_STOP_TIMEOUT_S)
         atexit.unregister(self.close)  # the hook held the engine: let the worker and its memory go
@@ -270,10 +269,8 @@ class AsyncUcxConnection:
 
 def close_on_engine(engine: UcxEngine, channel: UcxChannel) -> None:
     """Close ``channel`` on its engine, after any cancellation already queued there; errors are moot now."""
-    try:
+    with contextlib.suppress(KVPoolError):
         engine.run(_close(channel), _STOP_TIMEOUT_S)
-    except KVPoolError:
-        pass
 
 
 async def _close(channel: UcxChannel) -> None:

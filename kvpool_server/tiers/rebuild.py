@@ -10,6 +10,7 @@ one, :func:`survivors` says so and the caller replays record by record instead.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,10 +31,8 @@ def release_free_memory() -> None:
     freeing large blocks, so they come from the heap, and freed heap stays with the
     process unless trimmed.
     """
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
 
 
 class DigestCollision(Exception):

@@ -138,7 +138,7 @@ def test_a_daemon_refuses_to_start_with_a_short_token(daemon_factory: Callable[.
                                                       tmp_path: Path) -> None:
     short = tmp_path / "short"
     short.write_text("tiny")
-    with pytest.raises(RuntimeError, match="16..1024 bytes"):
+    with pytest.raises(RuntimeError, match=r"16\.\.1024 bytes"):
         daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--auth-token-file", str(short))
 
 

@@ -544,14 +544,16 @@ def _bad_destinations() -> list[tuple[str, Any]]:
 def test_misuse_raises_before_any_io(client: KVPoolClient, node: DaemonProcess, ns: str) -> None:
     key = new_keys(ns, 1)[0]
     before = counters(client, node)
-    for name, block in _non_contiguous():
+    for _, block in _non_contiguous():
         with pytest.raises(UsageError):
             client.put([key], [block])
-        pytest.raises(UsageError, run_async, lambda c, b=block: c.put([key], [b]), node)
-    for name, dest in _bad_destinations():
+        with pytest.raises(UsageError):
+            run_async(lambda c, b=block: c.put([key], [b]), node)
+    for _, dest in _bad_destinations():
         with pytest.raises(UsageError):
             client.get([key], into=[dest])
-        pytest.raises(UsageError, run_async, lambda c, d=dest: c.get([key], into=[d]), node)
+        with pytest.raises(UsageError):
+            run_async(lambda c, d=dest: c.get([key], into=[d]), node)
     with pytest.raises(UsageError):
         client.put([key], [b""])  # empty block
     with pytest.raises(UsageError):

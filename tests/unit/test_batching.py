@@ -237,7 +237,7 @@ def test_source_views_check_each_block_against_its_limit() -> None:
     with pytest.raises(UsageError, match="block 1 is 0 bytes") as empty:
         source_views(KEYS3, [b"a", b"", b"c"], lambda i: 10)
     assert empty.value.code is ErrorCode.BLOCK_TOO_LARGE, empty.value.code
-    with pytest.raises(UsageError, match="block 2 is 6 bytes; the node allows 1..5") as large:
+    with pytest.raises(UsageError, match=r"block 2 is 6 bytes; the node allows 1\.\.5") as large:
         source_views(KEYS3, [b"12345", b"1", b"123456"], lambda i: 5)
     assert large.value.code is ErrorCode.BLOCK_TOO_LARGE
     # Limits are per batch index.

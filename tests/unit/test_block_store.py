@@ -162,7 +162,7 @@ def disk_keys(directory: str) -> list[tuple[StoreKey, bool]]:
     found = []
     for path in sorted(Path(directory).glob("*.seg")):
         raw = path.read_bytes()
-        for record in walk_records(lambda o, n: raw[o : o + n], len(raw), False, WalkResult()):
+        for record in walk_records(lambda o, n, raw=raw: raw[o : o + n], len(raw), False, WalkResult()):
             found.append(((record.namespace.decode(), record.hash),
                           bool(record.header.flags & RecordFlags.TOMBSTONE)))
     return found

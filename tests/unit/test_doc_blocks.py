@@ -72,5 +72,5 @@ def test_problems_name_the_line_and_what_to_do(tmp_path: Path, text: str, proble
 
 
 def test_a_fence_never_closed_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="page.md:1: a fence that is never closed"):
+    with pytest.raises(ValueError, match=r"page\.md:1: a fence that is never closed"):
         blocks(page(tmp_path, "```bash\necho\n"))

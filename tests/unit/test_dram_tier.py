@@ -230,7 +230,7 @@ def test_lru_eviction_order_is_exact(h: Harness) -> None:
     assert (h.offset_of(k(16)), h.offset_of(k(17))) == (8 * KiB, 12 * KiB)
     h.put(k(18), data_for(18))
     assert not h.tier.contains(k(4)), "k4 is now the least recently used"
-    for key in h.present(everything + [k(18)]):
+    for key in h.present([*everything, k(18)]):
         assert h.get(key) == data_for(int(key[1][4:])), f"{key} holds other bytes after evictions"
     assert h.counters.get("dram_evictions") == 3, h.counters.snapshot()
     h.assert_no_leak()
@@ -238,7 +238,7 @@ def test_lru_eviction_order_is_exact(h: Harness) -> None:
 
 def test_touching_in_a_different_order_changes_the_victims(h: Harness) -> None:
     fill(h, 16)
-    for i in [5, 3, 0, 9] + list(range(10, 16)) + [1, 2, 4, 6, 7, 8]:
+    for i in [5, 3, 0, 9, *range(10, 16), 1, 2, 4, 6, 7, 8]:
         h.get(k(i))
     fill(h, 4, start=16)
     gone = [i for i in range(16) if not h.tier.contains(k(i))]

@@ -39,7 +39,7 @@ def test_a_request_waits_for_pages_then_reuses_the_cached_prefix() -> None:
     engine = _engine(pages=6, budget=64)
     prompt = list(range(1, 18))  # 17 tokens + 2 fed output tokens: 5 pages
     engine.submit(Request("first", prompt, 3, 0.0))
-    engine.submit(Request("second", prompt[:16] + [49], 3, 0.0))
+    engine.submit(Request("second", [*prompt[:16], 49], 3, 0.0))
     engine.step()
     assert engine.stats.computed_tokens == 17  # the second did not fit beside the first
     done = {e.rid: e for e in engine.drain() if isinstance(e, Finished)}

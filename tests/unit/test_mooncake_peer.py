@@ -63,7 +63,7 @@ def test_missing_libraries_come_from_ldds_not_found_lines_each_once() -> None:
     assert debian_packages(missing_libraries(LDD_WITHOUT_IBVERBS)) == ["libibverbs1"]
     resolved = subprocess.run(["ldd", sys.executable], capture_output=True, text=True).stdout
     assert "=>" in resolved and missing_libraries(resolved) == [], resolved
-    with pytest.raises(MooncakeUnavailable, match="libcuda.so.1"):
+    with pytest.raises(MooncakeUnavailable, match=r"libcuda\.so\.1"):
         debian_packages(["libibverbs.so.1", "libcuda.so.1"])
 
 

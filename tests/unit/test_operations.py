@@ -86,8 +86,10 @@ def test_get_falls_back_to_the_next_replica_and_fills_buffers() -> None:
 def test_lookup_probe_counts_the_leading_hits() -> None:
     requests = batching.RequestFactory(verify_checksums=False)
     hits = set(KEYS[:3])
-    keys_of: Callable[[batching.Job], list[BlockKey]] = lambda job: [KEYS[i] for i in job.indices]
-    node: Node = lambda job: [OK if k in hits else NOT_FOUND for k in keys_of(job)]
+
+    def node(job: batching.Job) -> list[ErrorCode]:
+        return [OK if KEYS[i] in hits else NOT_FOUND for i in job.indices]
+
     statuses = run(operations.probe(KEYS, True, requests, always_usable), placement(), node)
     assert batching.leading_ok(statuses) == 3
 
@@ -102,7 +104,10 @@ def test_delete_raises_the_first_failure_when_no_reader_answered() -> None:
 
 def test_delete_is_true_where_some_reader_removed_the_key() -> None:
     requests = batching.RequestFactory(verify_checksums=False)
-    node: Node = lambda job: [OK if job.member.node_id == "a" else NOT_FOUND] * len(job.indices)
+
+    def node(job: batching.Job) -> list[ErrorCode]:
+        return [OK if job.member.node_id == "a" else NOT_FOUND] * len(job.indices)
+
     removed = run(operations.delete(KEYS, requests, always_usable), placement(replicas=3), node)
     assert removed == [True] * 6
 
@@ -117,7 +122,10 @@ def test_limit_helpers_ask_only_uncached_usable_nodes() -> None:
     a, b, c = MEMBERS
     assert operations.distinct([a, b, a, c, b]) == (a, b, c)
     cache = {"a": WireLimits()}
-    cached: Callable[[Member], WireLimits | None] = lambda m: cache.get(m.node_id)
+
+    def cached(member: Member) -> WireLimits | None:
+        return cache.get(member.node_id)
+
     assert operations.limits_to_fetch([a, b, c], cached, lambda n: n != "c") == [b]
     assert operations.known_limits([a, b, c], cached) == {"a": WireLimits()}
 
@@ -200,5 +208,5 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
     assert found is not None
     for outcome in (node(found[0]), NodeUnavailable("gone")):
         direct = operations.probe_result(found[0], outcome, prefix)
-        planned = run(operations.probe(KEYS, prefix, requests, always_usable), place, lambda job: outcome)
+        planned = run(operations.probe(KEYS, prefix, requests, always_usable), place, lambda job, outcome=outcome: outcome)
         assert direct == planned, f"prefix={prefix}: direct {direct} != planned {planned}"

@@ -71,7 +71,7 @@ def test_from_env_reads_the_cluster_settings() -> None:
     assert (config.cluster, config.replicas, config.write_quorum, config.request_timeout_s) == ("prod", 3, 2, 1.5)
     assert config.nodes == ()
     assert ClientConfig.from_env({"KVPOOL_NODES": "a:1"}, replicas=2).replicas == 2
-    with pytest.raises(UsageError, match="^KVPOOL_REPLICAS='two': not an integer$"):
+    with pytest.raises(UsageError, match=r"^KVPOOL_REPLICAS='two': not an integer$"):
         ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_REPLICAS": "two"})
 
 

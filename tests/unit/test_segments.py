@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -52,10 +53,8 @@ def test_header_round_trip(ns: bytes, hash_: bytes, length: int, checksum: int) 
 
 @given(st.binary(max_size=HEADER_SIZE * 2))
 def test_random_bytes_decode_only_to_corrupt_record(raw: bytes) -> None:
-    try:
+    with contextlib.suppress(CorruptRecord):
         decode_record_header(raw)
-    except CorruptRecord:
-        pass
 
 
 @given(namespaces, hashes, payload_lens, st.data())
@@ -231,7 +230,7 @@ def test_flipped_header_byte_loses_rest_of_segment_only(tmp_path: Path) -> None:
     assert {loc.segment_id for loc in locs} == {1, 2}
     _flip(tmp_path / segment_name(1), locs[1].offset + 12)  # payload length field
     with SegmentLog(tmp_path, record * 4, fsync=False) as log:
-        assert [e.location for e in log.scan()] == [locs[0]] + locs[4:]
+        assert [e.location for e in log.scan()] == [locs[0], *locs[4:]]
         stats = log.stats()
         assert (stats.corrupt_records, stats.lost_bytes) == (1, 3 * record)
         # Records after the bad header are intact, only unfindable by a scan.
@@ -280,7 +279,7 @@ def test_delete_during_scan_keeps_the_open_segment_readable(tmp_path: Path) -> N
         log.delete_segment(1)
         log.delete_segment(2)
         rest = [e.location for e in scan]
-        assert [first.location] + rest == [locs[0], locs[1], locs[4]]
+        assert [first.location, *rest] == [locs[0], locs[1], locs[4]]
 
 
 def test_concurrent_appends_and_reads(tmp_path: Path) -> None:

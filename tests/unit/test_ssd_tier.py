@@ -101,7 +101,7 @@ def records_on_disk(directory: str | Path) -> list[DiskRecord]:
     for path in sorted(Path(directory).glob("*.seg")):
         raw = path.read_bytes()
         walk = WalkResult()
-        for record in walk_records(lambda offset, n: raw[offset : offset + n], len(raw), False, walk):
+        for record in walk_records(lambda offset, n, raw=raw: raw[offset : offset + n], len(raw), False, walk):
             key = (record.namespace.decode(), record.hash)
             tomb = bool(record.header.flags & RecordFlags.TOMBSTONE)
             found.append(DiskRecord(int(path.stem), key, tomb))
@@ -919,7 +919,7 @@ def test_full_disk_is_reported_and_loses_nothing(tiny_disk: Path, clock: FakeClo
         clock.now += 10
         assert h.tier.failure() is None and h.put(100), h.counters.snapshot()
         h.reopen()
-        assert h.held() == written + [100], h.held()
+        assert h.held() == [*written, 100], h.held()
         h.audit()
     finally:
         h.tier.close()

@@ -16,10 +16,8 @@ def caches(layers: int, blocks: int, page: int, block_major: bool, kv_split: boo
     buffer = torch.zeros(layers * blocks * page, dtype=torch.uint8)
     out = {}
     for layer in range(layers):
-        if block_major:  # BLHNC: block b of every layer is one span
-            view = buffer.view(blocks, layers, page)[:, layer]
-        else:  # LBNHC: layer after layer
-            view = buffer.view(layers, blocks, page)[layer]
+        # BLHNC: block b of every layer is one span; LBNHC: layer after layer
+        view = buffer.view(blocks, layers, page)[:, layer] if block_major else buffer.view(layers, blocks, page)[layer]
         if kv_split:  # (2, blocks, page/2): K and V apart
             view = view.view(blocks, 2, page // 2).transpose(0, 1)
         out[f"layer.{layer}"] = view
