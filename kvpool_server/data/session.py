@@ -287,17 +287,18 @@ class Session:
         assert self._pollable is not None
         started = time.perf_counter()
         self._counters.add("requests_get")
-        key = (get.namespace, get.block)
+        request_id, namespace, block = get
+        key = (namespace, block)
         held = self._store.acquire_dram_one(key)
         if held is None and self._store.on_ssd(key):
-            return Answer(GetRequest(get.request_id, get.namespace, [get.block]), [key], [None], started)
+            return Answer(GetRequest(request_id, namespace, [block]), [key], [None], started)
         try:
-            unsent = self._pollable.send_now(self._answers.get_one_reply(get.request_id, held))
+            unsent = self._pollable.send_now(self._answers.get_one_reply(request_id, held))
         except BaseException:
             self._store.release((held,))
             raise
         if unsent:  # the rest goes out from run(); the answer is made only now, for speed
-            return Answer(GetRequest(get.request_id, get.namespace, [get.block]), [key], [held], started, unsent)
+            return Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, unsent)
         self._store.release((held,))
         self._latencies.observe(OP_NAMES[Op.GET], time.perf_counter() - started)
         return None
