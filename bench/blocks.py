@@ -101,7 +101,9 @@ def plan_cells(
     return specs
 
 
-def plan_ratio_round(endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float, index: int) -> list[CellSpec]:
+def plan_ratio_round(
+    endpoints: dict[str, Endpoint | None], systems: list[str], duration_s: float, index: int
+) -> list[CellSpec]:
     """One round of the cells the target ratios compare; every other round in reverse, so
     that over the rounds no system is always measured first."""
     specs = [

@@ -87,7 +87,9 @@ def measure_throughput(nodes: int, seconds: float) -> ThroughputResult:
     ctx = mp.get_context("spawn")
     with LocalCluster(nodes, *DAEMON_FLAGS, with_etcd=False) as cluster:
         barrier, out = ctx.Barrier(CLIENTS), ctx.Queue()
-        procs = [ctx.Process(target=_reader, args=(cluster.addresses, w, seconds, barrier, out)) for w in range(CLIENTS)]
+        procs = [
+            ctx.Process(target=_reader, args=(cluster.addresses, w, seconds, barrier, out)) for w in range(CLIENTS)
+        ]
         for proc in procs:
             proc.start()
         try:

@@ -127,7 +127,9 @@ def table(cells: list[Cell]) -> str:
     lines = ["| op | block x batch | plain TCP GB/s | TLS GB/s | TLS / plain |", "|---|---|---:|---:|---:|"]
     for cell in cells:
         size = f"{cell.block // KiB} KiB" if cell.block < MiB else f"{cell.block // MiB} MiB"
-        lines.append(f"| {cell.op} | {size} x{BATCH} | {cell.plain_gbps:.2f} | {cell.tls_gbps:.2f} | {cell.ratio:.2f} |")
+        lines.append(
+            f"| {cell.op} | {size} x{BATCH} | {cell.plain_gbps:.2f} | {cell.tls_gbps:.2f} | {cell.ratio:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -49,7 +49,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lanes", type=int, default=192, help="concurrent data-plane connections")
     parser.add_argument("--grpc-share", type=float, default=0.15, help="share of the cases sent to gRPC")
-    parser.add_argument("--hang-timeout", type=float, default=5.0, help="seconds without answer or close that make a hang")
+    parser.add_argument(
+        "--hang-timeout", type=float, default=5.0, help="seconds without answer or close that make a hang"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     settings = FuzzSettings(args.cases, args.seconds, args.seed, args.lanes, args.grpc_share, args.hang_timeout)

@@ -146,13 +146,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
         if args.base:
             base = Path(scratch) / "base"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(base), args.base], check=True
+            )
             trees["base"] = base
         try:
             _report(trees, [int(b) for b in args.blocks.split(",")], args.tiers.split(","), args.rounds)
         finally:
             if args.base:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["base"])], check=False)
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["base"])], check=False
+                )
 
 
 def _report(trees: dict[str, Path], counts: list[int], tiers: list[str], rounds: int) -> None:
@@ -161,7 +165,9 @@ def _report(trees: dict[str, Path], counts: list[int], tiers: list[str], rounds:
             for round_ in range(rounds):
                 results = {name: _probe(tree, tier, blocks) for name, tree in trees.items()}
                 for name, figures in results.items():
-                    shown = ", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in figures.items())
+                    shown = ", ".join(
+                        f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in figures.items()
+                    )
                     print(f"{tier} {blocks:>11,} blocks, round {round_ + 1}, {name}: {shown}", flush=True)
                 if "base" in results:
                     this, base = results["this"], results["base"]

@@ -33,7 +33,9 @@ class Ratio:
         return "ok" if self.value >= self.target else "BELOW TARGET"
 
 
-Shape = tuple[str, int, int]  # a cell: (system, batch, clients) of a 384 KiB get; transports.py: (system, block, clients)
+Shape = tuple[
+    str, int, int
+]  # a cell: (system, batch, clients) of a 384 KiB get; transports.py: (system, block, clients)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +54,17 @@ class RatioSpec:
 # The targets the daemon and client are tuned against.
 RATIO_SPECS = (
     RatioSpec("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.3),
-    RatioSpec("384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7),
+    RatioSpec(
+        "384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7
+    ),
     RatioSpec("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
     RatioSpec("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
     # The same daemon read the way a client on its node reads it (the DaemonSet case).
     RatioSpec("384 KiB get, 1 client: kvpool-shm single / Redis GET", ("kvpool-shm", 1, 1), ("redis", 1, 1), 1.3),
     RatioSpec("384 KiB kvpool-shm single get: 4 clients / 1 client", ("kvpool-shm", 1, 4), ("kvpool-shm", 1, 1), 1.5),
-    RatioSpec("384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5),
+    RatioSpec(
+        "384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5
+    ),
     # What two cores leave four clients with no kvpool in the way: the ceiling of the scaling targets.
     RatioSpec("384 KiB raw socket batch-32: 4 clients / 1 client", ("socket", 32, 4), ("socket", 32, 1), None),
     RatioSpec("384 KiB memcpy batch-32: 4 clients / 1 client", ("memcpy", 32, 4), ("memcpy", 32, 1), None),
@@ -70,11 +76,15 @@ RATIO_SPECS = (
     ),
     RatioSpec(
         "384 KiB get, 1 client: kvpool-shm single / Mooncake same-host get",
-        ("kvpool-shm", 1, 1), ("mooncake-local", 1, 1), 3.0,
+        ("kvpool-shm", 1, 1),
+        ("mooncake-local", 1, 1),
+        3.0,
     ),
     RatioSpec(
         "384 KiB get, 1 client: kvpool-shm single / Mooncake same-host get_into its pool",
-        ("kvpool-shm", 1, 1), ("mooncake-local-zc", 1, 1), 3.0,
+        ("kvpool-shm", 1, 1),
+        ("mooncake-local-zc", 1, 1),
+        3.0,
     ),
 )
 RATIO_BLOCK = 384 * KiB
@@ -265,7 +275,9 @@ def write_json(path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: 
     path.write_text(json.dumps(document, indent=2))
 
 
-def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: Sequence[Sequence[Cell]] = ()) -> None:
+def write_markdown(
+    path: Path, cells: Sequence[Cell], meta: dict[str, Any], rounds: Sequence[Sequence[Cell]] = ()
+) -> None:
     errors = [
         f"- {c.system} {c.op} {size_label(c.block_size)} x{c.batch} c{c.clients}: {c.error}" for c in cells if not c.ok
     ]

@@ -100,11 +100,16 @@ def _median(cells: list[Cell], field: str) -> float | None:
 
 def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[str]:
     """The table of medians, then kvpool's ratios to Redis per size."""
-    lines = ["| system | block | GB/s | client CPU us/get | server CPU us/get | client + server |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| system | block | GB/s | client CPU us/get | server CPU us/get | client + server |",
+        "|---|---|---|---|---|---|",
+    ]
     for (system, size), runs in cells.items():
         gbps, client, server = (_median(runs, f) for f in ("gbps", "client_cpu_us", "server_cpu_us"))
         both = client + server if client is not None and server is not None else None
-        lines.append(f"| {system} | {size // KiB} KiB | {_fmt(gbps, 2)} | {_fmt(client)} | {_fmt(server)} | {_fmt(both)} |")
+        lines.append(
+            f"| {system} | {size // KiB} KiB | {_fmt(gbps, 2)} | {_fmt(client)} | {_fmt(server)} | {_fmt(both)} |"
+        )
     for size in sizes:
         ours, theirs = cells.get(("kvpool", size)), cells.get(("redis", size))
         if not ours or not theirs:

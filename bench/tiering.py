@@ -356,7 +356,9 @@ def multi_turn_trace(seed: int, conversations: int, documents: int, turns: int) 
 
 def turn_keys(turn: Turn) -> list[BlockKey]:
     shared = [BlockKey(NS, b"c%05d-%04d" % (turn.chain, d), depth=d) for d in range(turn.length)]
-    own = [BlockKey(NS, b"q%06d-%04d" % (turn.turn_id, d), depth=d) for d in range(turn.length, turn.length + turn.unique)]
+    own = [
+        BlockKey(NS, b"q%06d-%04d" % (turn.turn_id, d), depth=d) for d in range(turn.length, turn.length + turn.unique)
+    ]
     return shared + own
 
 
@@ -422,7 +424,8 @@ def main() -> int:
     lines = [
         "# Tiering benchmark",
         "",
-        f"Reload of {reload.data_bytes >> 20} MiB in batches of {BATCH} x {BLOCK >> 10} KiB; page cache: {reload.page_cache}.",
+        f"Reload of {reload.data_bytes >> 20} MiB in batches of {BATCH} x {BLOCK >> 10} KiB; "
+        f"page cache: {reload.page_cache}.",
         "",
         "| source | GB/s (median of the rounds) |",
         "|---|---|",

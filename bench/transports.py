@@ -253,7 +253,11 @@ def ratios(cells: list[Cell], systems: tuple[str, ...]) -> list[str]:
         for block in BLOCK_SIZES:
             memcpy, tcp = by[("memcpy", block, clients)], by[("tcp", block, clients)]
             parts = [f"{s}/memcpy {by[(s, block, clients)] / memcpy:.2f}" for s in systems if s != "memcpy"]
-            parts += [f"{s}/tcp {by[(s, block, clients)] / tcp:.2f}" for s in ("ucx", "shm", "socket", "redis") if s in systems]
+            parts += [
+                f"{s}/tcp {by[(s, block, clients)] / tcp:.2f}"
+                for s in ("ucx", "shm", "socket", "redis")
+                if s in systems
+            ]
             lines.append(f"{clients} client(s), {block // KiB:>5} KiB: " + "  ".join(parts))
     for system in systems:
         scale = [by[(system, b, 4)] / by[(system, b, 1)] for b in BLOCK_SIZES]
@@ -277,7 +281,9 @@ def target_ceilings(cells: list[Cell], cpus: int) -> list[float | None]:
     """Each scaling target's CPU ceiling on ``cpus`` cores (None: not a scaling target, or not measured)."""
     by = {(c.system, c.block, c.clients): c for c in cells}
     ones = [by.get(spec.bottom) if spec.scaling else None for spec in TARGETS]
-    return [scaling_ceiling(one.cores if one else None, spec.top[2], cpus) for spec, one in zip(TARGETS, ones, strict=True)]
+    return [
+        scaling_ceiling(one.cores if one else None, spec.top[2], cpus) for spec, one in zip(TARGETS, ones, strict=True)
+    ]
 
 
 def targets(cells: list[Cell], rounds: list[list[Cell]], cpus: int) -> tuple[list[Ratio], list[Ratio]]:

@@ -369,7 +369,11 @@ class KVPoolClient:
             connection = node.acquire()
             connection.start_request()
             try:
-                result = connection.run(exchange) if isinstance(connection, UcxConnection) else run_sync(connection, exchange)
+                result = (
+                    connection.run(exchange)
+                    if isinstance(connection, UcxConnection)
+                    else run_sync(connection, exchange)
+                )
             except BaseException:
                 connection.close()
                 raise

@@ -233,7 +233,9 @@ def get_shared(
         if copied is not None:
             return copied
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.LOCATE, limits, answer_meta_size(Op.LOCATE, len(request.hashes)))
+    response = yield from _response(
+        request.request_id, Op.LOCATE, limits, answer_meta_size(Op.LOCATE, len(request.hashes))
+    )
     if not isinstance(response, LocateResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} LOCATE results, got {response!r}")
     if response.arena_id != arena.arena_id:
@@ -329,13 +331,17 @@ def fail(error: KVPoolError) -> Exchange[Any]:
 
 def exists(request: ExistsRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.EXISTS, limits, answer_meta_size(Op.EXISTS, len(request.hashes)))
+    response = yield from _response(
+        request.request_id, Op.EXISTS, limits, answer_meta_size(Op.EXISTS, len(request.hashes))
+    )
     return _statuses(response, len(request.hashes))
 
 
 def delete(request: DeleteRequest, limits: WireLimits) -> Exchange[list[int]]:
     yield Send([encode(request)])
-    response = yield from _response(request.request_id, Op.DELETE, limits, answer_meta_size(Op.DELETE, len(request.hashes)))
+    response = yield from _response(
+        request.request_id, Op.DELETE, limits, answer_meta_size(Op.DELETE, len(request.hashes))
+    )
     return _statuses(response, len(request.hashes))
 
 

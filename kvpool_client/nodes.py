@@ -61,7 +61,9 @@ class NodeHandle(Generic[C]):
         if self._config.transport == "ucx":  # every op over ucx: the arena is not read
             return None
         if not self._arena_tried:
-            arena = self._arena = open_shared_arena(info.shared_arena, self._config.transport, self._config.location_ttl_s)
+            arena = self._arena = open_shared_arena(
+                info.shared_arena, self._config.transport, self._config.location_ttl_s
+            )
             self._arena_tried = True
         return arena
 

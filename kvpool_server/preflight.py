@@ -49,7 +49,8 @@ def _check_shm(config: ServerConfig) -> None:
     free = shutil.disk_usage(config.shm_dir).free
     if free < need:
         raise OSError(
-            f"shm_dir {config.shm_dir} has {format_byte_size(free)} free; the DRAM arena needs {format_byte_size(need)} "
+            f"shm_dir {config.shm_dir} has {format_byte_size(free)} free; "
+            f"the DRAM arena needs {format_byte_size(need)} "
             "(dram_capacity): lower --dram-capacity, or give the daemon a larger /dev/shm "
             "(docker run --shm-size, a Kubernetes emptyDir with medium: Memory and a sizeLimit)"
         )

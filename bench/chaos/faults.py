@@ -27,7 +27,9 @@ def kill_and_restart(cluster: SoakCluster, node: Node) -> None:
     time.sleep(cluster.s.kill_down_s)
     node.incarnations.append(Incarnation(cluster.spawn(node, (old.daemon.grpc_port, old.daemon.data_port))))
     warm = sum(t.blocks for t in cluster.stats(node).tiers if t.name == "ssd")
-    cluster.windows.append(Window("kill -9 + restart", node.name, start, time.monotonic(), f"{warm} blocks back from SSD"))
+    cluster.windows.append(
+        Window("kill -9 + restart", node.name, start, time.monotonic(), f"{warm} blocks back from SSD")
+    )
 
 
 def stop_and_continue(cluster: SoakCluster, node: Node) -> None:

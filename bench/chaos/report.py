@@ -70,7 +70,8 @@ def build_report(settings: SoakSettings, cluster: SoakCluster, results: list[Wor
 def print_report(report: dict) -> None:
     print(f"soak: {report['requests']} requests, {report['block_ops_ok']} block ops ok, "
           f"{report['acked_blocks']} blocks acknowledged on 2 nodes ({report['verified_before_delete']} read back "
-          f"before their delete, the rest checked at the end), {report['puts_below_quorum']} puts below quorum")  # fmt: skip
+          f"before their delete, the rest checked at the end), "
+          f"{report['puts_below_quorum']} puts below quorum")  # fmt: skip
     print(f"{'fault':22s} {'target':8s} {'secs':>6s} {'ok ops/s':>9s} {'vs base':>8s} {'misses':>7s} {'unreached':>9s}")
     for w in report["windows"]:
         print(f"{w['fault']:22s} {w['target']:8s} {w['seconds']:6.1f} {w['ok_ops_per_s']:9.1f} "

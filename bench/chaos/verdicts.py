@@ -52,7 +52,8 @@ def final_check(cluster: SoakCluster, client: KVPoolClient, acked: list[Acked], 
     lost = [{"hash": a.hash.hex(), "stored_on": a.stored_on, "sent_at": round(a.sent_at, 2), "held_by": w}
             for a, w in zip(pending, where, strict=True)]  # fmt: skip
     return {"checked": checked, "wrong_bytes": wrong, "lost": len(lost), "unreached_in_last_pass": unreached,
-            "lost_gone": sum(1 for x in lost if not x["held_by"]), "lost_unreachable": sum(1 for x in lost if x["held_by"]),
+            "lost_gone": sum(1 for x in lost if not x["held_by"]),
+            "lost_unreachable": sum(1 for x in lost if x["held_by"]),
             "lost_samples": lost[:10]}  # fmt: skip
 
 

@@ -141,7 +141,11 @@ def markdown(summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio],
         target = "" if r.target is None else (f">= {r.target:g}" if r.higher_is_better else f"<= {r.target:g}")
         lines.append(f"| {r.name} | {r.concurrency} | {r.value:.3f} | {target} | {r.verdict} |")
     if long_prefix:
-        lines += ["", "| evicted long prefix | prefix tokens | TTFT p50 s | TTFTs s | MiB loaded |", "|---|---:|---:|---|---:|"]
+        lines += [
+            "",
+            "| evicted long prefix | prefix tokens | TTFT p50 s | TTFTs s | MiB loaded |",
+            "|---|---:|---:|---|---:|",
+        ]
         for lp in long_prefix:
             ttfts = ", ".join(f"{t:.3f}" for t in lp.ttft_s)
             lines.append(f"| ({lp.mode.key}) {lp.mode.label} | {lp.prefix_tokens} | {np.median(lp.ttft_s):.3f} "

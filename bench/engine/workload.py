@@ -100,7 +100,9 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     return Workload(spec, system, documents, conversations)
 
 
-def long_prefix_prompts(spec: WorkloadSpec, trials: int, prefix_tokens: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def long_prefix_prompts(
+    spec: WorkloadSpec, trials: int, prefix_tokens: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """Pairs (first prompt, second prompt) sharing a long prefix of ``prefix_tokens``: for the recompute case."""
     rng = random.Random(seed)
     pairs = []

@@ -143,7 +143,9 @@ async def _run_lanes(address: str, cases: int, seconds: float, seed: int, lanes:
     return tally
 
 
-def data_fuzzer(address: str, cases: int, seconds: float, seed: int, lanes: int, hang_timeout: float, out: mp.Queue) -> None:
+def data_fuzzer(
+    address: str, cases: int, seconds: float, seed: int, lanes: int, hang_timeout: float, out: mp.Queue
+) -> None:
     """Process entry: play ``cases`` data-plane cases (or until ``seconds``); put the tally on ``out``."""
     import uvloop
 

@@ -60,7 +60,9 @@ def _collect(
             pass
         now = Memory.of(daemon.process.pid) if daemon.process.poll() is None else peak
         timeline.append((round(time.monotonic() - started, 1), now.anon_kib))
-        peak = Memory(max(peak.rss_kib, now.rss_kib), max(peak.anon_kib, now.anon_kib), max(peak.shmem_kib, now.shmem_kib))
+        peak = Memory(
+            max(peak.rss_kib, now.rss_kib), max(peak.anon_kib, now.anon_kib), max(peak.shmem_kib, now.shmem_kib)
+        )
     for proc in procs:
         proc.join(5)
         if proc.is_alive():

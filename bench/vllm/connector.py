@@ -120,7 +120,10 @@ class Cache:
         groups = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
         caches = _allocate(config, groups, spec, names, blocks)
         self.layers = BlockLayers(caches, names, blocks)
-        assert self.layers.block_nbytes == shape.nbytes(BLOCK_TOKENS), (self.layers.block_nbytes, shape.nbytes(BLOCK_TOKENS))
+        assert self.layers.block_nbytes == shape.nbytes(BLOCK_TOKENS), (
+            self.layers.block_nbytes,
+            shape.nbytes(BLOCK_TOKENS),
+        )
         for tensor in {id(t.untyped_storage()): t for t in caches.values()}.values():
             torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).random_(0, 256)
         self.transfers = WorkerTransfers(client, self.layers)
@@ -223,7 +226,9 @@ def _transfers(clients: dict[str, KVPoolClient], shape: KVShape, work: Path, rou
         for cache in caches.values():
             cache.transfers.close()
     label = f"{shape.name} ({shape.nbytes(BLOCK_TOKENS) // 1024} KiB blocks)"
-    return [f for (layout, transport), r in results.items() for f in _transfer_figures(f"{label}, {layout}, {transport}", r)]
+    return [
+        f for (layout, transport), r in results.items() for f in _transfer_figures(f"{label}, {layout}, {transport}", r)
+    ]
 
 
 def _lookup_figures(per_round: list[tuple[float, float]]) -> list[Figure]:

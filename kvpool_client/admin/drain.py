@@ -99,7 +99,9 @@ def _apply(args: argparse.Namespace, session: ClusterSession | None, target: Tar
     return ExitCode.OK
 
 
-def _set_state(target: Target, state: NodeState, handoff: bool, timeout: float, credentials: Credentials) -> pb.ServerInfo:
+def _set_state(
+    target: Target, state: NodeState, handoff: bool, timeout: float, credentials: Credentials
+) -> pb.ServerInfo:
     """Call SetState on the node.
 
     Raises:

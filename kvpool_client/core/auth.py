@@ -57,7 +57,9 @@ def token_in(metadata: tuple[tuple[str, str | bytes], ...] | None) -> bytes | No
 
 
 class _CallDetails(
-    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
     grpc.ClientCallDetails,
 ):
     """A call's details with the token added (grpc wants a ClientCallDetails instance)."""

@@ -218,7 +218,9 @@ def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl
         return None
     if platform.machine().lower() not in _ORDERED_LOADS:
         if transport == "shm":
-            raise SharedArenaUnavailable(f"the shm transport needs x86-64's load ordering; this is {platform.machine()}")
+            raise SharedArenaUnavailable(
+                f"the shm transport needs x86-64's load ordering; this is {platform.machine()}"
+            )
         return None
     if info is None:
         if transport == "shm":

@@ -44,4 +44,6 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
 async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:
     context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(ErrorCode.UNAUTHENTICATED))),))
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this node requires the cluster's token (authorization: Bearer ...)")
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED, "this node requires the cluster's token (authorization: Bearer ...)"
+    )

@@ -126,7 +126,9 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         self._counters.add("namespace_flushes")
         return pb.FlushNamespaceResponse(deleted=deleted)
 
-    async def ListNamespaces(self, request: pb.ListNamespacesRequest, context: grpc.aio.ServicerContext) -> pb.NamespaceList:
+    async def ListNamespaces(
+        self, request: pb.ListNamespacesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NamespaceList:
         tiers = await asyncio.to_thread(self._store.namespace_usage)
         rows = [pb.NamespaceUsage(namespace=ns, tier=tier, blocks=u.blocks, bytes=u.bytes)
                 for tier, usage in tiers.items() for ns, u in sorted(usage.items())]
@@ -134,7 +136,11 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
 
     async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         if request.state not in ("draining", "active"):
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"state must be draining or active, not {request.state[:64]!r}")
+            await self._abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"state must be draining or active, not {request.state[:64]!r}",
+            )
         try:
             await self._presence.set_state(request.state)
         except InvalidTransition as exc:

@@ -24,7 +24,9 @@ async def cancel_and_wait(connections: Iterable[concurrent.futures.Future[None]]
     for future in pending:
         future.cancel()
     if pending:
-        await asyncio.get_running_loop().run_in_executor(None, lambda: concurrent.futures.wait(pending, timeout=timeout))
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: concurrent.futures.wait(pending, timeout=timeout)
+        )
 
 
 class LoopThread:

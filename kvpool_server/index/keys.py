@@ -317,7 +317,9 @@ class KeyTable:
             self._place(key_digest, ident)
 
 
-def _bulk_place(digests: np.ndarray, ids: np.ndarray, new_digests: np.ndarray, new_ids: np.ndarray) -> list[tuple[int, int]]:
+def _bulk_place(
+    digests: np.ndarray, ids: np.ndarray, new_digests: np.ndarray, new_ids: np.ndarray
+) -> list[tuple[int, int]]:
     """Place members into an empty table in one vectorised pass.
 
     Sorted by home slot, member k goes to ``max(home_k, slot_{k-1} + 1)``: every run

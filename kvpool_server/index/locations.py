@@ -25,7 +25,11 @@ class RecordLocations:
         if block == len(self.segment):
             for column in (self.segment, self.offset, self.size, self.length, self.checksum):
                 column.append(0)
-        self.segment[block], self.offset[block], self.size[block] = location.segment_id, location.offset, location.length
+        self.segment[block], self.offset[block], self.size[block] = (
+            location.segment_id,
+            location.offset,
+            location.length,
+        )
         self.length[block], self.checksum[block] = length, checksum
 
     def load(self, segments: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,

@@ -235,7 +235,9 @@ class BlockCopier:
         tally = CopyTally(copies=statuses.count(ErrorCode.OK), present=statuses.count(ErrorCode.ALREADY_EXISTS),
                           refused=sum(s in _REFUSALS for s in statuses))  # fmt: skip
         tally.failed = len(blocks) - tally.copies - tally.present
-        tally.bytes = sum(len(block.view) for (_, block), s in zip(blocks, statuses, strict=True) if s not in _UNREACHABLE)
+        tally.bytes = sum(
+            len(block.view) for (_, block), s in zip(blocks, statuses, strict=True) if s not in _UNREACHABLE
+        )
         return tally
 
 

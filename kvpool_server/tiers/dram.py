@@ -348,7 +348,11 @@ class DramTier:
         block = self._keys.insert(key)
         blocks = self._blocks
         blocks.ensure(block)
-        blocks.offset[block], blocks.length[block], blocks.slot_size[block] = allocation.offset, length, allocation.slot_size
+        blocks.offset[block], blocks.length[block], blocks.slot_size[block] = (
+            allocation.offset,
+            length,
+            allocation.slot_size,
+        )
         blocks.checksum[block], blocks.last_access[block], blocks.depth[block] = 0, 0, depth
         blocks.pins[block], blocks.flags[block], blocks.read_ahead[block] = 1, 0, 0
         self._slots.set(allocation.offset, allocation.slot_size, block)

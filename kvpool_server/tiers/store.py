@@ -470,7 +470,9 @@ class BlockStore:
             elif not slot.unlinked:  # unlinked: aborted already
                 self.dram.abort(slot)
 
-    def _target(self, key: StoreKey, touch: bool, arena_only: bool) -> tuple[BlockEntry | None, memoryview] | HeldBlock | None:
+    def _target(
+        self, key: StoreKey, touch: bool, arena_only: bool
+    ) -> tuple[BlockEntry | None, memoryview] | HeldBlock | None:
         """Where ``key``'s block is read to: a reserved DRAM slot (promotion), or a private
         buffer (slot None); the DRAM block when it got there meanwhile; None: leave it unread."""
         assert self.ssd is not None

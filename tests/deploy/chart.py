@@ -41,7 +41,9 @@ def render_notes(helm: str, workdir: Path, *args: str) -> str:
     shutil.copytree(CHART, copy)
     (copy / "templates/NOTES.txt").rename(copy / "files/notes.txt")
     (copy / "templates/notes.yaml").write_text('notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}\n')
-    result = run(helm, "template", "kvpool", copy, "--namespace", "kvpool", "--show-only", "templates/notes.yaml", *args)
+    result = run(
+        helm, "template", "kvpool", copy, "--namespace", "kvpool", "--show-only", "templates/notes.yaml", *args
+    )
     shutil.rmtree(copy)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)["notes"]

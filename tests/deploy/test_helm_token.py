@@ -74,7 +74,9 @@ def test_each_render_without_a_cluster_draws_a_new_token(helm: str) -> None:
     assert first != second
 
 
-def lookup_render(helm: str, tmp_path: Path, served: dict[str, bytes] | None, *args: str) -> tuple[list[dict], list[str]]:
+def lookup_render(
+    helm: str, tmp_path: Path, served: dict[str, bytes] | None, *args: str
+) -> tuple[list[dict], list[str]]:
     """Render against a stand-in cluster holding ``served`` as the Secret's data (None: no Secret)."""
     secrets = {}
     if served is not None:
@@ -161,10 +163,14 @@ def test_the_plain_manifests_read_a_secret_that_the_user_creates() -> None:
     assert not [o for o in objects if o["kind"] == "Secret"]
     assert secret_volume(pod_spec(objects, "DaemonSet")) == SECRET
     assert daemon_config(objects)["auth_token_file"] == TOKEN_FILE
-    assert f'#   kubectl -n kvpool create secret generic {SECRET} --from-literal=token="$(openssl rand -hex 32)"' in text
+    assert (
+        f'#   kubectl -n kvpool create secret generic {SECRET} --from-literal=token="$(openssl rand -hex 32)"' in text
+    )
 
 
-def test_a_daemon_on_the_rendered_config_admits_only_clients_with_the_generated_token(helm: str, tmp_path: Path) -> None:
+def test_a_daemon_on_the_rendered_config_admits_only_clients_with_the_generated_token(
+    helm: str, tmp_path: Path
+) -> None:
     """The Secret's token, at the paths the chart gives the daemon and its clients, is one the daemon accepts."""
     from kvpool_client import BlockKey, ClientConfig, KVPoolClient
     from kvpool_client.core.errors import AuthenticationError, ErrorCode
@@ -176,8 +182,18 @@ def test_a_daemon_on_the_rendered_config_admits_only_clients_with_the_generated_
     local = {TOKEN_FILE: str(tmp_path / "token")}
     config = {k: local.get(v, v) if isinstance(v, str) else v for k, v in daemon_config(objects).items()}
     (tmp_path / "kvpool.yaml").write_text(yaml.safe_dump(config))
-    node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
-                        "--shm-dir", str(tmp_path), env={"KVPOOL_CONFIG": str(tmp_path / "kvpool.yaml")})
+    node = start_daemon(
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+        "--no-prefault-arena",
+        "--metrics-port",
+        "-1",
+        "--shm-dir",
+        str(tmp_path),
+        env={"KVPOOL_CONFIG": str(tmp_path / "kvpool.yaml")},
+    )
     try:
         env = {k: local.get(v, v) for k, v in env_of(container(objects)).items() if k == "KVPOOL_AUTH_TOKEN_FILE"}
         key = [BlockKey("chart@test", b"k")]

@@ -188,20 +188,32 @@ def test_defaults_set_the_token_only(helm: str) -> None:
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ("secrets.existingSecret=s,security.tls.dataPlane=true", "security.tls.dataPlane=true needs security.tls.enabled=true"),
-        ("secrets.existingSecret=s,security.tls.clientAuth=true", "security.tls.clientAuth=true needs security.tls.enabled=true"),
+        (
+            "secrets.existingSecret=s,security.tls.dataPlane=true",
+            "security.tls.dataPlane=true needs security.tls.enabled=true",
+        ),
+        (
+            "secrets.existingSecret=s,security.tls.clientAuth=true",
+            "security.tls.clientAuth=true needs security.tls.enabled=true",
+        ),
         ("security.token=false,security.tls.enabled=true", "security.tls.enabled reads the kvpool Secret"),
         ("security.tls.enabled=true", "needs secrets.tls.cert, secrets.tls.key and secrets.tls.ca"),
         ("secrets.token=short", "16..1024 printable ASCII"),
         ("security.token=false,secrets.create=true,secrets.token=has space in 0123456789", "without spaces"),
         ("secrets.create=true,secrets.tls.cert=c,secrets.tls.key=k,security.tls.enabled=true", "secrets.tls.ca"),
         ("secrets.existingSecret=s,security.etcdTls.enabled=true", "needs an external etcd"),
-        ("etcd.enabled=false,externalEtcd.endpoints={http://e:2379},secrets.existingSecret=s,security.etcdTls.enabled=true",
-         "must all be https:// URLs"),
-        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.token=false,security.etcdTls.enabled=true",
-         "needs etcd's CA"),
-        ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.etcdTls.enabled=true",
-         "takes etcd's CA from secrets.tls.ca"),
+        (
+            "etcd.enabled=false,externalEtcd.endpoints={http://e:2379},secrets.existingSecret=s,security.etcdTls.enabled=true",
+            "must all be https:// URLs",
+        ),
+        (
+            "etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.token=false,security.etcdTls.enabled=true",
+            "needs etcd's CA",
+        ),
+        (
+            "etcd.enabled=false,externalEtcd.endpoints={https://e:2379},security.etcdTls.enabled=true",
+            "takes etcd's CA from secrets.tls.ca",
+        ),
         ("security.etcdTls.clientCert=true", "need security.etcdTls.enabled=true"),
         ("etcd.enabled=false,externalEtcd.endpoints={https://e:2379,http://f:2379}", "mix https:// and plaintext"),
         ("config.tls_cert_file=/x", "config"),  # security: owns the daemon's security settings
@@ -233,13 +245,23 @@ def test_rendered_security_config_and_probe_work_against_a_daemon(helm: str, tmp
     (secrets / "token").write_text("0123456789abcdef0123456789abcdef\n")
 
     def local(text: str) -> str:
-        return text.replace("/etc/kvpool/secrets", str(secrets)).replace("/etc/kvpool/probe.py", str(tmp_path / "probe.py"))
+        return text.replace("/etc/kvpool/secrets", str(secrets)).replace(
+            "/etc/kvpool/probe.py", str(tmp_path / "probe.py")
+        )
 
     config_file = tmp_path / "kvpool.yaml"
     config_file.write_text(local(find(objects, "ConfigMap")["data"]["kvpool.yaml"]))
     (tmp_path / "probe.py").write_text(find(objects, "ConfigMap")["data"]["probe.py"])
-    node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
-                        env={"KVPOOL_CONFIG": str(config_file)})
+    node = start_daemon(
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+        "--no-prefault-arena",
+        "--metrics-port",
+        "-1",
+        env={"KVPOOL_CONFIG": str(config_file)},
+    )
     try:
         daemon = container(objects)
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -307,9 +329,14 @@ def test_gpu_values_set_ucx_through_data_plane_values(helm: str) -> None:
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ("dataPlane.ucx.enabled=true,secrets.existingSecret=s,security.tls.enabled=true,security.tls.dataPlane=true",
-         "dataPlane.ucx.enabled=true cannot be combined with security.tls.dataPlane=true: UCX has no TLS"),
-        ("dataPlane.ucx.enabled=true,dataPlane.ucx.port=50052", "dataPlane.ucx.port 50052: must differ from ports.data"),
+        (
+            "dataPlane.ucx.enabled=true,secrets.existingSecret=s,security.tls.enabled=true,security.tls.dataPlane=true",
+            "dataPlane.ucx.enabled=true cannot be combined with security.tls.dataPlane=true: UCX has no TLS",
+        ),
+        (
+            "dataPlane.ucx.enabled=true,dataPlane.ucx.port=50052",
+            "dataPlane.ucx.port 50052: must differ from ports.data",
+        ),
         ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=9400-9500", "holds ports.metrics (9477)"),
         ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=50053-50060", "holds dataPlane.ucx.port (50053)"),
         ("dataPlane.ucx.enabled=true,dataPlane.ucx.tcpPortRange=60000-50000", "must be FIRST-LAST"),
@@ -344,11 +371,25 @@ def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path
     config_file = tmp_path / "kvpool.yaml"
     config_file.write_text(find(objects, "ConfigMap")["data"]["kvpool.yaml"])
     ucx_env = {k: v for k, v in env_of(container(objects)).items() if k.startswith("UCX_")}
-    node = start_daemon("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--no-prefault-arena", "--metrics-port", "-1",
-                        env={"KVPOOL_CONFIG": str(config_file), **ucx_env})
+    node = start_daemon(
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+        "--no-prefault-arena",
+        "--metrics-port",
+        "-1",
+        env={"KVPOOL_CONFIG": str(config_file), **ucx_env},
+    )
     try:
-        client = subprocess.run([sys.executable, ROOT / "deploy/image/ucx_round_trip.py", node.address], cwd=ROOT, env=ENV,
-                                capture_output=True, text=True, timeout=60)
+        client = subprocess.run(
+            [sys.executable, ROOT / "deploy/image/ucx_round_trip.py", node.address],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert client.returncode == 0, client.stderr[-3000:] + node.log()[-2000:]
         assert client.stdout.split() == [f"127.0.0.1:{port}", "ucx"]
     finally:

@@ -430,7 +430,9 @@ def test_grpc_rejects_bad_keys(node: DaemonProcess, stub: kvpool_pb2_grpc.KVPool
     assert_intact(node)
 
 
-@pytest.mark.parametrize("body", [b"\xff\xff\xff", b"\x0a\x80", b"\x12\x05ab"], ids=["garbage", "truncated-varint", "short-field"])
+@pytest.mark.parametrize(
+    "body", [b"\xff\xff\xff", b"\x0a\x80", b"\x12\x05ab"], ids=["garbage", "truncated-varint", "short-field"]
+)
 @pytest.mark.parametrize("method", ["Exists", "Lookup", "Delete", "GetStats", "SetState"])
 def test_grpc_rejects_unparsable_bodies(node: DaemonProcess, method: str, body: bytes) -> None:
     with grpc.insecure_channel(node.address) as channel:

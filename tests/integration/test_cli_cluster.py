@@ -209,7 +209,9 @@ def test_watch_sees_a_node_join_and_leave(etcd: LocalEtcd, start_nodes: StartNod
 def test_unreachable_etcd_exits_3_with_a_hint(args: tuple[str, ...]) -> None:
     dead = dead_address()
     line = one_line_error(kvpoolctl("--etcd", dead, *args), 3)
-    assert line == f"kvpoolctl: error: cannot reach etcd at {dead}: is etcd running? set --etcd or KVPOOL_ETCD_ENDPOINTS"
+    assert (
+        line == f"kvpoolctl: error: cannot reach etcd at {dead}: is etcd running? set --etcd or KVPOOL_ETCD_ENDPOINTS"
+    )
 
 
 def test_etcd_settings_are_checked() -> None:

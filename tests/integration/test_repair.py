@@ -179,8 +179,8 @@ def test_an_owner_restarted_empty_under_its_id_is_refilled(pool: Callable[..., L
         # Back within its lease TTL: the membership never loses node-0, only its incarnation changes.
         victim.stop(signal.SIGKILL)
         assert cluster.etcd is not None
-        restart = ("--node-id", victim.node_id, "--etcd-endpoints", cluster.etcd.endpoint, "--cluster",
-                   cluster.cluster, "--grpc-port", str(victim.grpc_port), "--data-port", str(victim.data_port))  # fmt: skip
+        restart = ("--node-id", victim.node_id, "--etcd-endpoints", cluster.etcd.endpoint, "--cluster", cluster.cluster,
+                   "--grpc-port", str(victim.grpc_port), "--data-port", str(victim.data_port))  # fmt: skip
         cluster.daemons[0] = start_daemon(*restart, *flags(shm))
         victim.remove_files(str(shm))
 

@@ -115,7 +115,9 @@ def test_a_reply_the_socket_cannot_take_is_finished_by_the_loop(node: DaemonProc
             # Its first bytes here: the daemon holds the blocks and has begun a reply larger than both
             # sockets' buffers, so its send stops part-way and the rest waits in its loop.
             assert reader.sock.recv(1, socket.MSG_PEEK), "the node closed the connection instead of replying"
-            assert client.get(keys[:2]).statuses == (ErrorCode.OK, ErrorCode.OK), "another client must be served meanwhile"
+            assert client.get(keys[:2]).statuses == (ErrorCode.OK, ErrorCode.OK), (
+                "another client must be served meanwhile"
+            )
             assert client.delete(keys) == [True] * len(keys)
             pinned = _dram_usage(node)
             reply, pong = reader.read_frame(), reader.read_frame()

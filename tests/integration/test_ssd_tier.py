@@ -217,7 +217,11 @@ def test_sigkill_during_a_write_burst_loses_no_acknowledged_block(daemon_factory
         for start in range(0, len(acknowledged), 8):
             assert_all_read_back(pool, acknowledged[start : start + 8])
         readable = pool.get(blocks)  # blocks put but unacknowledged may or may not be there
-        wrong = [str(k) for k, buf in zip(blocks, readable.buffers, strict=True) if buf is not None and bytes(buf) != payload(k)]
+        wrong = [
+            str(k)
+            for k, buf in zip(blocks, readable.buffers, strict=True)
+            if buf is not None and bytes(buf) != payload(k)
+        ]
         ssd = tier(pool, again.address, "ssd")
     assert not wrong, f"wrong bytes after the crash: {wrong}"
     assert ssd.corrupt_blocks == 0, f"{ssd}"

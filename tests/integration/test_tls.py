@@ -118,8 +118,22 @@ def test_daemon_client_and_kvpoolctl_use_etcd_over_mtls(daemon_factory, pki) -> 
     with LocalEtcd(tls=EtcdServerTls(server_cert, server_key, client_ca_file=ca)) as etcd:
         url = etcd.endpoints[0]
         assert url.startswith("https://"), url
-        node = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", "--etcd-endpoints", url,
-                              "--cluster", "tls", "--etcd-ca-file", ca, "--etcd-cert-file", cert, "--etcd-key-file", key)
+        node = daemon_factory(
+            "--dram-capacity",
+            "16MiB",
+            "--slab-size",
+            "1MiB",
+            "--etcd-endpoints",
+            url,
+            "--cluster",
+            "tls",
+            "--etcd-ca-file",
+            ca,
+            "--etcd-cert-file",
+            cert,
+            "--etcd-key-file",
+            key,
+        )
         config = ClientConfig(etcd_endpoints=(url,), cluster="tls", etcd_tls=TlsFiles(ca, cert, key))
         with KVPoolClient(config=config) as pool:
             deadline = time.monotonic() + 15
@@ -191,7 +205,8 @@ def test_data_plane_tls_refuses_plaintext_and_untrusted_peers(daemon_factory, pk
             answer = b""
         assert answer == b"", answer
     stranger_cert, stranger_key = (str(p) for p in pki["stranger"])
-    refused = {"no client certificate": TlsFiles(ca), "a stranger's certificate": TlsFiles(ca, stranger_cert, stranger_key),
+    refused = {"no client certificate": TlsFiles(ca),
+               "a stranger's certificate": TlsFiles(ca, stranger_cert, stranger_key),
                "an untrusted server": TlsFiles(str(pki["other-ca"][0]), cert, key)}  # fmt: skip
     for case, files in refused.items():
         with pytest.raises(NodeUnavailable):  # in the handshake, or (TLS 1.3) at the first answer

@@ -38,7 +38,9 @@ UCX_MISSING = ucx_import_error()
 TRANSPORTS = [
     "tcp",
     "shm",
-    pytest.param("ucx", marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")),
+    pytest.param(
+        "ucx", marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")
+    ),
 ]
 UCX = ("--ucx-port", "0") if UCX_MISSING is None else ()  # every daemon here offers ucx when it can
 NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
@@ -268,13 +270,19 @@ def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
             while time.monotonic() < deadline:
                 got = c.get(keys, [bytearray(256 * KiB) for _ in keys])
                 outcomes.append(got.statuses)
-                wrong.extend(i for i, (s, b) in enumerate(zip(got.statuses, got.buffers, strict=True)) if s is OK and bytes(b) != blocks[i])
+                wrong.extend(
+                    i
+                    for i, (s, b) in enumerate(zip(got.statuses, got.buffers, strict=True))
+                    if s is OK and bytes(b) != blocks[i]
+                )
                 if all(s in NODE_DOWN for s in got.statuses):
                     return
 
         reader = threading.Thread(target=read)
         reader.start()
-        wait_until(lambda: list(outcomes), lambda done: len(done) >= 2 or not reader.is_alive(), "the reader's first gets")
+        wait_until(
+            lambda: list(outcomes), lambda done: len(done) >= 2 or not reader.is_alive(), "the reader's first gets"
+        )
         daemon.stop(signal.SIGKILL)  # the reader is in its loop of gets: one is in flight
         reader.join(15)
         assert not wrong, f"keys {wrong[:5]} came back with wrong bytes"
@@ -351,11 +359,24 @@ def test_ucx_in_a_forked_child_refuses_and_the_parent_survives(node: DaemonProce
 
 
 @needs_ucx
-def test_ucx_daemon_restarts_on_the_same_ports_and_clients_reconnect(daemon_factory: Callable[..., DaemonProcess]) -> None:
+def test_ucx_daemon_restarts_on_the_same_ports_and_clients_reconnect(
+    daemon_factory: Callable[..., DaemonProcess],
+) -> None:
     """Connections the daemon closed leave its ports in TIME_WAIT: a restart must still bind them."""
     # Below the ephemeral range: an outgoing connection cannot take a port while the daemon is down.
     grpc, data, ucx = (free_port() for _ in range(3))
-    flags = ("--grpc-port", str(grpc), "--data-port", str(data), "--ucx-port", str(ucx), "--dram-capacity", "16MiB", "--slab-size", "1MiB")
+    flags = (
+        "--grpc-port",
+        str(grpc),
+        "--data-port",
+        str(data),
+        "--ucx-port",
+        str(ucx),
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+    )
     first = daemon_factory(*flags)
     keys = new_keys(4)
     with connect(first, "ucx") as c:
@@ -365,6 +386,8 @@ def test_ucx_daemon_restarts_on_the_same_ports_and_clients_reconnect(daemon_fact
         second = daemon_factory(*flags)
         assert c.server_info(second.address).data_endpoints["ucx"] == f"127.0.0.1:{ucx}"
         deadline = time.monotonic() + 10
-        while (stored := c.put(keys, [pattern(k, 128 * KiB) for k in keys]).stored) != 4 and time.monotonic() < deadline:
+        while (
+            stored := c.put(keys, [pattern(k, 128 * KiB) for k in keys]).stored
+        ) != 4 and time.monotonic() < deadline:
             time.sleep(0.2)  # the breaker lets a probe through after the first failure
         assert stored == 4 and c.get(keys).ok and c.transport(second.address) == "ucx"

@@ -10,4 +10,6 @@ from bench.pki import issue, make_ca
 
 __all__ = ["issue", "make_ca", "requires_openssl"]
 
-requires_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates")
+requires_openssl = pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates"
+)

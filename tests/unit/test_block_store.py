@@ -199,7 +199,9 @@ def test_dram_hits_are_served_in_place_and_pinned(s: Harness) -> None:
     s.store.release(held)
     assert s.pins(0) == 0
     snapshot = s.counters.snapshot()
-    assert (snapshot.get("dram_hits"), snapshot.get("dram_misses"), snapshot.get("ssd_misses")) == (1, 1, None), snapshot
+    assert (snapshot.get("dram_hits"), snapshot.get("dram_misses"), snapshot.get("ssd_misses")) == (1, 1, None), (
+        snapshot
+    )
     s.assert_no_leak()
 
 
@@ -369,7 +371,9 @@ def delete_after_ssd_reads(s: Harness) -> None:
     between a promotion's read and its commit."""
     real = s.ssd.read_many
 
-    def read_then_delete(keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True) -> list[int | None]:
+    def read_then_delete(
+        keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True
+    ) -> list[int | None]:
         found = real(keys, targets, touch=touch)
         for key in keys:
             assert s.store.delete(key)

@@ -24,7 +24,9 @@ def test_a_client_without_config_reads_the_environment(client_class: type, monke
     assert client.config.request_timeout_s == 4.0
     explicit = client_class(["127.0.0.1:1"])
     assert explicit.config.nodes == ("127.0.0.1:1",), "nodes given replace KVPOOL_NODES"
-    assert explicit.config.auth_token == b"a-token-of-at-least-sixteen-bytes", "the rest still comes from the environment"
+    assert explicit.config.auth_token == b"a-token-of-at-least-sixteen-bytes", (
+        "the rest still comes from the environment"
+    )
     given = client_class(config=ClientConfig(nodes=("127.0.0.1:2",)))
     assert given.config.auth_token is None, "a ClientConfig is taken as it is"
 

@@ -103,7 +103,9 @@ def test_a_section_checks_itself_and_names_the_source() -> None:
 
 
 def test_env_strict_and_lenient() -> None:
-    with pytest.raises(ConfigError, match=r"^KVPOOL_CACHE_SIZ: unknown environment variable \(did you mean 'KVPOOL_CACHE_SIZE'\?\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^KVPOOL_CACHE_SIZ: unknown environment variable \(did you mean 'KVPOOL_CACHE_SIZE'\?\)$"
+    ):
         env_layer(TOY, {"KVPOOL_CACHE_SIZ": "1"})
     assert env_layer(TOY, {"KVPOOL_OTHER": "x"}, allowed={"KVPOOL_OTHER"}) == {}
     assert env_layer(TOY, {"KVPOOL_QUIET": "1"}, strict=False) == {}, "env=False: no variable"
@@ -115,9 +117,15 @@ def test_env_strict_and_lenient() -> None:
 
 def test_flags_from_the_schema_and_their_errors() -> None:
     layer, others = argv_layer(TOY, toy_parser(), ["--cache-size", "2MiB", "--quiet", "--hosts=a,b"])
-    assert layer == {"cache_size": ("--cache-size", 2 * MiB), "quiet": ("--quiet", True), "hosts": ("--hosts", ("a", "b"))}
+    assert layer == {
+        "cache_size": ("--cache-size", 2 * MiB),
+        "quiet": ("--quiet", True),
+        "hosts": ("--hosts", ("a", "b")),
+    }
     assert others == {}
-    with pytest.raises(ConfigError, match=r"^command line: unknown argument '--cache-sise=1' \(did you mean '--cache-size'\?\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^command line: unknown argument '--cache-sise=1' \(did you mean '--cache-size'\?\)$"
+    ):
         argv_layer(TOY, toy_parser(), ["--cache-sise=1"])
     with pytest.raises(ConfigError, match=r"^--cache-ways='x': not an integer$"):
         argv_layer(TOY, toy_parser(), ["--cache-ways", "x"])

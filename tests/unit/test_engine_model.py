@@ -42,7 +42,9 @@ def _dense_logits(model: Model, tokens: list[int]) -> torch.Tensor:
     return rms_norm(x[-1:], model.final_norm, cfg.rms_eps) @ model.lm_head
 
 
-def _paged_logits(model: Model, kv: PagedKVCache, tokens: list[int], chunks: list[int], pages: list[int]) -> torch.Tensor:
+def _paged_logits(
+    model: Model, kv: PagedKVCache, tokens: list[int], chunks: list[int], pages: list[int]
+) -> torch.Tensor:
     done = 0
     logits = torch.empty(0)
     for size in chunks:

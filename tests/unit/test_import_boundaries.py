@@ -42,7 +42,11 @@ def inside(name: str, package: str) -> bool:
 
 def test_the_core_imports_neither_the_sdk_nor_the_daemon() -> None:
     def foreign(name: str) -> bool:
-        return (inside(name, "kvpool_client") and not inside(name, CORE)) or inside(name, "kvpool_server") or inside(name, "bench")
+        return (
+            (inside(name, "kvpool_client") and not inside(name, CORE))
+            or inside(name, "kvpool_server")
+            or inside(name, "bench")
+        )
 
     outside = {module: sorted(filter(foreign, imported(path))) for module, path in modules(CORE)}
     assert {m: names for m, names in outside.items() if names} == {}
@@ -70,7 +74,8 @@ def loaded_by(statement: str) -> list[str]:
     """The kvpool and gRPC modules a fresh interpreter has loaded after ``statement``."""
     script = (
         f"import sys, json\n{statement}\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('kvpool_client', 'kvpool_server', 'grpc'))))"
+        "roots = ('kvpool_client', 'kvpool_server', 'grpc')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in roots)))"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)  # type: ignore[no-any-return]

@@ -20,19 +20,32 @@ def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None
     assert PoolSettings.parse({}, SOURCE, env={"KVPOOL_NODES": "127.0.0.1:1"}).client.nodes == ("127.0.0.1:1",)
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"node": "127.0.0.1:1"}, "unknown key 'node' (did you mean 'nodes'?)"),
-    ({"zzz": 1, "nodes": "127.0.0.1:1"}, "unknown key 'zzz'; known: nodes"),
-    ({}, "kv_connector_extra_config: no kvpool nodes given"),
-    ({"nodes": "127.0.0.1:1", "transport": "pigeon"},
-     "kv_connector_extra_config: transport='pigeon': must be one of auto, tcp, shm, ucx"),
-    ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "kv_connector_extra_config: lookup_threads=0: must be >= 1"),
-    ({"nodes": "127.0.0.1:1", "lookup_threads": "many"}, "kv_connector_extra_config: lookup_threads='many': not an integer"),
-    ({"nodes": "127.0.0.1:1", "model_id": ""}, "kv_connector_extra_config: model_id='': must not be empty"),
-    ({"nodes": "127.0.0.1:1", "replicas": 2, "write_quorum": 3},
-     "kv_connector_extra_config: write_quorum (3) cannot exceed replicas (2)"),
-    ({"nodes": "127.0.0.1:1", "auth_token_file": "/no/such/token"}, "kv_connector_extra_config: cannot read the token"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"node": "127.0.0.1:1"}, "unknown key 'node' (did you mean 'nodes'?)"),
+        ({"zzz": 1, "nodes": "127.0.0.1:1"}, "unknown key 'zzz'; known: nodes"),
+        ({}, "kv_connector_extra_config: no kvpool nodes given"),
+        (
+            {"nodes": "127.0.0.1:1", "transport": "pigeon"},
+            "kv_connector_extra_config: transport='pigeon': must be one of auto, tcp, shm, ucx",
+        ),
+        ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "kv_connector_extra_config: lookup_threads=0: must be >= 1"),
+        (
+            {"nodes": "127.0.0.1:1", "lookup_threads": "many"},
+            "kv_connector_extra_config: lookup_threads='many': not an integer",
+        ),
+        ({"nodes": "127.0.0.1:1", "model_id": ""}, "kv_connector_extra_config: model_id='': must not be empty"),
+        (
+            {"nodes": "127.0.0.1:1", "replicas": 2, "write_quorum": 3},
+            "kv_connector_extra_config: write_quorum (3) cannot exceed replicas (2)",
+        ),
+        (
+            {"nodes": "127.0.0.1:1", "auth_token_file": "/no/such/token"},
+            "kv_connector_extra_config: cannot read the token",
+        ),
+    ],
+)
 def test_a_bad_setting_is_refused_with_its_name(extra: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError) as caught:
         PoolSettings.parse(extra, SOURCE, env={})
@@ -69,4 +82,6 @@ def test_values_are_typed_by_the_shared_declarations_and_the_environment_is_name
     assert (client.request_timeout_s, client.location_ttl_s) == (4.0, 0.0)
     with pytest.raises(UsageError) as caught:
         PoolSettings.parse({"nodes": "127.0.0.1:1"}, SOURCE, env={"KVPOOL_TRANSPORT": "pigeon"})
-    assert str(caught.value) == "KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx", "the variable is at fault"
+    assert str(caught.value) == "KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx", (
+        "the variable is at fault"
+    )

@@ -117,7 +117,9 @@ def test_the_report_compares_kvpool_with_each_way_of_reading_mooncake_and_names_
         cell("kvpool", 1.5), cell("kvpool-shm", 6.0), cell("mooncake", 0.5), cell("mooncake-zc", 0.75),
         cell("mooncake-local", 1.5), cell("mooncake-local-zc", 3.0), cell("mooncake-local-zc", 2.0, 16),
     ]  # fmt: skip
-    by_top_bottom = {(s.top[0], s.bottom[0]): r for s, r in zip(report.RATIO_SPECS, report.ratios(cells, 2), strict=True)}
+    by_top_bottom = {
+        (s.top[0], s.bottom[0]): r for s, r in zip(report.RATIO_SPECS, report.ratios(cells, 2), strict=True)
+    }
     assert by_top_bottom[("kvpool", "mooncake")].value == 3.0
     assert by_top_bottom[("kvpool", "mooncake-zc")].value == 2.0
     assert by_top_bottom[("kvpool-shm", "mooncake-local")].value == 4.0

@@ -183,9 +183,18 @@ def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
         ("replicas to fall back to", KEYS[:1], placement(replicas=2), WireLimits()),
         ("keys on several nodes", KEYS, placement(replicas=1), WireLimits()),
         ("the node's limits not read yet", KEYS[:1], placement(replicas=1), None),
-        ("more keys than one frame holds", KEYS, Placement(RendezvousRouter(MEMBERS[:1], 1), 1), WireLimits(max_keys=2)),
-        ("two namespaces", [KEYS[0], BlockKey("other", KEYS[0].hash)], Placement(RendezvousRouter(MEMBERS[:1], 1), 1),
-         WireLimits()),
+        (
+            "more keys than one frame holds",
+            KEYS,
+            Placement(RendezvousRouter(MEMBERS[:1], 1), 1),
+            WireLimits(max_keys=2),
+        ),
+        (
+            "two namespaces",
+            [KEYS[0], BlockKey("other", KEYS[0].hash)],
+            Placement(RendezvousRouter(MEMBERS[:1], 1), 1),
+            WireLimits(),
+        ),
         ("no keys", [], placement(replicas=1), WireLimits()),
     ],
 )
@@ -208,5 +217,7 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
     assert found is not None
     for outcome in (node(found[0]), NodeUnavailable("gone")):
         direct = operations.probe_result(found[0], outcome, prefix)
-        planned = run(operations.probe(KEYS, prefix, requests, always_usable), place, lambda job, outcome=outcome: outcome)
+        planned = run(
+            operations.probe(KEYS, prefix, requests, always_usable), place, lambda job, outcome=outcome: outcome
+        )
         assert direct == planned, f"prefix={prefix}: direct {direct} != planned {planned}"

@@ -175,7 +175,9 @@ def test_static_router_places_by_address() -> None:
         assert len({m.address for m in owners}) == 2
     # Another client with the same list in another order agrees.
     other = StaticRouter(addresses[::-1], replicas=2)
-    assert all(router.write_owners(BlockKey("ns", h)) == other.write_owners(BlockKey("ns", h)) for h in random_hashes(300))
+    assert all(
+        router.write_owners(BlockKey("ns", h)) == other.write_owners(BlockKey("ns", h)) for h in random_hashes(300)
+    )
 
 
 @pytest.mark.parametrize(("replicas", "expected"), [(0, 1), (1, 1), (2, 2), (3, 3), (7, 3)])

@@ -171,7 +171,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
     arena = SharedArena(str(tmp_path), "arena", 16 * BLOCK, prefault=False)
     dram = DramTier(arena, SlabAllocator(16 * BLOCK, 4 * BLOCK), counters)
     store = BlockStore(dram, None, counters)
-    admission = Admission(AdmissionLimits(inflight_put_bytes=8 * BLOCK, connections=8, connections_per_peer=8), counters)
+    admission = Admission(
+        AdmissionLimits(inflight_put_bytes=8 * BLOCK, connections=8, connections_per_peer=8), counters
+    )
     yield Node(store, counters, admission, arena)
     store.close()
     gc.collect()  # the finished sessions' views of the arena

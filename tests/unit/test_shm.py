@@ -73,7 +73,9 @@ class Node:
 
     @property
     def info(self) -> SharedArenaInfo:
-        return SharedArenaInfo(str(self.arena.path), self.arena.capacity, self.generations.arena_id, self.arena.capacity)
+        return SharedArenaInfo(
+            str(self.arena.path), self.arena.capacity, self.generations.arena_id, self.arena.capacity
+        )
 
     def put(self, key: StoreKey, data: bytes) -> BlockEntry:
         entry = self.tier.reserve(key, len(data))
@@ -264,7 +266,9 @@ def test_a_slot_reused_between_locate_and_copy_is_read_again_with_get(node: Node
     node.tier.delete(k(1))  # after LOCATE, before the copy: the slot is freed and reused
     node.put(k(3), data_for(3))
     get_frame = encode(GetResponse(6, [int(NOT_FOUND)], [0], [0]))
-    gen = exchange.get_shared(LocateRequest(6, NS, [key[1] for key in keys]), [None, None], LIMITS, False, MappedArena(node.info))
+    gen = exchange.get_shared(
+        LocateRequest(6, NS, [key[1] for key in keys]), [None, None], LIMITS, False, MappedArena(node.info)
+    )
     sent, (statuses, filled) = drive(gen, [located, get_frame], [])
     assert sent[1].buffers == [encode(GetRequest(6, NS, [k(1)[1]]))], "only the reused block goes over the wire"
     assert statuses == [NOT_FOUND, OK] and filled[0] is None, "never the bytes of block 3"
@@ -285,7 +289,9 @@ def test_an_answer_for_another_arena_marks_the_mapping_stale_and_gets_everything
 def test_shm_get_reports_size_mismatch_without_copying(node: Node) -> None:
     node.put(k(1), data_for(1))
     target = bytearray(b"\xee" * (2 * KiB))
-    gen = exchange.get_shared(LocateRequest(9, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, MappedArena(node.info))
+    gen = exchange.get_shared(
+        LocateRequest(9, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, MappedArena(node.info)
+    )
     _, (statuses, filled) = drive(gen, [locate_answer(node, 9, [k(1)])], [])
     assert statuses == [ErrorCode.SIZE_MISMATCH] and filled == [None] and target == b"\xee" * (2 * KiB)
 
@@ -350,7 +356,9 @@ def test_a_known_location_of_a_removed_block_is_never_used(node: Node, removal: 
         for i in range(2, 2 + CAPACITY // (4 * KiB)):
             node.put(k(i), data_for(i))
         assert not node.tier.contains(k(1))
-    sent, statuses, filled = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)]), encode(GetResponse(3, [int(NOT_FOUND)], [0], [0]))])
+    sent, statuses, filled = shm_get(
+        reader, [k(1)], [locate_answer(node, 3, [k(1)]), encode(GetResponse(3, [int(NOT_FOUND)], [0], [0]))]
+    )
     assert sent and sent[0].buffers == [encode(LocateRequest(3, NS, [k(1)[1]]))], "the node must be asked"
     assert statuses == [NOT_FOUND] and filled == [None]
     if removal == "delete while pinned":

@@ -276,7 +276,9 @@ def test_round_trip_returns_identical_bytes_for_any_length(h: Harness) -> None:
     assert h.tier.contains(k(0)) and not h.tier.contains(k(99))
     assert h.tier.usage().blocks == 5 and h.tier.usage().capacity_bytes == 4 * SEG, h.tier.usage()
     snapshot = h.counters.snapshot()
-    assert (snapshot.get("ssd_demotions"), snapshot.get("ssd_hits"), snapshot.get("ssd_misses")) == (5, 5, None), snapshot
+    assert (snapshot.get("ssd_demotions"), snapshot.get("ssd_hits"), snapshot.get("ssd_misses")) == (5, 5, None), (
+        snapshot
+    )
     h.audit(lambda i: lengths[i])
 
 

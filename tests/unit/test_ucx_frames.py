@@ -103,7 +103,9 @@ def test_hello_round_trips_and_refuses_strangers() -> None:
 
 
 def record(transport: str, endpoints: dict[str, str]) -> NodeHandle[object]:
-    node: NodeHandle[object] = NodeHandle(Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport))
+    node: NodeHandle[object] = NodeHandle(
+        Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport)
+    )
     node._info = NodeInfo("127.0.0.1:1", "n1", endpoints, WireLimits(), 1)
     return node
 

@@ -6,8 +6,8 @@ and its ``rep_movsb_stop_threshold`` (the L2 size on AMD, far more on Intel) wit
 VM kvpool is developed on) that instruction is about ten times slower when source and
 destination differ modulo 64 bytes: a 384 KiB copy into a buffer 16 bytes past a 64-byte
 boundary took 205-250 us against 18-21 us equally aligned. The arena's blocks are
-page-aligned and torch tensors 64-byte aligned, but numpy arrays and bytearrays are 16-byte aligned and a batch's views lie at any
-offset, and nobody can ask an engine's users to set ``GLIBC_TUNABLES``.
+page-aligned and torch tensors 64-byte aligned, but numpy arrays and bytearrays are
+16-byte aligned and a batch's views lie at any offset, and nobody can ask an engine's users to set ``GLIBC_TUNABLES``.
 
 glibc keeps another copy routine callable: ``memcpy@GLIBC_2.2.5``, the symbol it keeps
 for programs linked before 2.14, is its SSE2 ``memmove`` entry that never takes the

@@ -74,7 +74,9 @@ class UcxSettings:
 
     def __post_init__(self) -> None:
         if self.progress_mode not in PROGRESS_MODES:
-            raise UsageError(f"ucx progress mode must be one of {', '.join(PROGRESS_MODES)}, not {self.progress_mode!r}")
+            raise UsageError(
+                f"ucx progress mode must be one of {', '.join(PROGRESS_MODES)}, not {self.progress_mode!r}"
+            )
 
     def ucx_environment(self) -> dict[str, str]:
         """The ``UCX_*`` variables these settings stand for."""

@@ -11,8 +11,9 @@ LMCache loads it from its config::
 and wraps it in its ``RemoteBackend``. The async methods are awaited on LMCache's storage
 event loop and hand their pool call to the plugin's threads (:mod:`.transfers` says why);
 ``exists_sync``, ``batched_contains`` and ``remove_sync`` run on the engine's thread. All
-use one blocking client. Every batched call is one pool call. Any failure is a miss (None, False, 0), logged: never an exception
-into LMCache (:mod:`.guard`). How chunks move: :mod:`.transfers`; their keys: :mod:`.keys`.
+use one blocking client. Every batched call is one pool call. Any failure is a miss
+(None, False, 0), logged: never an exception into LMCache (:mod:`.guard`). How chunks
+move: :mod:`.transfers`; their keys: :mod:`.keys`.
 """
 
 from __future__ import annotations

@@ -149,7 +149,9 @@ class HostPages:
                 staged.append(buffer)
         return buffers, staged
 
-    def scatter(self, starts: Sequence[int], buffers: Sequence[memoryview | torch.Tensor], arrived: Sequence[bool]) -> None:
+    def scatter(
+        self, starts: Sequence[int], buffers: Sequence[memoryview | torch.Tensor], arrived: Sequence[bool]
+    ) -> None:
         """Copy the staged parts of the pages that ``arrived`` into the host pool."""
         parts = len(self.parts)
         for page, start in enumerate(starts):

@@ -271,7 +271,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         buffers, staged = blocks(wanted)
         try:
             result = self._client.get(_select(self._page_keys().of(keys), wanted, parts), buffers)
-            ok = [all(s is ErrorCode.OK for s in result.statuses[n * parts : (n + 1) * parts]) for n in range(len(wanted))]
+            ok = [
+                all(s is ErrorCode.OK for s in result.statuses[n * parts : (n + 1) * parts]) for n in range(len(wanted))
+            ]
             if land is not None:
                 land(wanted, buffers, ok)
         finally:

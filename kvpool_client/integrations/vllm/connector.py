@@ -52,7 +52,9 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             model whose KV cache is not one attention group.
     """
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise UsageError("KVPoolConnector needs vLLM's KV cache config (vLLM 0.11 or later)")
@@ -83,7 +85,9 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return KVPoolConnectorMetadata(self._scheduler().build(_scheduled(scheduler_output), list(preempted)))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self._scheduler().worker_output(connector_output.finished_recving or (), connector_output.invalid_block_ids or ())
+        self._scheduler().worker_output(
+            connector_output.finished_recving or (), connector_output.invalid_block_ids or ()
+        )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().finished(request, block_ids), None

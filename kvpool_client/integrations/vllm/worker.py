@@ -121,7 +121,9 @@ class WorkerTransfers:
 
     def _save(self, job: TransferJob) -> None:
         for start in range(0, len(job.keys), BATCH_BLOCKS):
-            self._save_batch(job.req_id, job.keys[start : start + BATCH_BLOCKS], job.block_ids[start : start + BATCH_BLOCKS])
+            self._save_batch(
+                job.req_id, job.keys[start : start + BATCH_BLOCKS], job.block_ids[start : start + BATCH_BLOCKS]
+            )
 
     def _save_batch(self, req_id: str, keys: Sequence[Any], block_ids: Sequence[int]) -> None:
         direct = self._layers.direct
