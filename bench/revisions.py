@@ -202,7 +202,9 @@ def main() -> None:
     print(f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; "
           "us per get, new/base in brackets")
     for cell in runs["base"][0]:
-        base_m, new_m = ([statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new"))
+        base_m, new_m = (
+            [statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new")
+        )
         wall, client, daemon = (f"{b:6.0f} -> {n:6.0f} ({_ratio(n, b)})" for b, n in zip(base_m, new_m, strict=True))
         print(f"{cell:8s} wall {wall} | client CPU {client} | daemon CPU {daemon}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -105,7 +106,7 @@ def test_a_stream_in_one_piece_gives_every_request_in_order() -> None:
 @given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=40))
 def test_any_split_of_the_stream_gives_the_same_events(cuts: list[int]) -> None:
     bounds = [0, *sorted(set(cuts)), len(STREAM)]
-    pieces = [STREAM[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
     assert joined_payload(events_of(ServerConnection(LIMITS), pieces)) == EXPECTED
 
 
