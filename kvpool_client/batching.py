@@ -190,6 +190,20 @@ class RequestFactory:
             return exchange.get_shared(located, mine, limits, self._verify, arena)
         return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
 
+    def copy_shared(
+        self, job: Job, targets: Sequence[memoryview | None]
+    ) -> tuple[list[int], list[memoryview | None]] | None:
+        """A same-node get served from the node's arena with no connection at all, when every
+        block's location is known here (:func:`exchange.copy_known`); None: run :meth:`get`."""
+        try:
+            arena = self._arena_of(job.member) if self._arena_of is not None else None
+        except SharedArenaUnavailable:
+            return None  # get() reports it
+        if arena is None:
+            return None
+        mine = list(map(targets.__getitem__, job.indices))
+        return exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
+
     def exists(self, job: Job, limits: WireLimits, prefix: bool) -> exchange.Exchange[list[int]]:
         return exchange.exists(ExistsRequest(next(self._ids), job.namespace, job.hashes, prefix), limits)
 

@@ -294,6 +294,9 @@ class KVPoolClient:
         if found is None:
             return None
         job, limits = found
+        copied = self._requests.copy_shared(job, targets)
+        if copied is not None:
+            return operations.get_result(job, copied)
         fetch = self._requests.get(job, targets, limits)
         return operations.get_result(job, self._exchange(self._node(job.member), fetch))
 

@@ -227,11 +227,9 @@ def get_shared(
     generation holds after its copy (and its checksum matches, when this client or
     the node verifies checksums); else the node is asked as above.
     """
-    known = arena.known.lookup(request.namespace, request.hashes)
-    if known is not None:
-        copied = _copy_known(request, known, targets, arena, verify or arena.info.verify_checksums)
-        if copied is not None:
-            return copied
+    copied = copy_known(request.namespace, request.hashes, targets, arena, verify)
+    if copied is not None:
+        return copied
     yield Send([encode(request)])
     response = yield from _response(
         request.request_id, Op.LOCATE, limits, answer_meta_size(Op.LOCATE, len(request.hashes))
@@ -257,8 +255,27 @@ def get_shared(
     return statuses, filled
 
 
+def copy_known(
+    namespace: str,
+    hashes: Sequence[bytes],
+    targets: Sequence[memoryview | None],
+    arena: MappedArena,
+    verify: bool,
+) -> tuple[list[int], list[memoryview | None]] | None:
+    """The blocks copied out of ``arena`` without asking the node, when every one's location is
+    known (an earlier answer, or the node's published index) and holds; None: ask the node.
+
+    No I/O: a client runs it before it takes a connection at all.
+    """
+    known = arena.known.lookup(namespace, hashes)
+    if known is None:
+        return None
+    return _copy_known(namespace, hashes, known, targets, arena, verify or arena.info.verify_checksums)
+
+
 def _copy_known(
-    request: LocateRequest,
+    namespace: str,
+    hashes: Sequence[bytes],
     known: list[tuple[SlotLocation, int]],
     targets: Sequence[memoryview | None],
     arena: MappedArena,
@@ -268,7 +285,7 @@ def _copy_known(
 
     Generations are read before the copies too: a block gone already costs no copy.
     """
-    if not _still_there(request, known, arena):
+    if not _still_there(namespace, hashes, known, arena):
         return None
     filled: list[memoryview] = []
     for (location, _), target in zip(known, targets, strict=True):
@@ -277,21 +294,23 @@ def _copy_known(
             return None  # the node's answer reports it
         arena.copy_into(location, target)
         filled.append(target)
-    if not _still_there(request, known, arena):
+    if not _still_there(namespace, hashes, known, arena):
         return None
     if verify:
-        for block, (_, checksum), view in zip(request.hashes, known, filled, strict=True):
+        for block, (_, checksum), view in zip(hashes, known, filled, strict=True):
             if xxhash.xxh3_64_intdigest(view) != checksum:
-                arena.known.forget(request.namespace, block)
+                arena.known.forget(namespace, block)
                 return None
     return [int(ErrorCode.OK)] * len(filled), list(filled)
 
 
-def _still_there(request: LocateRequest, known: list[tuple[SlotLocation, int]], arena: MappedArena) -> bool:
+def _still_there(
+    namespace: str, hashes: Sequence[bytes], known: list[tuple[SlotLocation, int]], arena: MappedArena
+) -> bool:
     """Whether every known block's slot is in the generation it was located in (forgets those that are not)."""
-    gone = [block for block, (location, _) in zip(request.hashes, known, strict=True) if not arena.unchanged(location)]
+    gone = [block for block, (location, _) in zip(hashes, known, strict=True) if not arena.unchanged(location)]
     for block in gone:
-        arena.known.forget(request.namespace, block)
+        arena.known.forget(namespace, block)
     return not gone
 
 
