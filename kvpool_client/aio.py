@@ -123,7 +123,9 @@ class AsyncKVPoolClient:
         router: Router | None = None,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self.config = config or ClientConfig.from_env(**({"nodes": tuple(nodes)} if nodes else {}))
+        if config is None:
+            config = ClientConfig.from_env(nodes=tuple(nodes)) if nodes else ClientConfig.from_env()
+        self.config = config
         self.breaker = breaker or CircuitBreaker(probe_timeout_s=self.config.probe_timeout_s)
         self._failures = FailureLog()
         self._counters = ClientCounters()

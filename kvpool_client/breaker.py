@@ -135,7 +135,7 @@ class CircuitBreaker:
 
     def backoff(self, failures: int) -> float:
         """The back-off after ``failures`` consecutive failures (>= 1), jitter applied."""
-        bound = min(self._max, self._initial * 2 ** min(failures - 1, 62))
+        bound = min(self._max, self._initial * 2.0 ** min(failures - 1, 62))
         return bound * (1 - self._jitter * self._rng.random())
 
     def state(self, node_id: str) -> CircuitState:

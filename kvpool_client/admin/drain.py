@@ -21,10 +21,9 @@ from kvpool_client.admin import nodes
 from kvpool_client.admin.exits import CliError, ExitCode, unreachable
 from kvpool_client.admin.session import ClusterSession, Target, open_session
 from kvpool_client.core.auth import Credentials, open_channel
-from kvpool_client.core.control import translate_rpc_error
+from kvpool_client.core.control import blocking_stub, translate_rpc_error
 from kvpool_client.core.membership.records import NodeState
 from kvpool_client.core.proto import kvpool_pb2 as pb
-from kvpool_client.core.proto import kvpool_pb2_grpc
 
 _POLL_S = 0.2
 _HANDOFF_COUNTERS = ("handoff_copies", "handoff_failures", "handoff_planned", "handoff_finished")
@@ -110,7 +109,7 @@ def _set_state(
     """
     channel = open_channel(target.address, credentials)
     try:
-        stub = kvpool_pb2_grpc.KVPoolStub(channel)
+        stub = blocking_stub(channel)
         return stub.SetState(pb.SetStateRequest(state=str(state), handoff=handoff), timeout=timeout)
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else None

@@ -16,9 +16,8 @@ from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import ExitCode
 from kvpool_client.admin.nodes import NodeReport, report_failures
 from kvpool_client.core.auth import Credentials, open_channel
-from kvpool_client.core.control import translate_rpc_error
+from kvpool_client.core.control import blocking_stub, translate_rpc_error
 from kvpool_client.core.proto import kvpool_pb2 as pb
-from kvpool_client.core.proto import kvpool_pb2_grpc
 
 Usage = dict[tuple[str, str], list[int]]  # (namespace, tier) -> [blocks, bytes, nodes]
 
@@ -27,7 +26,7 @@ def list_node(address: str, timeout: float, credentials: Credentials) -> list[pb
     """One node's namespaces, or a report of the error that kept us from them."""
     channel = open_channel(address, credentials)
     try:
-        stub = kvpool_pb2_grpc.KVPoolStub(channel)
+        stub = blocking_stub(channel)
         return list(stub.ListNamespaces(pb.ListNamespacesRequest(), timeout=timeout).namespaces)
     except grpc.RpcError as exc:
         return NodeReport(address, error=translate_rpc_error(address, exc))

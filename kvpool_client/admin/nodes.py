@@ -16,10 +16,9 @@ import grpc
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import CliError, ExitCode, unreachable
 from kvpool_client.core.auth import Credentials, open_channel
-from kvpool_client.core.control import translate_rpc_error
+from kvpool_client.core.control import blocking_stub, translate_rpc_error
 from kvpool_client.core.errors import KVPoolError
 from kvpool_client.core.proto import kvpool_pb2 as pb
-from kvpool_client.core.proto import kvpool_pb2_grpc
 
 _MAX_PARALLEL = 16
 
@@ -44,7 +43,7 @@ def probe(address: str, timeout: float, credentials: Credentials) -> NodeReport:
     # ControlClient.server_info keeps only what the data plane needs; status wants all of ServerInfo.
     channel = open_channel(address, credentials)
     try:
-        stub = kvpool_pb2_grpc.KVPoolStub(channel)
+        stub = blocking_stub(channel)
         info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
         stats = stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
     except grpc.RpcError as exc:
@@ -176,7 +175,8 @@ def _stats_text(report: NodeReport) -> str:
         for t in stats.tiers
     ]
     # The node reports every counter it declares; the table shows those that moved (--json: all).
-    counters = sorted((name, value) for name, value in stats.counters.items() if value) or [("(none yet)", "")]
+    moved: list[tuple[str, int | str]] = [(name, value) for name, value in sorted(stats.counters.items()) if value]
+    counters = moved or [("(none yet)", "")]
     return "\n\n".join((
         title,
         fmt.table(tier_headers, tier_rows, right=range(1, 8)),

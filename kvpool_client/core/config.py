@@ -236,7 +236,7 @@ class ClientConfig:
         """
         values = settings_from_env(env).config_values()
         values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
 
 

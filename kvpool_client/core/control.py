@@ -5,7 +5,9 @@ Blocking and asyncio flavours share the request building and the error mapping.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -16,6 +18,47 @@ from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.core.wire import PROTOCOL_VERSION, WireLimits
 
 ERROR_CODE_METADATA = "kvpool-error-code"
+
+Req = TypeVar("Req")  # a call's request message
+Resp = TypeVar("Resp")  # its response message
+
+
+class KVPoolCalls(Protocol):
+    """The blocking stub's calls, typed (protoc writes the gRPC stub without annotations)."""
+
+    GetServerInfo: grpc.UnaryUnaryMultiCallable[pb.GetServerInfoRequest, pb.ServerInfo]
+    Exists: grpc.UnaryUnaryMultiCallable[pb.KeysRequest, pb.ExistsResponse]
+    Lookup: grpc.UnaryUnaryMultiCallable[pb.KeysRequest, pb.LookupResponse]
+    Delete: grpc.UnaryUnaryMultiCallable[pb.KeysRequest, pb.DeleteResponse]
+    GetStats: grpc.UnaryUnaryMultiCallable[pb.GetStatsRequest, pb.Stats]
+    SetState: grpc.UnaryUnaryMultiCallable[pb.SetStateRequest, pb.ServerInfo]
+    FlushNamespace: grpc.UnaryUnaryMultiCallable[pb.FlushNamespaceRequest, pb.FlushNamespaceResponse]
+    ListNamespaces: grpc.UnaryUnaryMultiCallable[pb.ListNamespacesRequest, pb.NamespaceList]
+
+
+class AsyncKVPoolCalls(Protocol):
+    """The asyncio stub's calls, typed: :class:`KVPoolCalls` on a ``grpc.aio`` channel."""
+
+    GetServerInfo: grpc.aio.UnaryUnaryMultiCallable[pb.GetServerInfoRequest, pb.ServerInfo]
+    Exists: grpc.aio.UnaryUnaryMultiCallable[pb.KeysRequest, pb.ExistsResponse]
+    Lookup: grpc.aio.UnaryUnaryMultiCallable[pb.KeysRequest, pb.LookupResponse]
+    Delete: grpc.aio.UnaryUnaryMultiCallable[pb.KeysRequest, pb.DeleteResponse]
+    GetStats: grpc.aio.UnaryUnaryMultiCallable[pb.GetStatsRequest, pb.Stats]
+    SetState: grpc.aio.UnaryUnaryMultiCallable[pb.SetStateRequest, pb.ServerInfo]
+    FlushNamespace: grpc.aio.UnaryUnaryMultiCallable[pb.FlushNamespaceRequest, pb.FlushNamespaceResponse]
+    ListNamespaces: grpc.aio.UnaryUnaryMultiCallable[pb.ListNamespacesRequest, pb.NamespaceList]
+
+
+def blocking_stub(channel: grpc.Channel) -> KVPoolCalls:
+    """The generated stub over ``channel``, seen through its typed calls."""
+    stub: KVPoolCalls = kvpool_pb2_grpc.KVPoolStub(channel)
+    return stub
+
+
+def async_stub(channel: grpc.aio.Channel) -> AsyncKVPoolCalls:
+    """The generated stub over an asyncio ``channel``, seen through its typed calls."""
+    stub: AsyncKVPoolCalls = kvpool_pb2_grpc.KVPoolStub(channel)
+    return stub
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +121,7 @@ def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:
     """A typed kvpool exception for a failed gRPC call."""
     status = exc.code() if hasattr(exc, "code") else None
     detail = exc.details() if hasattr(exc, "details") else str(exc)
-    for key, value in (exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else ():
+    for key, value in _trailing_metadata(exc):
         if key == ERROR_CODE_METADATA and str(value).isdigit():
             return error_for_code(int(value), f"{address}: {detail}")
     if status == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -88,6 +131,14 @@ def translate_rpc_error(address: str, exc: grpc.RpcError) -> KVPoolError:
     return KVPoolError(f"{address}: {status.name if status else 'error'}: {detail}")
 
 
+def _trailing_metadata(exc: grpc.RpcError) -> Iterable[tuple[str, str | bytes]]:
+    """The failed call's trailing metadata as (key, value) pairs; none when ``exc`` is not a call."""
+    if not hasattr(exc, "trailing_metadata"):
+        return ()
+    # types-grpcio declares _Metadatum without its base: at run time each item is a (key, value) tuple.
+    return exc.trailing_metadata() or ()  # type: ignore[return-value]
+
+
 class ControlClient:
     """Blocking control-plane calls to one node."""
 
@@ -95,26 +146,26 @@ class ControlClient:
         self.address = address
         self._timeout = timeout
         self._channel = open_channel(address, credentials)
-        self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
+        self._stub = blocking_stub(self._channel)
 
     def server_info(self) -> NodeInfo:
-        return NodeInfo.from_proto(self.address, self._call("GetServerInfo", pb.GetServerInfoRequest()))
+        return NodeInfo.from_proto(self.address, self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()))
 
     def stats(self) -> pb.Stats:
-        return self._call("GetStats", pb.GetStatsRequest())
+        return self._call(self._stub.GetStats, pb.GetStatsRequest())
 
     def namespaces(self) -> list[pb.NamespaceUsage]:
         """Blocks and bytes of each namespace in each tier of this node."""
-        return list(self._call("ListNamespaces", pb.ListNamespacesRequest()).namespaces)
+        return list(self._call(self._stub.ListNamespaces, pb.ListNamespacesRequest()).namespaces)
 
     def flush_namespace(self, namespace: str = "", model: str = "") -> int:
         """Delete every block of ``namespace`` (or of every namespace of ``model``) on this node; returns how many."""
-        return self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace, model=model)).deleted
+        request = pb.FlushNamespaceRequest(namespace=namespace, model=model)
+        return self._call(self._stub.FlushNamespace, request).deleted
 
-
-    def _call(self, method: str, request: object) -> object:
+    def _call(self, rpc: grpc.UnaryUnaryMultiCallable[Req, Resp], request: Req) -> Resp:
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout)
+            return rpc(request, timeout=self._timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(self.address, exc) from None
         except ValueError as exc:  # the channel was closed under us (the node moved)
@@ -131,25 +182,26 @@ class AsyncControlClient:
         self.address = address
         self._timeout = timeout
         self._channel = open_aio_channel(address, credentials)
-        self._stub = kvpool_pb2_grpc.KVPoolStub(self._channel)
+        self._stub = async_stub(self._channel)
 
     async def server_info(self) -> NodeInfo:
-        return NodeInfo.from_proto(self.address, await self._call("GetServerInfo", pb.GetServerInfoRequest()))
+        return NodeInfo.from_proto(self.address, await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()))
 
     async def stats(self) -> pb.Stats:
-        return await self._call("GetStats", pb.GetStatsRequest())
+        return await self._call(self._stub.GetStats, pb.GetStatsRequest())
 
     async def namespaces(self) -> list[pb.NamespaceUsage]:
         """See :meth:`ControlClient.namespaces`."""
-        return list((await self._call("ListNamespaces", pb.ListNamespacesRequest())).namespaces)
+        return list((await self._call(self._stub.ListNamespaces, pb.ListNamespacesRequest())).namespaces)
 
     async def flush_namespace(self, namespace: str = "", model: str = "") -> int:
         """See :meth:`ControlClient.flush_namespace`."""
-        return (await self._call("FlushNamespace", pb.FlushNamespaceRequest(namespace=namespace, model=model))).deleted
+        request = pb.FlushNamespaceRequest(namespace=namespace, model=model)
+        return (await self._call(self._stub.FlushNamespace, request)).deleted
 
-    async def _call(self, method: str, request: object) -> object:
+    async def _call(self, rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req) -> Resp:
         try:
-            return await getattr(self._stub, method)(request, timeout=self._timeout)
+            return await rpc(request, timeout=self._timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(self.address, exc) from None
         except ValueError as exc:  # the channel was closed under us (the node moved)

@@ -70,7 +70,8 @@ class TlsRecords:
             NodeUnavailable: the peer closed the session, or sent a record that does not verify.
         """
         try:
-            count = self._tls.read(len(target), target)
+            # typeshed types read() as returning bytes; into a buffer it returns the count
+            count: int = self._tls.read(len(target), target)  # type: ignore[assignment]
         except ssl.SSLWantReadError:
             return None
         except ssl.SSLError as exc:  # a forged or corrupt record, or the peer's close_notify

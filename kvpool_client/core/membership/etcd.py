@@ -33,7 +33,7 @@ import grpc.aio
 
 # Watch goes through the raw stub: the library's own watch reconnects silently and
 # never reports compaction, and kvpool must re-read the prefix in both cases.
-from etcd3aio._protobuf import WatchCreateRequest, WatchRequest, WatchResponse, WatchStub
+from etcd3aio._protobuf import LeaseKeepAliveResponse, WatchCreateRequest, WatchRequest, WatchResponse, WatchStub
 from etcd3aio.kv import KVService, prefix_range_end
 from etcd3aio.lease import LeaseService
 
@@ -324,9 +324,10 @@ class EtcdStore:
             call.cancel()
         if response is grpc.aio.EOF:
             raise EtcdUnavailable("etcd keepalive: the stream closed without an answer")
-        if response.TTL <= 0:
+        answer = cast(LeaseKeepAliveResponse, response)  # the stream's only other item
+        if answer.TTL <= 0:
             raise LeaseLost(lease_id)
-        return int(response.TTL)
+        return int(answer.TTL)
 
     async def revoke(self, lease_id: int) -> bool:
         """Revoke the lease, deleting its keys now. Returns False if it was already gone.

@@ -27,7 +27,8 @@ def payload(memory_obj: Any) -> torch.Tensor:
     raw = memory_obj.raw_tensor
     if raw is None or raw.device.type != "cpu":
         raise UsageError(f"LMCache memory object without a host tensor: {memory_obj!r}")
-    return raw.view(-1).view(torch.uint8)[: memory_obj.get_size()]
+    host: torch.Tensor = raw.view(-1).view(torch.uint8)[: memory_obj.get_size()]
+    return host
 
 
 def release(memory_objs: Iterable[Any]) -> None:

@@ -19,6 +19,7 @@ move: :mod:`.transfers`; their keys: :mod:`.keys`.
 from __future__ import annotations
 
 import asyncio
+import builtins  # builtins.list: LMCache's list() method takes the name inside the class
 from typing import Any
 
 from lmcache.utils import CacheEngineKey
@@ -35,7 +36,7 @@ from kvpool_client.integrations.lmcache.settings import PluginSettings, read_set
 from kvpool_client.integrations.lmcache.transfers import ChunkTransfers
 
 
-class PluginConfigError(UsageError, IrrecoverableException):
+class PluginConfigError(UsageError, IrrecoverableException):  # type: ignore[misc]  # lmcache is untyped
     """The plugin's configuration is wrong.
 
     Also an ``IrrecoverableException``: LMCache's ``RemoteBackend`` then gives up on the
@@ -58,8 +59,7 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, local_cpu_backend: Any, config: Any) -> None:
-        metadata = getattr(local_cpu_backend, "metadata", None)
-        settings = _settings(config, type(self), metadata)
+        settings, metadata = _settings(config, type(self), getattr(local_cpu_backend, "metadata", None))
         # LMCache's dynamic loader passes no metadata; the base class needs it (chunk shapes).
         super().__init__(config, metadata)
         self.settings = settings
@@ -118,21 +118,23 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
     def support_batched_get(self) -> bool:
         return True
 
-    async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+    async def batched_get(self, keys: builtins.list[CacheEngineKey]) -> builtins.list[MemoryObj | None]:
         """One object per key (None: a miss), read by one pool ``get`` into LMCache memory."""
         return await self._guard.wait("get", self._transfers.read(keys), [None] * len(keys))
 
     def support_batched_put(self) -> bool:
         return True
 
-    async def batched_put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]) -> None:
+    async def batched_put(self, keys: builtins.list[CacheEngineKey], memory_objs: builtins.list[MemoryObj]) -> None:
         """One pool ``put`` of every chunk, sent from the objects; failures are logged."""
         await self._guard.wait("put", self._transfers.write(keys, memory_objs), 0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
-    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: builtins.list[CacheEngineKey], pin: bool = False
+    ) -> int:
         """How many leading chunks the pool holds: one ``lookup``. ``pin`` is not needed:
         a block being read is pinned by the node for the read."""
         return await self._guard.wait("lookup", self._lookup_async(keys), 0)
@@ -140,17 +142,19 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
     def support_batched_get_non_blocking(self) -> bool:
         return True
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey]) -> list[MemoryObj]:
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: builtins.list[CacheEngineKey]
+    ) -> builtins.list[MemoryObj]:
         """The leading chunks that arrived (one ``get``); objects after a miss are released."""
         found = await self.batched_get(keys)
         hits = next((i for i, obj in enumerate(found) if obj is None), len(found))
         release(obj for obj in found[hits:] if obj is not None)
-        return found[:hits]  # type: ignore[return-value]
+        return [obj for obj in found[:hits] if obj is not None]  # all of them: the misses start at hits
 
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: list[CacheEngineKey]) -> int:
+    def batched_contains(self, keys: builtins.list[CacheEngineKey]) -> int:
         """:meth:`batched_async_contains` on the caller's thread."""
         return self._guard.call("lookup", lambda: self._sync.lookup(self.keys.keys(keys)), 0)
 
@@ -162,7 +166,7 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
     async def _exists_async(self, key: CacheEngineKey) -> bool:
         return (await self._transfers.run(self._sync.exists, [self.keys.key(key)]))[0]
 
-    async def _lookup_async(self, keys: list[CacheEngineKey]) -> int:
+    async def _lookup_async(self, keys: builtins.list[CacheEngineKey]) -> int:
         return await self._transfers.run(self._sync.lookup, self.keys.keys(keys))
 
     async def _ping(self) -> int:
@@ -183,12 +187,13 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
         self._sync.close()
 
 
-def _settings(config: Any, cls: type, metadata: Any) -> PluginSettings:
-    """The plugin's settings; a problem is logged as an error and raised as PluginConfigError."""
+def _settings(config: Any, cls: type, metadata: Any | None) -> tuple[PluginSettings, Any]:
+    """The plugin's settings and LMCache's metadata (chunk shapes), which must be there; a problem
+    is logged as an error and raised as PluginConfigError."""
     try:
         if metadata is None:
             raise UsageError("LMCache gave the plugin no local CPU backend (scheduler role?): it has no chunk shape")
-        return read_settings(config, cls)
+        return read_settings(config, cls), metadata
     except UsageError as exc:
         message = str(exc.args[0])
         log.error("kvpool LMCache plugin not loaded: %s", message)

@@ -50,7 +50,8 @@ def _geometry(view: torch.Tensor) -> PartGeometry:
     strides = (*(s * size for s in view.stride()), 1)
     nbytes = view.numel() * size
     dense = view.is_contiguous()
-    return PartGeometry(view.storage_offset() * size, shape, strides, nbytes, dense)
+    # int(): torch types the offset as int | SymInt, a symbol only while tracing
+    return PartGeometry(int(view.storage_offset()) * size, shape, strides, nbytes, dense)
 
 
 class HostPages:
@@ -72,7 +73,7 @@ class HostPages:
             raise UsageError(f"the host KV pool is on {kv_buffer.device}, not in CPU memory")
         storage = kv_buffer.untyped_storage()
         self._raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-        self._bytes = memoryview(self._raw)
+        self._bytes = self._raw.data
         self.page_size = page_size
         self._pages = capacity // page_size
         if self._pages < 1:

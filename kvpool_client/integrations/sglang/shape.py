@@ -113,7 +113,7 @@ class PageKeys:
 
         ``first_depth``: the chain position of ``keys[0]`` when known (a hint for eviction).
         """
-        out = []
+        out: list[BlockKey] = []
         for index, key in enumerate(keys):
             digest = page_hash(key)
             depth = None if first_depth is None else first_depth + index

@@ -23,8 +23,8 @@ Contracts SGLang relies on, and what this class does for them:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, cast
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
@@ -129,7 +129,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             pages = self._host()
             starts = pages.page_starts(host_indices, len(keys))
             valid = [s is not None for s in starts]
-            return self._write(keys, valid, lambda idx: pages.blocks([starts[i] for i in idx], gather=True), extra_info)
+            return self._write(
+                keys, valid, lambda idx: pages.blocks(_valid_starts(starts, idx), gather=True), extra_info
+            )
         except Exception as exc:
             log.warning("kvpool: store of %d pages failed: %s", len(keys), exc)
             return [False] * len(keys)
@@ -144,10 +146,10 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             valid = [s is not None for s in starts]
 
             def blocks(idx: list[int]) -> tuple[list[Any], list[torch.Tensor]]:
-                return pages.blocks([starts[i] for i in idx], gather=False)
+                return pages.blocks(_valid_starts(starts, idx), gather=False)
 
             def land(idx: list[int], buffers: list[Any], arrived: list[bool]) -> None:
-                pages.scatter([starts[i] for i in idx], buffers, arrived)
+                pages.scatter(_valid_starts(starts, idx), buffers, arrived)
 
             return self._read(keys, valid, blocks, land)
         except Exception as exc:
@@ -294,7 +296,12 @@ def _depth(extra_info: HiCacheStorageExtraInfo | None) -> int | None:
     return len(prefix) if prefix is not None else None
 
 
-def _log_failed(what: str, statuses: Sequence[ErrorCode], good: Sequence[ErrorCode]) -> None:
+def _valid_starts(starts: Sequence[int | None], idx: list[int]) -> list[int]:
+    """The starts of pages ``idx``, which the caller picked among the valid pages: none is None."""
+    return cast("list[int]", [starts[i] for i in idx])
+
+
+def _log_failed(what: str, statuses: Sequence[ErrorCode], good: Collection[ErrorCode]) -> None:
     failed = [s for s in statuses if s not in good and s is not ErrorCode.NOT_FOUND]
     if failed:
         log.info("kvpool %s: %d of %d blocks failed (%s)", what, len(failed), len(statuses), failed[0].name)

@@ -59,7 +59,8 @@ def _regions(name: str, cache: torch.Tensor, num_blocks: int) -> list[Region]:
         span = 1 + sum((n - 1) * s for n, s in zip(block.shape, block.stride(), strict=True))
         if span != block.numel() or min(block.stride(), default=1) < 1:
             raise UsageError(f"KV cache of layer {name}: a block is not one dense span (strides {part.stride()})")
-        regions.append(Region(raw, part.storage_offset() * size, part.stride(0) * size, block.numel() * size))
+        # int(): torch types the offset as int | SymInt, a symbol only while tracing
+        regions.append(Region(raw, int(part.storage_offset()) * size, part.stride(0) * size, block.numel() * size))
     return regions
 
 
