@@ -95,8 +95,8 @@ class KVPoolCollector(Collector):
         yield state
         session = self._presence.session
         sessions = _gauge("kvpool_etcd_session")
-        for name in _SESSION_STATES:
-            sessions.add_metric([name], int(name == session))
+        for session_state in _SESSION_STATES:
+            sessions.add_metric([session_state], int(session_state == session))
         yield sessions
         yield _gauge("kvpool_etcd_registered", int(session == SessionState.REGISTERED))
 

@@ -11,9 +11,10 @@ import hmac
 from collections.abc import Awaitable, Callable
 
 import grpc
+from google.protobuf.message import Message
 
 from kvpool_client.core.auth import token_in
-from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.control import ERROR_CODE_METADATA, Req, Resp
 from kvpool_client.core.errors import ErrorCode
 from kvpool_server.stats import Counters
 
@@ -29,9 +30,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Req, Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Req, Resp] | None:
         method = handler_call_details.method
         presented = token_in(handler_call_details.invocation_metadata)
         if method.startswith(_OPEN_SERVICES) or (
@@ -42,7 +43,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(_refuse)
 
 
-async def _refuse(request: object, context: grpc.aio.ServicerContext) -> None:
+async def _refuse(request: Message, context: grpc.aio.ServicerContext[Message, Message]) -> None:
     context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(ErrorCode.UNAUTHENTICATED))),))
     await context.abort(
         grpc.StatusCode.UNAUTHENTICATED, "this node requires the cluster's token (authorization: Bearer ...)"

@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.control import ERROR_CODE_METADATA, Req, Resp
 from kvpool_client.core.errors import ErrorCode
 from kvpool_server.stats import Counters
 
-Deserializer = Callable[[bytes], Any]
-UnaryBehavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Deserializer = Callable[[bytes], Any]  # the method's message, or a MalformedBody once wrapped
+UnaryBehavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +39,22 @@ class MalformedBodyInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Req, Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Req, Resp] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
             return handler  # streams and unknown methods keep grpc's own answers
-        return handler._replace(  # grpc's handlers are named tuples
+        # types-grpcio types unary_unary for the sync server; under grpc.aio it is a coroutine function.
+        behavior: UnaryBehavior = handler.unary_unary  # type: ignore[assignment]
+        return grpc.unary_unary_rpc_method_handler(
+            self._guarded(behavior, handler_call_details.method),
             request_deserializer=_tolerant(handler.request_deserializer),
-            unary_unary=self._guarded(handler.unary_unary, handler_call_details.method),
+            response_serializer=handler.response_serializer,
         )
 
     def _guarded(self, behavior: UnaryBehavior, method: str) -> UnaryBehavior:
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             if isinstance(request, MalformedBody):
                 self._counters.add("errors_malformed_request")
                 context.set_trailing_metadata(((ERROR_CODE_METADATA, str(int(ErrorCode.PROTOCOL))),))

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from grpc.aio import ServicerContext
 
-from kvpool_client.core.control import ERROR_CODE_METADATA
+from kvpool_client.core.control import ERROR_CODE_METADATA, Req, Resp
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
@@ -70,7 +71,12 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         self._presence = presence
         self._start_handoff = start_handoff
 
-    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: ServicerContext[pb.GetServerInfoRequest, pb.ServerInfo]
+    ) -> pb.ServerInfo:
+        return self._server_info()
+
+    def _server_info(self) -> pb.ServerInfo:
         ident = self._identity
         return pb.ServerInfo(
             node_id=ident.node_id,
@@ -91,19 +97,27 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             metrics_url=ident.metrics_url,
         )
 
-    async def Exists(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.ExistsResponse:
+    async def Exists(
+        self, request: pb.KeysRequest, context: ServicerContext[pb.KeysRequest, pb.ExistsResponse]
+    ) -> pb.ExistsResponse:
         keys = await self._keys(request, context)
         return pb.ExistsResponse(present=[self._store.contains(k) for k in keys])
 
-    async def Lookup(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+    async def Lookup(
+        self, request: pb.KeysRequest, context: ServicerContext[pb.KeysRequest, pb.LookupResponse]
+    ) -> pb.LookupResponse:
         keys = await self._keys(request, context)
         return pb.LookupResponse(prefix_hits=self._store.prefix_hits(keys))
 
-    async def Delete(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
+    async def Delete(
+        self, request: pb.KeysRequest, context: ServicerContext[pb.KeysRequest, pb.DeleteResponse]
+    ) -> pb.DeleteResponse:
         keys = await self._keys(request, context)
         return pb.DeleteResponse(deleted=[self._store.delete(k) for k in keys])
 
-    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.Stats:
+    async def GetStats(
+        self, request: pb.GetStatsRequest, context: ServicerContext[pb.GetStatsRequest, pb.Stats]
+    ) -> pb.Stats:
         tiers = [_tier_stats(report) for report in self._store.reports()]
         counters = self._counters
         uptime = time.time() - self._identity.started_at
@@ -112,7 +126,9 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         return pb.Stats(node_id=self._identity.node_id, uptime_s=uptime, tiers=tiers, counters=snapshot)
 
     async def FlushNamespace(
-        self, request: pb.FlushNamespaceRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.FlushNamespaceRequest,
+        context: ServicerContext[pb.FlushNamespaceRequest, pb.FlushNamespaceResponse],
     ) -> pb.FlushNamespaceResponse:
         named = [v for v in (request.namespace, request.model) if v]
         if len(named) != 1 or not 0 < len(named[0].encode()) <= MAX_NAMESPACE_BYTES:
@@ -127,14 +143,16 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         return pb.FlushNamespaceResponse(deleted=deleted)
 
     async def ListNamespaces(
-        self, request: pb.ListNamespacesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListNamespacesRequest, context: ServicerContext[pb.ListNamespacesRequest, pb.NamespaceList]
     ) -> pb.NamespaceList:
         tiers = await asyncio.to_thread(self._store.namespace_usage)
         rows = [pb.NamespaceUsage(namespace=ns, tier=tier, blocks=u.blocks, bytes=u.bytes)
                 for tier, usage in tiers.items() for ns, u in sorted(usage.items())]
         return pb.NamespaceList(namespaces=rows)
 
-    async def SetState(self, request: pb.SetStateRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+    async def SetState(
+        self, request: pb.SetStateRequest, context: ServicerContext[pb.SetStateRequest, pb.ServerInfo]
+    ) -> pb.ServerInfo:
         if request.state not in ("draining", "active"):
             await self._abort(
                 context,
@@ -147,16 +165,16 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if request.handoff and request.state == "draining":
             self._start_handoff()
-        return await self.GetServerInfo(pb.GetServerInfoRequest(), context)
+        return self._server_info()
 
-    async def _keys(self, request: pb.KeysRequest, context: grpc.aio.ServicerContext) -> list[StoreKey]:
+    async def _keys(self, request: pb.KeysRequest, context: ServicerContext[pb.KeysRequest, Resp]) -> list[StoreKey]:
         """Validate a batch of keys or abort the call with INVALID_ARGUMENT."""
         problem = _keys_problem(request, self._identity.limits)
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
         return [(request.namespace, h) for h in request.hashes]
 
-    async def _abort(self, context: grpc.aio.ServicerContext, status: grpc.StatusCode, message: str) -> None:
+    async def _abort(self, context: ServicerContext[Req, Resp], status: grpc.StatusCode, message: str) -> None:
         """End the call with ``status``; the kvpool code rides in the trailing metadata."""
         self._counters.add(f"errors_{status.name.lower()}")
         # Both are the caller's to fix: a bad argument, or a move the node's state forbids.

@@ -41,7 +41,9 @@ class CertificateFiles:
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
-            self._initial, self.fetch, require_client_authentication=self._client_ca is not None
+            self._initial,
+            self.fetch,  # type: ignore[arg-type]  # types-grpcio omits the fetcher's None: "keep the current"
+            require_client_authentication=self._client_ca is not None,
         )
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:

@@ -131,6 +131,8 @@ class KeyTable:
 
     __slots__ = ("_digests", "_slot_ids", "_mask", "_mapped", "_hashes", "_ns", "_free",
                  "_namespaces", "_ns_ids", "_digest_view", "_ids_view")
+    _digests: bytearray  # the table's columns, made by _resize
+    _slot_ids: bytearray
 
     def __init__(self, expected: int = 0) -> None:
         self._namespaces: list[str] = []
@@ -233,7 +235,8 @@ class KeyTable:
     def mapped(self) -> np.ndarray:
         """Every mapped id, in table order (no particular meaning)."""
         ids = np.frombuffer(self._slot_ids, dtype=np.int32)
-        return ids[ids != _EMPTY].astype(np.int64)
+        mapped: np.ndarray = ids[ids != _EMPTY].astype(np.int64)
+        return mapped
 
     def mapped_ids(self) -> Iterator[int]:
         """Every mapped id, in table order (no particular meaning)."""

@@ -225,7 +225,8 @@ class HitMarks:
         picked = [self._changed(int(chunk)) for chunk in dirty]
         changed = np.concatenate(picked)
         ticks = self._seen[changed]
-        return changed[np.argsort(ticks, kind="stable")].tolist()
+        ordered: list[int] = changed[np.argsort(ticks, kind="stable")].tolist()
+        return ordered
 
     def _changed(self, chunk: int) -> np.ndarray:
         start = chunk * self._chunk

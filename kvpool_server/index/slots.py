@@ -18,7 +18,7 @@ class SlabSlots:
 
     def __init__(self, slab_size: int) -> None:
         self._slab_size = slab_size
-        self._slabs: dict[int, tuple[int, array]] = {}  # slab -> (slot size, block id per slot)
+        self._slabs: dict[int, tuple[int, array[int]]] = {}  # slab -> (slot size, block id per slot)
 
     def set(self, offset: int, slot_size: int, block: int) -> None:
         slab, within = divmod(offset, self._slab_size)

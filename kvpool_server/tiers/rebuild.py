@@ -156,7 +156,7 @@ def _digests(hashes: np.ndarray, hash_lens: np.ndarray, seeds: np.ndarray) -> np
     if not len(hashes):
         return np.zeros(0, dtype=np.uint64)
     width = hashes.shape[1]
-    flat = memoryview(np.ascontiguousarray(hashes).reshape(-1)).cast("B")
+    flat = np.ascontiguousarray(hashes).reshape(-1).data.cast("B")
     starts = range(0, len(hashes) * width, width)
     xxh3 = xxhash.xxh3_64_intdigest  # digest(), inlined: ten million calls
     return np.fromiter((xxh3(flat[start : start + length], seed) for start, length, seed
@@ -164,9 +164,10 @@ def _digests(hashes: np.ndarray, hash_lens: np.ndarray, seeds: np.ndarray) -> np
 
 
 def _same_key(records: LogRecords, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    return ((records.namespace_ids[first] == records.namespace_ids[second])
-            & (records.hash_lens[first] == records.hash_lens[second])
-            & (records.hashes[first] == records.hashes[second]).all(axis=1))
+    same: np.ndarray = ((records.namespace_ids[first] == records.namespace_ids[second])
+                        & (records.hash_lens[first] == records.hash_lens[second])
+                        & (records.hashes[first] == records.hashes[second]).all(axis=1))
+    return same
 
 
 def _tombstones(records: LogRecords) -> list[tuple[StoreKey, RecordAddress]]:

@@ -92,8 +92,8 @@ def scan_columns(data: bytes | memoryview, size: int, result: WalkResult) -> Rec
 
 
 def _record_len(view: memoryview, offset: int) -> int:
-    ns_len, hash_len, payload_len = _LENGTHS.unpack_from(view, offset + 6)
-    return HEADER_SIZE + ns_len + hash_len + payload_len
+    lengths: tuple[int, int, int] = _LENGTHS.unpack_from(view, offset + 6)  # namespace, hash, payload
+    return HEADER_SIZE + lengths[0] + lengths[1] + lengths[2]
 
 
 def _candidate_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -> np.ndarray:

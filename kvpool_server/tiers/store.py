@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from itertools import takewhile
 
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
@@ -220,9 +221,12 @@ class BlockStore:
         for entry in entries:
             write = self._pool.submit(self.write_down, entry)
             # Unpinned when its write ends, even if the put is cancelled meanwhile.
-            write.add_done_callback(lambda _, entry=entry: self.dram.release(entry))
+            write.add_done_callback(partial(self._unpin_written, entry))
             writes.append(asyncio.wrap_future(write))
         await asyncio.gather(*writes)
+
+    def _unpin_written(self, entry: BlockEntry, _write: Future[bool]) -> None:
+        self.dram.release(entry)
 
     def write_down(self, entry: BlockEntry) -> bool:
         """Copy a pinned DRAM block to SSD (blocking: a pool or demoter thread); True if written.
@@ -428,11 +432,11 @@ class BlockStore:
         finished = read = 0
         try:
             sums = self.ssd.read_many([slot.key for slot in slots], [view for _, _, view in reads], touch=False)
-            for (_, slot, view), checksum in zip(reads, sums, strict=True):
-                block = self._finish(slot, view, checksum, arena_only=True)
+            for entry, (_, _, view), checksum in zip(slots, reads, sums, strict=True):
+                block = self._finish(entry, view, checksum, arena_only=True)
                 finished += 1
                 if block is not None:
-                    self.dram.release(slot)  # committed with a reader's pin: drop it
+                    self.dram.release(entry)  # committed with a reader's pin: drop it
                     read += 1
         except Exception as exc:  # only a guess ahead of reads: a failure costs the reads their speed
             self._drop_slots(reads[finished:])
