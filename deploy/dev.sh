@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # kvpool's two entry points on a fresh machine; each installs what it needs first.
 #   deploy/dev.sh demo   start a local kvpool on 127.0.0.1 and run a demo workload
-#   deploy/dev.sh test   run the whole test suite: the project's venv, then each environment of
-#                        tests/environments.py (oldest dependencies, engines); with arguments,
-#                        only pytest in the project's venv, with those arguments
+#   deploy/dev.sh test   run the whole test suite: the checks (ruff, mypy), the project's venv, then
+#                        each environment of tests/environments.py (oldest dependencies, engines);
+#                        with arguments, only pytest in the project's venv, with those arguments
+#   deploy/dev.sh check  only the checks: ruff's lint and mypy, as configured in pyproject.toml
 #   deploy/dev.sh test-env NAME [pytest args]  one environment of tests/environments.py
 #   deploy/dev.sh proto [--check]  regenerate kvpool_client/core/proto from proto/
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
@@ -28,6 +29,19 @@ ensure_venv() {
     # The constraints pin torch to the CPU build; anything looser pulls a CUDA build.
     "$VENV/bin/python" -m pip install --quiet -c deploy/constraints.txt -e ".[dev,bench]"
     echo "$want" > "$stamp"
+  fi
+}
+
+# ruff's lint and mypy (strict on the packages), as pyproject.toml configures them; the first that
+# finds a problem ends the run, after its own report.
+run_checks() {
+  if ! "$VENV/bin/ruff" check --quiet .; then
+    echo "deploy/dev.sh: ruff check failed (the findings are above; [tool.ruff] in pyproject.toml)" >&2
+    return 1
+  fi
+  if ! "$VENV/bin/mypy" --no-error-summary; then
+    echo "deploy/dev.sh: mypy failed (the errors are above; [tool.mypy] in pyproject.toml)" >&2
+    return 1
   fi
 }
 
@@ -71,10 +85,16 @@ case "${1:-}" in
     if (($# > 1)); then
       exec "$VENV/bin/python" -m pytest -q "${@:2}"
     fi
+    run_checks
     status=0
     "$VENV/bin/python" -m pytest -q || status=$?
     run_environments || status=$?
     exit "$status"
+    ;;
+  check)
+    ensure_venv
+    run_checks
+    echo "ruff and mypy: no findings"
     ;;
   test-env)
     ensure_debian_packages etcd-server g++ libssl-dev
@@ -101,7 +121,7 @@ case "${1:-}" in
     exec bash deploy/validate.sh "${@:2}"
     ;;
   *)
-    echo "usage: deploy/dev.sh demo|test|test-env|proto|bench|bench-vllm|validate [args...]" >&2
+    echo "usage: deploy/dev.sh demo|test|check|test-env|proto|bench|bench-vllm|validate [args...]" >&2
     exit 2
     ;;
 esac
