@@ -194,12 +194,13 @@ class RequestFactory:
         self, job: Job, targets: Sequence[memoryview | None]
     ) -> tuple[list[int], list[memoryview | None]] | None:
         """A same-node get served from the node's arena with no connection at all, when every
-        block's location is known here (:func:`exchange.copy_known`); None: run :meth:`get`."""
+        block's location is known here (:func:`exchange.copy_known`) and the node's heartbeat
+        vouches for it; None: run :meth:`get`."""
         try:
             arena = self._arena_of(job.member) if self._arena_of is not None else None
         except SharedArenaUnavailable:
             return None  # get() reports it
-        if arena is None:
+        if arena is None or not arena.vouched_for():
             return None
         mine = list(map(targets.__getitem__, job.indices))
         return exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)

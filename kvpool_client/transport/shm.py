@@ -175,6 +175,15 @@ class MappedArena:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
         copy_into(target, self._view[location.offset : end], self._address + location.offset)
 
+    def vouched_for(self) -> bool:
+        """Whether the node's heartbeat vouches for it now: what a read that takes no connection
+        (and so no liveness check of one) needs. A node killed or hung stops beating, and within
+        the beat limit (1 s) its arena is read no more; without a published index, never."""
+        if self.published is None:
+            return False
+        reader, _ = self.published
+        return reader.live and time.monotonic_ns() < reader.trusted_until()
+
     def _find(self, namespace: str, block: bytes) -> tuple[SlotLocation, int] | None:
         """The block's location in the node's published index, its read marked; None: ask the node."""
         assert self.published is not None

@@ -240,17 +240,27 @@ def test_shm_rereads_copy_known_locations_until_a_block_goes(node: DaemonProcess
         assert locates() == before + 1, "the deleted block's location was not trusted"
 
 
-def test_shm_rereads_notice_a_dead_node_at_once(daemon_factory: Callable[..., DaemonProcess]) -> None:
-    """Blocks whose locations a same-node client knows are not read from a dead node's arena: the
-    pooled connection's liveness check fails the get at once, so the keys fail over (and the
-    breaker opens) instead of waiting for the locations to expire."""
+def test_shm_rereads_stop_once_a_dead_node_stops_beating(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    """Blocks whose locations a same-node client knows are copied without a connection while the
+    node's heartbeat vouches for it. Killed, it stops beating: until the beat limit the bytes read
+    are still the right ones (the arena outlives the process), after it the keys fail over and the
+    breaker opens, however long the locations would still be kept."""
     daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB")
     keys = new_keys(4)
+    blocks = [pattern(k, 64 * KiB) for k in keys]
     with connect(daemon, "shm", location_ttl_s=30.0) as c:
-        assert c.put(keys, [pattern(k, 64 * KiB) for k in keys]).stored == len(keys)
+        assert c.put(keys, blocks).stored == len(keys)
         assert c.get(keys).ok  # learns where the blocks lie
         daemon.stop(signal.SIGKILL)
-        assert set(c.get(keys).statuses) <= NODE_DOWN
+        wrong: list[int] = []
+
+        def read() -> tuple[ErrorCode, ...]:
+            got = c.get(keys)
+            wrong.extend(i for i, view in enumerate(got.buffers) if view is not None and bytes(view) != blocks[i])
+            return got.statuses
+
+        statuses = wait_until(read, lambda s: ErrorCode.OK not in s, "gets from the killed node to fail over")
+        assert set(statuses) <= NODE_DOWN and not wrong, (statuses, wrong)
         assert c.breaker.state(daemon.address) is CircuitState.OPEN
 
 
