@@ -65,15 +65,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--retry-budget", type=float, default=None, help="seconds for re-measuring cells disturbed by other processes"
     )
     parser.add_argument(
-        "--no-install", action="store_true",
+        "--no-install",
+        action="store_true",
         help="do not apt-get install a missing redis-server or the libraries Mooncake links",
     )
     parser.add_argument(
-        "--dest-offsets", default=",".join(map(str, DEST_OFFSETS)),
+        "--dest-offsets",
+        default=",".join(map(str, DEST_OFFSETS)),
         help="offsets from a page of get destinations; each one but 0 adds the reads of one client",
     )
     parser.add_argument(
-        "--ratio-rounds", type=int, default=None,
+        "--ratio-rounds",
+        type=int,
+        default=None,
         help=f"rounds of the cells the target ratios compare, after the full pass ({RATIO_ROUNDS}; --quick: 0)",
     )
     return parser.parse_args(argv)
@@ -200,8 +204,13 @@ def start_everything(
 
 
 def run_all(
-    args: argparse.Namespace, systems: list[str], duration_s: float, retry_s: float, cells: list[Cell],
-    rounds: list[list[Cell]], ratio_rounds: int,
+    args: argparse.Namespace,
+    systems: list[str],
+    duration_s: float,
+    retry_s: float,
+    cells: list[Cell],
+    rounds: list[list[Cell]],
+    ratio_rounds: int,
 ) -> None:
     """Run every cell, then ``ratio_rounds`` rounds of the ratios' cells, appending to
     ``cells`` and ``rounds`` as they finish (kept on Ctrl-C)."""

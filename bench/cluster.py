@@ -136,9 +136,7 @@ def _read_through_kill(
         if killed_at and first_on_victim is None and key.hash in on_victim:
             first_on_victim = took
     gone = _wait_membership_removal(client, cluster.daemons[0].node_id, killed_at or time.perf_counter())
-    return FailoverResult(
-        statistics.median(before), first_on_victim or 0.0, max(after), failed, len(after), gone
-    )
+    return FailoverResult(statistics.median(before), first_on_victim or 0.0, max(after), failed, len(after), gone)
 
 
 def _wait_membership_removal(client: KVPoolClient, node_id: str, since: float, limit_s: float = 15.0) -> float:
@@ -156,17 +154,24 @@ def main() -> int:
     args = parser.parse_args()
     one, three = measure_throughput(1, args.seconds), measure_throughput(3, args.seconds)
     failover = measure_failover(args.seconds)
-    report = {"throughput": [asdict(one), asdict(three)], "ratio_3_over_1": three.gb_per_s / one.gb_per_s,
-              "failover": asdict(failover)}
+    report = {
+        "throughput": [asdict(one), asdict(three)],
+        "ratio_3_over_1": three.gb_per_s / one.gb_per_s,
+        "failover": asdict(failover),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cluster.json").write_text(json.dumps(report, indent=2))
-    print(f"get throughput, {CLIENTS} clients, batches of {BATCH} x 384 KiB: "
-          f"1 node {one.gb_per_s:.2f} GB/s, 3 nodes {three.gb_per_s:.2f} GB/s, ratio {report['ratio_3_over_1']:.2f}")
+    print(
+        f"get throughput, {CLIENTS} clients, batches of {BATCH} x 384 KiB: "
+        f"1 node {one.gb_per_s:.2f} GB/s, 3 nodes {three.gb_per_s:.2f} GB/s, ratio {report['ratio_3_over_1']:.2f}"
+    )
     f = failover
-    print(f"failover after kill -9 (R=2): read p50 before {f.p50_before_ms:.2f} ms; first read owned by the dead "
-          f"node {f.first_read_on_dead_owner_ms:.2f} ms; slowest read after {f.max_read_after_kill_ms:.2f} ms; "
-          f"{f.failed_reads} of {f.reads_after_kill} reads failed; left the membership after "
-          f"{f.membership_removal_s:.2f} s")
+    print(
+        f"failover after kill -9 (R=2): read p50 before {f.p50_before_ms:.2f} ms; first read owned by the dead "
+        f"node {f.first_read_on_dead_owner_ms:.2f} ms; slowest read after {f.max_read_after_kill_ms:.2f} ms; "
+        f"{f.failed_reads} of {f.reads_after_kill} reads failed; left the membership after "
+        f"{f.membership_removal_s:.2f} s"
+    )
     return 0
 
 

@@ -122,6 +122,7 @@ def _chunked(piece: int) -> Copy:
         to, move, n = address(dst), ctypes.memmove, len(src)
         for at in range(0, n, piece):
             move(to + at, src_at + at, min(piece, n - at))
+
     return copy
 
 
@@ -166,8 +167,10 @@ def destinations(size: int) -> list[Destination]:
     stride = -(-(size + 64) // mmap.PAGESIZE) * mmap.PAGESIZE
     count = RING // stride
     pages = mmap.mmap(-1, count * stride)
-    found = [Destination(f"page+{o}", [memoryview(pages)[i * stride + o:][:size] for i in range(count)], [pages])
-             for o in PAGE_OFFSETS]
+    found = [
+        Destination(f"page+{o}", [memoryview(pages)[i * stride + o :][:size] for i in range(count)], [pages])
+        for o in PAGE_OFFSETS
+    ]
     arrays = [np.empty(size, np.uint8) for _ in range(count)]
     found.append(Destination("numpy", [memoryview(a) for a in arrays], arrays))
     buffers = [bytearray(size) for _ in range(count)]
@@ -231,15 +234,20 @@ def measure_size(size: int, src: memoryview, src_at: int, rounds: int, methods: 
     for dest in dests:
         for name in methods:
             check(METHODS[name], name, dest, src, src_at, size)
-    cells = {(t, d.name, m): Cell(size, t, d.name, m, relative_alignment(d, src_at, t == "cold"))
-             for t in ("hot", "cold") for d in dests for m in methods}
+    cells = {
+        (t, d.name, m): Cell(size, t, d.name, m, relative_alignment(d, src_at, t == "cold"))
+        for t in ("hot", "cold")
+        for d in dests
+        for m in methods
+    }
     order = [(t, d, m) for t in ("hot", "cold") for d in dests for m in methods]
     cursor = Cursor()
     for index in range(rounds):
         timed = {}
         for temperature, dest, name in order[::-1] if index % 2 else order:
             timed[temperature, dest.name, name] = time_copies(
-                METHODS[name], dest, src, src_at, size, temperature == "cold", cursor)
+                METHODS[name], dest, src, src_at, size, temperature == "cold", cursor
+            )
         for (temperature, dest, name), seconds in timed.items():
             cell = cells[temperature, dest, name]
             cell.round_us.append(seconds * 1e6)
@@ -269,16 +277,24 @@ def cpu_model() -> str:
 
 
 def markdown(cells: list[Cell], methods: list[str], meta: dict[str, Any]) -> str:
-    lines = [f"# Copies ({meta['started']}, {meta['cpu']}, glibc {meta['glibc']}, rep movsb {meta['rep_movsb']}, "
-             f"copy_into's misaligned route: {meta['copy_into_route']})", "",
-             "GB/s (ratio to memcpy of equally aligned buffers, same rounds); d-s: (dst - src) mod 64.", ""]
+    lines = [
+        f"# Copies ({meta['started']}, {meta['cpu']}, glibc {meta['glibc']}, rep movsb {meta['rep_movsb']}, "
+        f"copy_into's misaligned route: {meta['copy_into_route']})",
+        "",
+        "GB/s (ratio to memcpy of equally aligned buffers, same rounds); d-s: (dst - src) mod 64.",
+        "",
+    ]
     for size in dict.fromkeys(c.size for c in cells):
         for temperature in ("hot", "cold"):
             rows = [c for c in cells if c.size == size and c.temperature == temperature]
             if not rows:
                 continue
-            lines += [f"## {size // KiB} KiB, {temperature}", "",
-                      "| destination | d-s | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+            lines += [
+                f"## {size // KiB} KiB, {temperature}",
+                "",
+                "| destination | d-s | " + " | ".join(methods) + " |",
+                "|---|---|" + "---|" * len(methods),
+            ]
             for dest in dict.fromkeys(c.destination for c in rows):
                 by = {c.method: c for c in rows if c.destination == dest}
                 values = " | ".join(f"{by[m].gbps:.1f} ({by[m].ratio:.2f})" for m in methods)
@@ -305,13 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     if "assign" not in methods:
         methods.insert(0, "assign")  # the reference
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
-    meta = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "cpu": cpu_model(),
-            "glibc": platform.libc_ver()[1], "rep_movsb": rep_movsb_range(), "rounds": rounds,
-            "copies_per_round": COPIES_PER_ROUND, "ring_bytes": RING, "numpy": np.__version__,
-            "torch": torch.__version__ if torch is not None else None}
+    meta = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "glibc": platform.libc_ver()[1],
+        "rep_movsb": rep_movsb_range(),
+        "rounds": rounds,
+        "copies_per_round": COPIES_PER_ROUND,
+        "ring_bytes": RING,
+        "numpy": np.__version__,
+        "torch": torch.__version__ if torch is not None else None,
+    }
     ring, ring_at = source_ring(Path("/dev/shm") / f"kvpool-bench-copies-{os.getpid()}")
-    copy_into(memoryview(bytearray(2 * client_copy.VECTOR_FROM))[1:][:client_copy.VECTOR_FROM],
-              memoryview(ring)[:client_copy.VECTOR_FROM], ring_at)  # the first misaligned copy measures the route
+    copy_into(
+        memoryview(bytearray(2 * client_copy.VECTOR_FROM))[1:][: client_copy.VECTOR_FROM],
+        memoryview(ring)[: client_copy.VECTOR_FROM],
+        ring_at,
+    )  # the first misaligned copy measures the route
     meta["copy_into_route"] = "memcpy" if client_copy.route() is None else "sse2"
     cells: list[Cell] = []
     for size in (int(s) for s in args.sizes.split(",")):

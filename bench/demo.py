@@ -110,8 +110,10 @@ def summarize(client: KVPoolClient, addresses: list[str], reports: list[TurnRepo
     blocks = sum(r.blocks for r in reports)
     hits = sum(r.hit_blocks for r in reports)
     loaded = sum(r.loaded_bytes for r in reports)
-    print(f"\n{len(reports)} prefills, {blocks} blocks: {hits} loaded from the pool ({hits / blocks:.0%}), "
-          f"{blocks - hits} computed; {loaded / 2**20:.1f} MiB loaded, every block verified")
+    print(
+        f"\n{len(reports)} prefills, {blocks} blocks: {hits} loaded from the pool ({hits / blocks:.0%}), "
+        f"{blocks - hits} computed; {loaded / 2**20:.1f} MiB loaded, every block verified"
+    )
     for address in addresses:
         stats = client.stats(address)
         dram = stats.tiers[0]
@@ -128,8 +130,10 @@ def survive_a_crash(cluster: LocalCluster, client: KVPoolClient, prompt: list[in
     hits, loaded, written = serve_turn(client, BlockKeyBuilder(NAMESPACE, BLOCK_TOKENS, seed="0"), prompt)
     millis = (time.perf_counter() - start) * 1e3
     blocks = len(prompt) // BLOCK_TOKENS
-    print(f"{blocks} blocks, {hits} from the surviving replicas ({loaded / 2**20:.1f} MiB), "
-          f"{written} recomputed, {millis:.1f} ms, every block verified")
+    print(
+        f"{blocks} blocks, {hits} from the surviving replicas ({loaded / 2**20:.1f} MiB), "
+        f"{written} recomputed, {millis:.1f} ms, every block verified"
+    )
 
 
 def main() -> int:

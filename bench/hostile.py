@@ -108,11 +108,16 @@ def main() -> int:
                 rss["during"] = max(rss["during"], rss_mib(pid))
                 stop.set()
             ratios.append(pressed / alone)
-            print(f"round {round_}: alone {alone:.2f} GB/s, with {args.peers} hostile peers {pressed:.2f} GB/s "
-                  f"({pressed / alone:.2f})", flush=True)
+            print(
+                f"round {round_}: alone {alone:.2f} GB/s, with {args.peers} hostile peers {pressed:.2f} GB/s "
+                f"({pressed / alone:.2f})",
+                flush=True,
+            )
         rss["after"] = rss_mib(pid)
-    print(f"with hostile peers / alone: {statistics.median(ratios):.2f} (target >= 0.7; rounds "
-          f"{', '.join(f'{r:.2f}' for r in ratios)})")
+    print(
+        f"with hostile peers / alone: {statistics.median(ratios):.2f} (target >= 0.7; rounds "
+        f"{', '.join(f'{r:.2f}' for r in ratios)})"
+    )
     print(f"daemon RSS: before {rss['before']:.0f} MiB, during {rss['during']:.0f} MiB, after {rss['after']:.0f} MiB")
     return 0
 

@@ -85,8 +85,13 @@ def probe_dram(blocks: int, directory: str) -> dict[str, float]:
         stored = tier.usage().blocks
     finally:
         arena.close()
-    return {"bytes_per_block": grown / blocks, "puts_per_s": blocks / put_s, "gets_per_s": GETS / get_s,
-            "evicting_puts_per_s": EVICTING_PUTS / evict_s, "stored": stored}
+    return {
+        "bytes_per_block": grown / blocks,
+        "puts_per_s": blocks / put_s,
+        "gets_per_s": GETS / get_s,
+        "evicting_puts_per_s": EVICTING_PUTS / evict_s,
+        "stored": stored,
+    }
 
 
 def probe_ssd(blocks: int, directory: str) -> dict[str, float]:
@@ -114,16 +119,26 @@ def probe_ssd(blocks: int, directory: str) -> dict[str, float]:
     grown = _rss() - before
     indexed = tier.usage().blocks
     tier.close()
-    return {"rebuild_s": rebuild_s, "rebuild_cpu_s": rebuild_cpu_s, "bytes_per_block": grown / blocks,
-            "indexed": indexed, "disk_bytes": disk}
+    return {
+        "rebuild_s": rebuild_s,
+        "rebuild_cpu_s": rebuild_cpu_s,
+        "bytes_per_block": grown / blocks,
+        "indexed": indexed,
+        "disk_bytes": disk,
+    }
 
 
 def _probe(tree: Path, tier: str, blocks: int) -> dict[str, float]:
     """One measurement in a fresh interpreter that imports ``tree``'s kvpool."""
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-index-", dir="/var/tmp") as directory:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        done = subprocess.run([sys.executable, __file__, "--probe", tier, "--blocks", str(blocks), "--dir", directory],
-                              env=env, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, __file__, "--probe", tier, "--blocks", str(blocks), "--dir", directory],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if done.returncode:
         raise RuntimeError(f"{tier} probe at {blocks} blocks ({tree}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -171,8 +186,11 @@ def _report(trees: dict[str, Path], counts: list[int], tiers: list[str], rounds:
                     print(f"{tier} {blocks:>11,} blocks, round {round_ + 1}, {name}: {shown}", flush=True)
                 if "base" in results:
                     this, base = results["this"], results["base"]
-                    ratios = ", ".join(f"{k} {this[k] / base[k]:.2f}x" for k in this if k in base and base[k]
-                                       and k not in ("stored", "indexed", "disk_bytes"))
+                    ratios = ", ".join(
+                        f"{k} {this[k] / base[k]:.2f}x"
+                        for k in this
+                        if k in base and base[k] and k not in ("stored", "indexed", "disk_bytes")
+                    )
                     print(f"{tier} {blocks:>11,} blocks, round {round_ + 1}, this / base: {ratios}", flush=True)
 
 

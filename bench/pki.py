@@ -16,8 +16,21 @@ def openssl(*args: str) -> None:
 
 def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-            "-keyout", str(key), "-out", str(cert))
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+    )
     return cert, key
 
 
@@ -27,6 +40,21 @@ def issue(directory: Path, name: str, ca: tuple[Path, Path]) -> tuple[Path, Path
     extensions = directory / f"{name}.ext"
     extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(request))
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
-            "-days", "2", "-extfile", str(extensions), "-out", str(cert))
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(request),
+        "-CA",
+        str(ca[0]),
+        "-CAkey",
+        str(ca[1]),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(extensions),
+        "-out",
+        str(cert),
+    )
     return cert, key

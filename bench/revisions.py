@@ -181,8 +181,13 @@ def main() -> None:
     parser.add_argument("--new", default=None, help="a commit to measure instead of the checkout (as it is on disk)")
     parser.add_argument("--into", default="bytearray", help="comma-separated destinations: bytearray, numpy, torch")
     parser.add_argument("--block", type=int, default=BLOCK, help="bytes per block")
-    parser.add_argument("--cold", type=int, default=0, metavar="MIB",
-                        help="cache-cold single gets over MIB MiB of blocks, each read once, against memcpy")
+    parser.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="cache-cold single gets over MIB MiB of blocks, each read once, against memcpy",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
         trees = {"base": _worktree(Path(scratch) / "base", args.base)}
@@ -199,8 +204,9 @@ def main() -> None:
     if args.cold:
         _report_cold(runs, args)
         return
-    print(f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; "
-          "us per get, new/base in brackets")
+    print(
+        f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; us per get, new/base in brackets"
+    )
     for cell in runs["base"][0]:
         base_m, new_m = (
             [statistics.median(r[cell][i] for r in runs[rev]) for i in range(3)] for rev in ("base", "new")
@@ -211,8 +217,10 @@ def main() -> None:
 
 def _report_cold(runs: dict[str, list[dict[str, list[float]]]], args: argparse.Namespace) -> None:
     """GB/s of each revision's cold single gets and their ratio to memcpy of the same round."""
-    print(f"{args.block // 1024} KiB cache-cold single gets over {args.cold} MiB, medians of {args.rounds} "
-          "alternating rounds: GB/s (x memcpy of the same round), then CPU us per get (client + daemon)")
+    print(
+        f"{args.block // 1024} KiB cache-cold single gets over {args.cold} MiB, medians of {args.rounds} "
+        "alternating rounds: GB/s (x memcpy of the same round), then CPU us per get (client + daemon)"
+    )
     first = args.into.split(",")[0]
     for cell in (c for c in runs["base"][0] if not c.startswith("memcpy")):
         memcpy_cell = "memcpy " + cell.split(" ", 1)[1].replace("first-touch", first)
@@ -221,8 +229,10 @@ def _report_cold(runs: dict[str, list[dict[str, list[float]]]], args: argparse.N
             speed = [args.block / r[cell][0] / 1e3 for r in runs[rev]]
             ratio = [r[memcpy_cell][0] / r[cell][0] for r in runs[rev]]
             cpu = [r[cell][1] + r[cell][2] for r in runs[rev]]
-            line.append(f"{rev} {statistics.median(speed):5.2f} (x{statistics.median(ratio):.2f}) "
-                        f"{statistics.median(cpu):5.0f} us")
+            line.append(
+                f"{rev} {statistics.median(speed):5.2f} (x{statistics.median(ratio):.2f}) "
+                f"{statistics.median(cpu):5.0f} us"
+            )
         print(f"{cell:16s} " + " | ".join(line))
     for cell in (c for c in runs["base"][0] if c.startswith("memcpy")):
         speed = [args.block / r[cell][0] / 1e3 for rev in ("base", "new") for r in runs[rev]]

@@ -72,9 +72,7 @@ def start_servers(stack: ExitStack, args: argparse.Namespace, systems: list[str]
     return endpoints
 
 
-def run_rounds(
-    args: argparse.Namespace, systems: list[str], sizes: list[int]
-) -> dict[tuple[str, int], list[Cell]]:
+def run_rounds(args: argparse.Namespace, systems: list[str], sizes: list[int]) -> dict[tuple[str, int], list[Cell]]:
     """Every (system, size) cell once per round; (system, size) -> its cells, round by round."""
     shapes = [(system, size) for system in systems for size in sizes]
     cells: dict[tuple[str, int], list[Cell]] = {shape: [] for shape in shapes}
@@ -88,8 +86,11 @@ def run_rounds(
                 spec = CellSpec(system, "get", size, 1, 1, address, args.duration, os.urandom(8), pid)
                 cell = blocks.run_cell(spec, pools, server is not None)
                 cells[(system, size)].append(cell)
-                print(f"round {index + 1}: " + blocks.progress_line(0, 0, cell, 0.0).split("] ", 1)[1],
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {index + 1}: " + blocks.progress_line(0, 0, cell, 0.0).split("] ", 1)[1],
+                    file=sys.stderr,
+                    flush=True,
+                )
     return cells
 
 
@@ -117,8 +118,10 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
         per_round = [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
         cpu = [_cpu(c) for c in (ours, theirs)]
         cpu_ratio = f"{cpu[0] / cpu[1]:.2f}" if None not in cpu and cpu[1] else "n/a"
-        lines.append(f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(_mid(per_round), 2)} "
-                     f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}); CPU per get (client + server) {cpu_ratio}")
+        lines.append(
+            f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(_mid(per_round), 2)} "
+            f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}); CPU per get (client + server) {cpu_ratio}"
+        )
     return lines
 
 

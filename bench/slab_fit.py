@@ -114,8 +114,10 @@ def main() -> None:
     print(f"Blocks of one size in a {show(args.arena)} arena:\n")
     print("\n".join(block_table(args.arena, slabs)))
     sizes = ", ".join(show(b.nbytes) for b in BLOCKS[:3])
-    print(f"\nBlocks of {sizes} written in turn: slabs (block sizes held at once at most); sizes that found room;"
-          " arena filled\n")
+    print(
+        f"\nBlocks of {sizes} written in turn: slabs (block sizes held at once at most); sizes that found room;"
+        " arena filled\n"
+    )
     print("\n".join(arena_table([64 * MiB, 128 * MiB, 256 * MiB, GiB], slabs)))
 
 

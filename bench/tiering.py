@@ -176,14 +176,19 @@ class PassMeter:
     busy: float | None = None  # share of the pass the device was busy
 
     def __enter__(self) -> PassMeter:
-        self.started = (time.perf_counter(), cpu_seconds(self.daemon_pid), cpu_seconds(os.getpid()),
-                        device_busy_ms(self.directory))
+        self.started = (
+            time.perf_counter(),
+            cpu_seconds(self.daemon_pid),
+            cpu_seconds(os.getpid()),
+            device_busy_ms(self.directory),
+        )
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         wall, daemon, client, busy = self.started
-        self.cpu = PassCpu(cpu_seconds(self.daemon_pid) - daemon, cpu_seconds(os.getpid()) - client,
-                           time.perf_counter() - wall)
+        self.cpu = PassCpu(
+            cpu_seconds(self.daemon_pid) - daemon, cpu_seconds(os.getpid()) - client, time.perf_counter() - wall
+        )
         now = device_busy_ms(self.directory)
         self.busy = None if busy is None or now is None else (now - busy) / 1e3 / self.cpu.wall
 
@@ -246,8 +251,7 @@ def fill(target: SsdNode, cold: list[BlockKey], hot: list[BlockKey], payload: by
         raise RuntimeError(f"{lost} blocks were evicted before reaching SSD")
 
 
-def alternate_passes(on: SsdNode, off: SsdNode, work: Path, keys: list[BlockKey], raw: Path,
-                     rounds: int) -> Rounds:
+def alternate_passes(on: SsdNode, off: SsdNode, work: Path, keys: list[BlockKey], raw: Path, rounds: int) -> Rounds:
     """``rounds`` times: an SSD pass of each daemon (read-ahead on, then off, or the other
     way round every other round), a warm pass, a raw pass; page cache dropped before each cold one."""
     seen = Rounds()
@@ -277,8 +281,10 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
     ssd_cold = cold[: len(cold) - (96 << 20) // BLOCK]  # blocks surely out of DRAM
     raw, payload = work / "raw.bin", os.urandom(BLOCK)
     with ExitStack() as stack:
-        on, off = (start_ssd_node(stack, work / name, data_mib, *extra)
-                   for name, extra in (("segments", ()), ("segments-off", ("--ssd-read-ahead", "0"))))
+        on, off = (
+            start_ssd_node(stack, work / name, data_mib, *extra)
+            for name, extra in (("segments", ()), ("segments-off", ("--ssd-read-ahead", "0")))
+        )
         for target in (on, off):
             fill(target, cold, hot, payload)
         timed_gets(on.pool, hot)  # warm-up
@@ -298,10 +304,12 @@ def measure_reload(work: Path, data_mib: int, rounds: int) -> ReloadResult:
         ssd_over_raw_per_round=per_round(seen.raw, seen.ssd),
         no_read_ahead_over_raw_per_round=per_round(seen.raw, seen.ssd_off),
         read_ahead_gain_per_round=per_round(seen.ssd_off, seen.ssd),
-        ssd_cpu_s=PassCpu(*(round(statistics.median(getattr(c, f) for c in seen.ssd_cpu), 3)
-                            for f in ("daemon", "client", "wall"))),
-        device_busy={kind: None if None in shares else round(statistics.median(shares), 2)
-                     for kind, shares in seen.busy.items()},
+        ssd_cpu_s=PassCpu(
+            *(round(statistics.median(getattr(c, f) for c in seen.ssd_cpu), 3) for f in ("daemon", "client", "wall"))
+        ),
+        device_busy={
+            kind: None if None in shares else round(statistics.median(shares), 2) for kind, shares in seen.busy.items()
+        },
     )
 
 
@@ -312,9 +320,21 @@ def per_round(baseline: list[float], measured: list[float]) -> tuple[float, ...]
 
 def start_ssd_node(stack: ExitStack, segments: Path, data_mib: int, *extra: str) -> SsdNode:
     """A daemon with 96 MiB of DRAM and an SSD tier in ``segments``, stopped when ``stack`` closes."""
-    node = start_daemon("--dram-capacity", "96MiB", "--slab-size", "4MiB", "--log-level", "warning",
-                        "--ssd-dir", str(segments), "--ssd-capacity", f"{4 * data_mib}MiB",
-                        "--ssd-demote-share", "1.0", *extra)
+    node = start_daemon(
+        "--dram-capacity",
+        "96MiB",
+        "--slab-size",
+        "4MiB",
+        "--log-level",
+        "warning",
+        "--ssd-dir",
+        str(segments),
+        "--ssd-capacity",
+        f"{4 * data_mib}MiB",
+        "--ssd-demote-share",
+        "1.0",
+        *extra,
+    )
     stack.callback(node.remove_files)
     stack.callback(node.stop)
     pool = stack.enter_context(KVPoolClient([node.address]))
@@ -381,14 +401,22 @@ def replay(node: DaemonProcess, trace: list[Turn], block: int) -> tuple[int, int
 
 def measure_hit_rates(quick: bool) -> list[HitRateResult]:
     block = 16 << 10
-    trace = multi_turn_trace(seed=7, conversations=60 if quick else 120, documents=30,
-                             turns=1500 if quick else 3000)
+    trace = multi_turn_trace(seed=7, conversations=60 if quick else 120, documents=30, turns=1500 if quick else 3000)
     working_set = len({k.hash for t in trace for k in turn_keys(t)})
     dram_blocks = working_set // 3  # the working set is 3x DRAM
     results = []
     for policy in ("lru", "prefix"):
-        node = start_daemon("--dram-capacity", f"{dram_blocks * block}", "--slab-size", f"{block}",
-                            "--eviction-policy", policy, "--log-level", "warning", "--no-prefault-arena")
+        node = start_daemon(
+            "--dram-capacity",
+            f"{dram_blocks * block}",
+            "--slab-size",
+            f"{block}",
+            "--eviction-policy",
+            policy,
+            "--log-level",
+            "warning",
+            "--no-prefault-arena",
+        )
         try:
             needed, found = replay(node, trace, block)
         finally:
@@ -457,10 +485,15 @@ def main() -> int:
     ]
     text = "\n".join(lines) + "\n"
     (args.out / "tiering.md").write_text(text)
-    payload = {"reload": {**asdict(reload), "ssd_over_raw": reload.ssd_over_raw,
-                          "no_read_ahead_over_raw": reload.no_read_ahead_over_raw,
-                          "read_ahead_gain": reload.read_ahead_gain},
-               "hit_rate": [{**asdict(r), "hit_rate": r.hit_rate} for r in rates]}
+    payload = {
+        "reload": {
+            **asdict(reload),
+            "ssd_over_raw": reload.ssd_over_raw,
+            "no_read_ahead_over_raw": reload.no_read_ahead_over_raw,
+            "read_ahead_gain": reload.read_ahead_gain,
+        },
+        "hit_rate": [{**asdict(r), "hit_rate": r.hit_rate} for r in rates],
+    }
     (args.out / "tiering.json").write_text(json.dumps(payload, indent=2))
     print(text)
     return 0

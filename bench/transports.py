@@ -80,11 +80,17 @@ class Cell:
 TARGETS = (
     RatioSpec("shm / memcpy, 384 KiB x32, 1 client", ("shm", 384 * KiB, 1), ("memcpy", 384 * KiB, 1), 0.5),
     RatioSpec("ucx / tcp, 2 MiB x32, 1 client", ("ucx", 2 * MiB, 1), ("tcp", 2 * MiB, 1), 2.0),
-    *(RatioSpec(f"{system}: 4 clients / 1, 384 KiB x32", (system, 384 * KiB, 4), (system, 384 * KiB, 1), 1.6)
-      for system in ("tcp", "ucx", "shm")),
+    *(
+        RatioSpec(f"{system}: 4 clients / 1, 384 KiB x32", (system, 384 * KiB, 4), (system, 384 * KiB, 1), 1.6)
+        for system in ("tcp", "ucx", "shm")
+    ),
     # What two cores allow four processes at all: each copies its own cache-cold bytes.
-    RatioSpec("memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)", ("memcpy", 384 * KiB, 4),
-              ("memcpy", 384 * KiB, 1), None),
+    RatioSpec(
+        "memcpy: 4 clients / 1, 384 KiB x32 (the machine's ceiling)",
+        ("memcpy", 384 * KiB, 4),
+        ("memcpy", 384 * KiB, 1),
+        None,
+    ),
 )
 
 
@@ -167,9 +173,11 @@ def _fetcher(job: Job, data: np.ndarray, batches: int, targets: list[np.ndarray]
     """(fetch(batch index), close) for the job's system; kvpool systems store the data first."""
     blocks = [data[i * job.block : (i + 1) * job.block] for i in range(batches * BATCH)]
     if job.system == "memcpy":
+
         def copy(index: int) -> None:
             for target, source in zip(targets, blocks[index * BATCH : (index + 1) * BATCH], strict=True):
                 np.copyto(target, source)
+
         return copy, lambda: None
     if job.system == "redis":
         return _redis_fetcher(job, blocks, targets)
@@ -353,8 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"cpus": cpus, "duration_s": args.duration, "working_set_mib": args.working_set, "batch": BATCH,
             "systems": list(systems), "load_avg_at_end": os.getloadavg()[0]}  # fmt: skip
-    out = {"meta": meta, "cells": [asdict(c) for c in cells], "rounds": [[asdict(c) for c in r] for r in rounds],
-           "targets": {"full_pass": [asdict(r) for r in full], "rounds": [asdict(r) for r in medians]}}
+    out = {
+        "meta": meta,
+        "cells": [asdict(c) for c in cells],
+        "rounds": [[asdict(c) for c in r] for r in rounds],
+        "targets": {"full_pass": [asdict(r) for r in full], "rounds": [asdict(r) for r in medians]},
+    }
     (args.out / "transports.json").write_text(json.dumps(out, indent=1))
     return 0
 

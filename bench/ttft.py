@@ -65,10 +65,32 @@ class _RetryBudget:
 NOISY_CORES = 0.6
 
 
-FULL = Preset(2, 256, 512, WorkloadSpec(vocab=8192, documents=12, document_tokens=768, conversations=16, turns=3,
-                                         message_tokens=(32, 64)), 3072, 3, 90.0)
-QUICK = Preset(1, 64, 512, WorkloadSpec(vocab=8192, documents=4, document_tokens=192, conversations=16, turns=2,
-                                        message_tokens=(16, 48), output_tokens=8), 1024, 1, 0.0)
+FULL = Preset(
+    2,
+    256,
+    512,
+    WorkloadSpec(vocab=8192, documents=12, document_tokens=768, conversations=16, turns=3, message_tokens=(32, 64)),
+    3072,
+    3,
+    90.0,
+)
+QUICK = Preset(
+    1,
+    64,
+    512,
+    WorkloadSpec(
+        vocab=8192,
+        documents=4,
+        document_tokens=192,
+        conversations=16,
+        turns=2,
+        message_tokens=(16, 48),
+        output_tokens=8,
+    ),
+    1024,
+    1,
+    0.0,
+)
 
 
 def _meta(preset: Preset, model: ModelConfig, workload_tokens: tuple[int, int], wall_s: float) -> dict[str, object]:
@@ -100,14 +122,24 @@ def _meta(preset: Preset, model: ModelConfig, workload_tokens: tuple[int, int], 
 
 
 def _print_run(s: report.RunSummary) -> None:
-    print(f"  ({s.mode}) c={s.concurrency:<3} TTFT p50 {s.ttft_p50_s:6.2f} s  p99 {s.ttft_p99_s:6.2f} s  "
-          f"{s.throughput_tok_s:7.0f} tok/s  local {s.local_hit_rate:4.0%}  pool {s.pool_hit_rate:4.0%}  "
-          f"prefilled {s.prefilled_fraction:4.0%}  {s.loaded_bytes_per_request / 2**20:6.2f} MiB/req  "
-          f"compute {s.compute_s:5.1f} s  pool I/O {s.pool_io_s:5.2f} s  other load {s.foreign_cores:.2f}", flush=True)
+    print(
+        f"  ({s.mode}) c={s.concurrency:<3} TTFT p50 {s.ttft_p50_s:6.2f} s  p99 {s.ttft_p99_s:6.2f} s  "
+        f"{s.throughput_tok_s:7.0f} tok/s  local {s.local_hit_rate:4.0%}  pool {s.pool_hit_rate:4.0%}  "
+        f"prefilled {s.prefilled_fraction:4.0%}  {s.loaded_bytes_per_request / 2**20:6.2f} MiB/req  "
+        f"compute {s.compute_s:5.1f} s  pool I/O {s.pool_io_s:5.2f} s  other load {s.foreign_cores:.2f}",
+        flush=True,
+    )
 
 
-def _steady_run(workers: Workers, cfg: BenchConfig, mode: Mode, concurrency: int, workload: Workload,
-                pool: PoolSpec | None, retry: _RetryBudget) -> RunResult:
+def _steady_run(
+    workers: Workers,
+    cfg: BenchConfig,
+    mode: Mode,
+    concurrency: int,
+    workload: Workload,
+    pool: PoolSpec | None,
+    retry: _RetryBudget,
+) -> RunResult:
     """One run, measured once more if other processes took more than NOISY_CORES and the retry budget
     lasts; keeps the less disturbed attempt. Mode (a), the slowest and never gated, is not rerun.
     """
@@ -121,8 +153,15 @@ def _steady_run(workers: Workers, cfg: BenchConfig, mode: Mode, concurrency: int
     return min(first, second, key=lambda r: r.foreign_cores)
 
 
-def _measure(preset: Preset, cfg: BenchConfig, modes: list[Mode], concurrencies: list[int], workload: Workload,
-             seed: int, retry: _RetryBudget) -> tuple[list[RunResult], list[LongPrefixResult]]:
+def _measure(
+    preset: Preset,
+    cfg: BenchConfig,
+    modes: list[Mode],
+    concurrencies: list[int],
+    workload: Workload,
+    seed: int,
+    retry: _RetryBudget,
+) -> tuple[list[RunResult], list[LongPrefixResult]]:
     """Every (concurrency, mode) run, then the evicted-long-prefix case in (b) and (c)."""
     runs: list[RunResult] = []
     long_prefix: list[LongPrefixResult] = []
@@ -136,11 +175,16 @@ def _measure(preset: Preset, cfg: BenchConfig, modes: list[Mode], concurrencies:
                 _print_run(report.summarize(runs[-1]))
         pairs = long_prefix_prompts(workload.spec, preset.long_prefix_trials, preset.long_prefix_tokens, seed + 1)
         for mode in [m for m in modes if m.key in "bc"]:
-            result = run_long_prefix(workers, cfg, mode, pools[mode.key], pairs, preset.long_prefix_tokens,
-                                     workload.spec.output_tokens)
+            result = run_long_prefix(
+                workers, cfg, mode, pools[mode.key], pairs, preset.long_prefix_tokens, workload.spec.output_tokens
+            )
             long_prefix.append(result)
-            print(f"  evicted {preset.long_prefix_tokens}-token prefix, ({mode.key}): TTFT "
-                  + ", ".join(f"{t:.3f}" for t in result.ttft_s) + " s", flush=True)
+            print(
+                f"  evicted {preset.long_prefix_tokens}-token prefix, ({mode.key}): TTFT "
+                + ", ".join(f"{t:.3f}" for t in result.ttft_s)
+                + " s",
+                flush=True,
+            )
     return runs, long_prefix
 
 
@@ -161,9 +205,12 @@ def main() -> int:
     cfg = BenchConfig(model, preset.num_pages, preset.max_batch_tokens)
     modes = [m for m in MODES if m.key in args.modes]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    print(f"model {model.name}; KV budget {preset.num_pages} pages x {BLOCK_SIZE} tokens; working set "
-          f"{workload.working_set_tokens()} tokens; {workload.requests} requests, "
-          f"{workload.prompt_tokens()} prompt tokens per run", flush=True)
+    print(
+        f"model {model.name}; KV budget {preset.num_pages} pages x {BLOCK_SIZE} tokens; working set "
+        f"{workload.working_set_tokens()} tokens; {workload.requests} requests, "
+        f"{workload.prompt_tokens()} prompt tokens per run",
+        flush=True,
+    )
     started = time.monotonic()
     retry = _RetryBudget(args.retry_budget if args.retry_budget is not None else preset.retry_budget_s)
     runs, long_prefix = _measure(preset, cfg, modes, concurrencies, workload, args.seed, retry)

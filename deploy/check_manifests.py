@@ -105,8 +105,13 @@ def config_problems(obj: dict[str, Any]) -> list[str]:
                 Path(settings[key]).write_text("0123456789abcdef0123456789abcdef\n")
         config_file = Path(tmp, "kvpool.yaml")
         config_file.write_text(yaml.safe_dump(settings))
-        env = {"KVPOOL_CONFIG": str(config_file), "KVPOOL_NODE_ID": "node-1", "KVPOOL_ADVERTISE_HOST": "10.0.0.1",
-               "KVPOOL_CLUSTER": "default", "KVPOOL_ETCD_ENDPOINTS": "http://etcd:2379"}
+        env = {
+            "KVPOOL_CONFIG": str(config_file),
+            "KVPOOL_NODE_ID": "node-1",
+            "KVPOOL_ADVERTISE_HOST": "10.0.0.1",
+            "KVPOOL_CLUSTER": "default",
+            "KVPOOL_ETCD_ENDPOINTS": "http://etcd:2379",
+        }
         try:
             load_config([], env)
         except ConfigError as exc:
@@ -137,7 +142,7 @@ def defined(name: str, source: str) -> bool:
     if f'"{name}"' in source:
         return True
     prefixes = re.findall(r'f"(kvpool_[a-z0-9_]*)\{', source)
-    return any(name.startswith(p) and f'"{name[len(p):]}"' in source for p in prefixes)
+    return any(name.startswith(p) and f'"{name[len(p) :]}"' in source for p in prefixes)
 
 
 def family(name: str) -> str:

@@ -39,6 +39,10 @@ run_checks() {
     echo "deploy/dev.sh: ruff check failed (the findings are above; [tool.ruff] in pyproject.toml)" >&2
     return 1
   fi
+  if ! "$VENV/bin/ruff" format --check --quiet .; then
+    echo "deploy/dev.sh: files above are not formatted; run: $VENV/bin/ruff format ." >&2
+    return 1
+  fi
   if ! "$VENV/bin/mypy" --no-error-summary; then
     echo "deploy/dev.sh: mypy failed (the errors are above; [tool.mypy] in pyproject.toml)" >&2
     return 1
@@ -94,7 +98,7 @@ case "${1:-}" in
   check)
     ensure_venv
     run_checks
-    echo "ruff and mypy: no findings"
+    echo "ruff (lint and format) and mypy: no findings"
     ;;
   test-env)
     ensure_debian_packages etcd-server g++ libssl-dev

@@ -134,8 +134,11 @@ def check_block_sizes(views: Sequence[memoryview], limits_for: Callable[[int], i
     """Raises UsageError (BLOCK_TOO_LARGE) for the first empty block or one over ``limits_for(i)``."""
     for i, view in enumerate(views):
         if not 0 < len(view) <= limits_for(i):
-            raise UsageError(f"block {i} is {len(view)} bytes; the node allows 1..{limits_for(i)} (its slab_size, "
-                             "kvpool-server --slab-size)", ErrorCode.BLOCK_TOO_LARGE)
+            raise UsageError(
+                f"block {i} is {len(view)} bytes; the node allows 1..{limits_for(i)} (its slab_size, "
+                "kvpool-server --slab-size)",
+                ErrorCode.BLOCK_TOO_LARGE,
+            )
 
 
 def block_limit(owners: Iterable[Member], known: Mapping[str, WireLimits]) -> int:

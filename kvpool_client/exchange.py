@@ -157,8 +157,13 @@ def get(
         block whose length differs from its target is drained: ``SIZE_MISMATCH``.
     """
     hashes = request.hashes
-    yield Send([encode_get_one_request(request.request_id, request.namespace, hashes[0]) if len(hashes) == 1
-                else encode(request)])
+    yield Send(
+        [
+            encode_get_one_request(request.request_id, request.namespace, hashes[0])
+            if len(hashes) == 1
+            else encode(request)
+        ]
+    )
     expected_meta = answer_meta_size(Op.GET, len(hashes))
     head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
     one = decode_get_one(head, request.request_id, limits) if len(targets) == 1 else None
@@ -411,9 +416,7 @@ def hello(request: HelloRequest, limits: WireLimits) -> Exchange[None]:
         raise ProtocolError(f"expected a HELLO response, got {response!r}")
 
 
-def _response(
-    request_id: int, op: Op, limits: WireLimits, expected_meta: int, head: bytes = b""
-) -> Exchange[Response]:
+def _response(request_id: int, op: Op, limits: WireLimits, expected_meta: int, head: bytes = b"") -> Exchange[Response]:
     """Read one response frame's header and meta; raise the node's error if it sent one.
 
     Header and meta usually come in one receive of up to ``HEADER_SIZE + expected_meta``

@@ -90,8 +90,13 @@ def placement_of(membership: Membership, config: ClientConfig) -> Placement:
 def warn_if_short(replicas: int, nodes: int) -> bool:
     """Say so when ``replicas`` copies cannot be placed on ``nodes`` nodes; True if it did."""
     if 0 < nodes < replicas:
-        log.warning("replicas is %d but only %d node(s) can take writes: each block gets %d cop%s",
-                    replicas, nodes, nodes, "y" if nodes == 1 else "ies")
+        log.warning(
+            "replicas is %d but only %d node(s) can take writes: each block gets %d cop%s",
+            replicas,
+            nodes,
+            nodes,
+            "y" if nodes == 1 else "ies",
+        )
         return True
     return False
 
@@ -143,7 +148,7 @@ class _Follower:
             writable = sum(m.state == NodeState.ACTIVE for m in router.members())
             replicas = getattr(router, "replicas", 1)
             # Once per spell of too few nodes, not on every membership change during it.
-            self._short = (warn_if_short(replicas, writable) if not self._short else 0 < writable < replicas)
+            self._short = warn_if_short(replicas, writable) if not self._short else 0 < writable < replicas
 
 
 class ThreadedMembershipSource(_Follower):

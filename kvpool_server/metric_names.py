@@ -62,8 +62,9 @@ def _counter(key: str, help_text: str) -> Family:
 
 def _per_tier(suffix: str, help_text: str, tiers: tuple[str, ...] = TIERS) -> Family:
     """A counter kept per tier under ``<tier>_<suffix>``, labelled by tier."""
-    return Family(f"kvpool_tier_{suffix}", Kind.COUNTER, help_text, ("tier",),
-                  {f"{tier}_{suffix}": (tier,) for tier in tiers})
+    return Family(
+        f"kvpool_tier_{suffix}", Kind.COUNTER, help_text, ("tier",), {f"{tier}_{suffix}": (tier,) for tier in tiers}
+    )
 
 
 _GAUGES = (
@@ -74,11 +75,19 @@ _GAUGES = (
     Family("kvpool_tier_capacity_bytes", Kind.GAUGE, "bytes the tier can hold", ("tier",)),
     Family("kvpool_tier_used_bytes", Kind.GAUGE, "bytes in use (DRAM: allocated slots; SSD: segment files)", ("tier",)),
     Family("kvpool_tier_blocks", Kind.GAUGE, "blocks stored", ("tier",)),
-    Family("kvpool_namespace_bytes", Kind.GAUGE, "bytes one namespace holds in a tier (DRAM: its slots)",
-           ("namespace", "tier")),
+    Family(
+        "kvpool_namespace_bytes",
+        Kind.GAUGE,
+        "bytes one namespace holds in a tier (DRAM: its slots)",
+        ("namespace", "tier"),
+    ),
     Family("kvpool_tier_failing", Kind.GAUGE, "1 while the tier refuses writes after an I/O error", ("tier",)),
-    Family("kvpool_request_duration_seconds", Kind.HISTOGRAM,
-           "data-plane request time from its header to the last reply byte sent, by operation", ("op",)),
+    Family(
+        "kvpool_request_duration_seconds",
+        Kind.HISTOGRAM,
+        "data-plane request time from its header to the last reply byte sent, by operation",
+        ("op",),
+    ),
 )
 
 _TIER_COUNTERS = (
@@ -95,13 +104,28 @@ _TIER_COUNTERS = (
 )
 
 _TRAFFIC_COUNTERS = (
-    Family("kvpool_data_bytes", Kind.COUNTER, "block payload bytes moved", ("direction", "transport"),
-           # bytes_out_shm: blocks located for same-node readers, who copy them out of the arena
-           {"bytes_in": ("in", "tcp"), "bytes_out": ("out", "tcp"), "bytes_out_shm": ("out", "shm")}),
-    Family("kvpool_requests", Kind.COUNTER, "data-plane requests by operation", ("op",),
-           {f"requests_{op.name.lower()}": (op.name.lower(),) for op in Op}),
-    Family("kvpool_errors", Kind.COUNTER, "errors returned, by code (data and control plane)", ("code",),
-           {f"errors_{code}": (code,) for code in ERROR_CODES}),
+    Family(
+        "kvpool_data_bytes",
+        Kind.COUNTER,
+        "block payload bytes moved",
+        ("direction", "transport"),
+        # bytes_out_shm: blocks located for same-node readers, who copy them out of the arena
+        {"bytes_in": ("in", "tcp"), "bytes_out": ("out", "tcp"), "bytes_out_shm": ("out", "shm")},
+    ),
+    Family(
+        "kvpool_requests",
+        Kind.COUNTER,
+        "data-plane requests by operation",
+        ("op",),
+        {f"requests_{op.name.lower()}": (op.name.lower(),) for op in Op},
+    ),
+    Family(
+        "kvpool_errors",
+        Kind.COUNTER,
+        "errors returned, by code (data and control plane)",
+        ("code",),
+        {f"errors_{code}": (code,) for code in ERROR_CODES},
+    ),
 )
 
 _PLAIN_COUNTERS = (
@@ -115,8 +139,10 @@ _PLAIN_COUNTERS = (
     _counter("repair_checked", "(block, owner) pairs repairs asked the owner about"),
     _counter("repair_copies", "blocks repairs copied to owners that lacked them"),
     _counter("repair_failed", "blocks repairs failed to copy (retried later; refusals for at most 3 runs)"),
-    _counter("repair_refused",
-             "block copies the owners refused (full, namespace quota, block limit), left until the membership changes"),
+    _counter(
+        "repair_refused",
+        "block copies the owners refused (full, namespace quota, block limit), left until the membership changes",
+    ),
     _counter("connections_dropped_mid_frame", "data connections closed by the peer or a timeout inside a frame"),
     _counter("connections_closed_idle", "data connections closed after idle_timeout_s without a request"),
     _counter("connections_refused", "data connections refused at an admission limit (in all or per peer)"),
@@ -127,10 +153,14 @@ _PLAIN_COUNTERS = (
     _counter("ssd_quota_refusals", "SSD writes refused because the namespace was at its quota with nothing to evict"),
     _counter("ssd_read_ahead", "blocks read ahead from SSD into DRAM"),
     _counter("ssd_read_ahead_hits", "blocks read ahead that a client then read"),
-    _counter("shared_index_skipped",
-             "blocks left out of the shared index (no free entry in their probe window): same-node reads ask instead"),
-    _counter("shared_index_touches",
-             "blocks refreshed in the eviction order because same-node clients read them through the shared index"),
+    _counter(
+        "shared_index_skipped",
+        "blocks left out of the shared index (no free entry in their probe window): same-node reads ask instead",
+    ),
+    _counter(
+        "shared_index_touches",
+        "blocks refreshed in the eviction order because same-node clients read them through the shared index",
+    ),
 )
 
 FAMILIES: tuple[Family, ...] = (*_GAUGES, *_TIER_COUNTERS, *_TRAFFIC_COUNTERS, *_PLAIN_COUNTERS)

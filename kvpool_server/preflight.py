@@ -30,8 +30,12 @@ def check(config: ServerConfig) -> list[str]:
 
 def _check_ports(config: ServerConfig) -> None:
     """Each fixed port is free now (0, ephemeral, and -1, off, are not checked)."""
-    for setting, port in (("grpc_port", config.grpc_port), ("data_port", config.data_port),
-                          ("metrics_port", config.metrics_port), ("ucx_port", config.ucx_port)):
+    for setting, port in (
+        ("grpc_port", config.grpc_port),
+        ("data_port", config.data_port),
+        ("metrics_port", config.metrics_port),
+        ("ucx_port", config.ucx_port),
+    ):
         if port <= 0:
             continue
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -61,12 +65,16 @@ def _warnings(config: ServerConfig) -> list[str]:
     if config.auth_token_file and os.stat(config.auth_token_file).st_mode & (stat.S_IROTH | stat.S_IWOTH):
         warnings.append(f"auth_token_file {config.auth_token_file} is readable by every user: chmod 0600 it")
     if not config.auth_token_file and not _loopback(config.host):
-        warnings.append(f"host {config.host} is reachable from other machines and no auth_token_file is set: "
-                        "anyone who reaches the ports can read, write and flush blocks")
+        warnings.append(
+            f"host {config.host} is reachable from other machines and no auth_token_file is set: "
+            "anyone who reaches the ports can read, write and flush blocks"
+        )
     if config.ssd_dir and config.ssd_capacity > shutil.disk_usage(_existing(config.ssd_dir)).free:
         free = shutil.disk_usage(_existing(config.ssd_dir)).free
-        warnings.append(f"ssd_capacity {format_byte_size(config.ssd_capacity)} is more than the "
-                        f"{format_byte_size(free)} free under {config.ssd_dir}: writes will fail before it fills")
+        warnings.append(
+            f"ssd_capacity {format_byte_size(config.ssd_capacity)} is more than the "
+            f"{format_byte_size(free)} free under {config.ssd_dir}: writes will fail before it fills"
+        )
     return warnings
 
 

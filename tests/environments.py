@@ -57,13 +57,36 @@ class Environment:
 # The client's own tests that need no server dependency: wire, exchanges, keys, routing,
 # the engine connector, and the data plane against real daemons.
 _CLIENT_TESTS = tuple(
-    [f"tests/unit/test_{name}.py" for name in (
-        "batching", "breaker", "buffers", "engine_connector", "exchange", "iovec", "keys", "operations",
-        "proto_fresh", "replication_plan", "replication_routing", "routing", "tls_records", "ucx_frames", "wire",
-    )]
-    + [f"tests/integration/test_{name}.py" for name in (
-        "bad_input", "data_plane", "session_callback", "smoke", "transport_deadline",
-    )]
+    [
+        f"tests/unit/test_{name}.py"
+        for name in (
+            "batching",
+            "breaker",
+            "buffers",
+            "engine_connector",
+            "exchange",
+            "iovec",
+            "keys",
+            "operations",
+            "proto_fresh",
+            "replication_plan",
+            "replication_routing",
+            "routing",
+            "tls_records",
+            "ucx_frames",
+            "wire",
+        )
+    ]
+    + [
+        f"tests/integration/test_{name}.py"
+        for name in (
+            "bad_input",
+            "data_plane",
+            "session_callback",
+            "smoke",
+            "transport_deadline",
+        )
+    ]
 )
 
 ENVIRONMENTS = {

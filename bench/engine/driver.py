@@ -204,10 +204,20 @@ class ClosedLoop:
         first = parts[0]  # the stage that saw the user's prompt: its hits decide the TTFT
         output = tuple(t for p in parts for t in p.output)
         assert flight.first_token is not None
-        self.records.append(RequestRecord(
-            flight.conversation.cid, flight.turn, len(flight.prompt), output, flight.submitted,
-            flight.first_token, last.at, first.local_hit_tokens, first.pool_hit_tokens,
-            sum(p.loaded_bytes for p in parts)))
+        self.records.append(
+            RequestRecord(
+                flight.conversation.cid,
+                flight.turn,
+                len(flight.prompt),
+                output,
+                flight.submitted,
+                flight.first_token,
+                last.at,
+                first.local_hit_tokens,
+                first.pool_hit_tokens,
+                sum(p.loaded_bytes for p in parts),
+            )
+        )
         conversation, turn = flight.conversation, flight.turn + 1
         if turn < len(conversation.messages):
             prompt = Workload.next_prompt(conversation, turn, flight.prompt, output)

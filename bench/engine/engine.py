@@ -71,8 +71,15 @@ class Engine:
         keep_logits: remember each request's first-token logits (for tests).
     """
 
-    def __init__(self, model: Model, layout: KVLayout, namespace: Namespace, config: EngineConfig,
-                 tier_factory: Callable[[PagedKVCache], PoolTier] | None = None, keep_logits: bool = False) -> None:
+    def __init__(
+        self,
+        model: Model,
+        layout: KVLayout,
+        namespace: Namespace,
+        config: EngineConfig,
+        tier_factory: Callable[[PagedKVCache], PoolTier] | None = None,
+        keep_logits: bool = False,
+    ) -> None:
         self.model = model
         self.config = config
         self.kv = PagedKVCache(layout, config.num_pages)
@@ -224,6 +231,13 @@ class Engine:
                 self.cache.mark_in_pool(pages)
         self.cache.release(request.pages)
         assert request.first_token_at is not None
-        return Finished(request.rid, tuple(request.output), time.monotonic(), len(request.prompt),
-                        request.local_hit_tokens, request.pool_hit_tokens, request.loaded_bytes,
-                        request.first_token_at)
+        return Finished(
+            request.rid,
+            tuple(request.output),
+            time.monotonic(),
+            len(request.prompt),
+            request.local_hit_tokens,
+            request.pool_hit_tokens,
+            request.loaded_bytes,
+            request.first_token_at,
+        )

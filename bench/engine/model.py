@@ -44,8 +44,10 @@ class ModelConfig:
     @property
     def name(self) -> str:
         """A model id that changes with any shape or the seed (the pool namespace uses it)."""
-        return (f"randqwen-l{self.layers}-h{self.hidden}-q{self.q_heads}-kv{self.kv_heads}"
-                f"-d{self.head_dim}-m{self.mlp}-v{self.vocab}-s{self.seed}")
+        return (
+            f"randqwen-l{self.layers}-h{self.hidden}-q{self.q_heads}-kv{self.kv_heads}"
+            f"-d{self.head_dim}-m{self.mlp}-v{self.vocab}-s{self.seed}"
+        )
 
     def linear_flops_per_token(self) -> int:
         """Multiply-add FLOPs (x2) of every projection and MLP matmul for one token, all layers."""
@@ -138,8 +140,9 @@ class Model:
         self.cos, self.sin = rope_tables(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seqs: Sequence[SeqBatch],
-                kv: PagedKVCache) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, seqs: Sequence[SeqBatch], kv: PagedKVCache
+    ) -> torch.Tensor:
         """Run the new ``tokens`` of ``seqs``, writing their K/V into ``kv``.
 
         Args:
@@ -160,8 +163,9 @@ class Model:
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
             qkv = torch.addmm(layer.b_qkv, h, layer.w_qkv)
-            q, k, v = qkv.split([cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim,
-                                 cfg.kv_heads * cfg.head_dim], dim=-1)
+            q, k, v = qkv.split(
+                [cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim], dim=-1
+            )
             q = apply_rope(q.view(-1, cfg.q_heads, cfg.head_dim), cos, sin)
             k = apply_rope(k.view(-1, cfg.kv_heads, cfg.head_dim), cos, sin)
             kv.write(index, slots, k, v.view(-1, cfg.kv_heads, cfg.head_dim))
@@ -172,8 +176,9 @@ class Model:
             return torch.empty(0, cfg.vocab)
         return rms_norm(x[last], self.final_norm, cfg.rms_eps) @ self.lm_head
 
-    def _attention(self, layer: int, q: torch.Tensor, seqs: Sequence[SeqBatch], tables: Sequence[torch.Tensor],
-                   kv: PagedKVCache) -> torch.Tensor:
+    def _attention(
+        self, layer: int, q: torch.Tensor, seqs: Sequence[SeqBatch], tables: Sequence[torch.Tensor], kv: PagedKVCache
+    ) -> torch.Tensor:
         """Causal GQA of each sequence's new queries over its cached keys; ``[n, q_heads * head_dim]``."""
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
         for s, table in zip(seqs, tables, strict=True):
@@ -182,8 +187,9 @@ class Model:
             mask = None
             if s.length > 1:  # query i sits at position context - length + i
                 mask = torch.ones(s.length, s.context, dtype=torch.bool).tril(s.context - s.length)
-            attn = F.scaled_dot_product_attention(query[None], keys[None], values[None],
-                                                  attn_mask=mask, enable_gqa=True)[0]
+            attn = F.scaled_dot_product_attention(
+                query[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+            )[0]
             out[s.start : s.start + s.length] = attn.transpose(0, 1).reshape(s.length, -1)
         return out
 

@@ -95,15 +95,23 @@ def pool_for(mode: Mode, cfg: BenchConfig) -> Iterator[PoolSpec | None]:
             yield PoolSpec(etcd_endpoints=cluster.etcd_endpoints, cluster=cluster.cluster)
 
 
-def _spec(cfg: BenchConfig, mode: Mode, seed: str, pool: PoolSpec | None, policy: SavePolicy,
-          threads: int, pages: int | None = None) -> EngineSpec:
+def _spec(
+    cfg: BenchConfig,
+    mode: Mode,
+    seed: str,
+    pool: PoolSpec | None,
+    policy: SavePolicy,
+    threads: int,
+    pages: int | None = None,
+) -> EngineSpec:
     engine = EngineConfig(pages or cfg.num_pages, cfg.max_batch_tokens, mode.prefix_cache, seed=seed)
     tier = PoolSpec(pool.nodes, pool.etcd_endpoints, pool.cluster, pool.replicas, policy) if pool else None
     return EngineSpec(cfg.model, engine, tier, threads)
 
 
-def configure(workers: Workers, cfg: BenchConfig, mode: Mode, seed: str, pool: PoolSpec | None,
-              pages: int | None = None) -> None:
+def configure(
+    workers: Workers, cfg: BenchConfig, mode: Mode, seed: str, pool: PoolSpec | None, pages: int | None = None
+) -> None:
     """Build fresh engines for ``mode``: one worker, or a prefill and a decode worker."""
     if mode.disaggregated:
         workers.configure(PREFILL, _spec(cfg, mode, seed, pool, SavePolicy.FINISH, cfg.threads, pages))
@@ -112,8 +120,15 @@ def configure(workers: Workers, cfg: BenchConfig, mode: Mode, seed: str, pool: P
         workers.configure(PREFILL, _spec(cfg, mode, seed, pool, SavePolicy.EVICT, cfg.threads, pages))
 
 
-def run_mode(workers: Workers, cfg: BenchConfig, mode: Mode, concurrency: int, workload: Workload,
-             pool: PoolSpec | None, attempt: int = 0) -> RunResult:
+def run_mode(
+    workers: Workers,
+    cfg: BenchConfig,
+    mode: Mode,
+    concurrency: int,
+    workload: Workload,
+    pool: PoolSpec | None,
+    attempt: int = 0,
+) -> RunResult:
     """Serve ``workload`` with ``concurrency`` closed-loop users in ``mode`` (``attempt`` > 0: a rerun,
     with its own hash seed so it cannot reuse what the earlier attempt left in the pool)."""
     configure(workers, cfg, mode, f"run-{mode.key}-c{concurrency}-{attempt}", pool)
@@ -136,9 +151,15 @@ def _serve_one(workers: Workers, rid: str, prompt: list[int], tokens: int) -> tu
             return submitted, done[0]
 
 
-def run_long_prefix(workers: Workers, cfg: BenchConfig, mode: Mode, pool: PoolSpec | None,
-                    pairs: list[tuple[list[int], list[int]]], prefix_tokens: int, output_tokens: int
-                    ) -> LongPrefixResult:
+def run_long_prefix(
+    workers: Workers,
+    cfg: BenchConfig,
+    mode: Mode,
+    pool: PoolSpec | None,
+    pairs: list[tuple[list[int], list[int]]],
+    prefix_tokens: int,
+    output_tokens: int,
+) -> LongPrefixResult:
     """Per pair: serve the first prompt, evict every cached block, then time the second prompt.
 
     In (b) the evicted prefix is gone and is prefilled again; in (c) eviction saved it

@@ -55,8 +55,9 @@ class PoolTier:
         seed: the block hash seed, the same as the engine's.
     """
 
-    def __init__(self, client: KVPoolClient, namespace: Namespace, kv: PagedKVCache, policy: SavePolicy,
-                 seed: str) -> None:
+    def __init__(
+        self, client: KVPoolClient, namespace: Namespace, kv: PagedKVCache, policy: SavePolicy, seed: str
+    ) -> None:
         self.policy = policy
         self.stats = TierStats()
         self._namespace = namespace.id

@@ -72,11 +72,24 @@ def summarize(run: RunResult) -> RunSummary:
     pool_io = sum(t.lookup_s + t.load_s + t.save_s for t in tiers)
     compute = sum(w.engine.forward_s for w in run.workers.values())
     return RunSummary(
-        run.mode.key, run.mode.label, run.concurrency, len(records),
-        float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99)),
-        (prompt + output) / makespan, output / makespan, makespan, prompt,
-        local / prompt, pool / max(1, prompt - local), (prompt - local - pool) / prompt,
-        sum(r.loaded_bytes for r in records) / len(records), saved, compute, pool_io, run.foreign_cores,
+        run.mode.key,
+        run.mode.label,
+        run.concurrency,
+        len(records),
+        float(np.percentile(ttft, 50)),
+        float(np.percentile(ttft, 99)),
+        (prompt + output) / makespan,
+        output / makespan,
+        makespan,
+        prompt,
+        local / prompt,
+        pool / max(1, prompt - local),
+        (prompt - local - pool) / prompt,
+        sum(r.loaded_bytes for r in records) / len(records),
+        saved,
+        compute,
+        pool_io,
+        run.foreign_cores,
         run.attempt,
     )
 
@@ -96,10 +109,24 @@ def ratios(summaries: Sequence[RunSummary], long_prefix: Sequence[LongPrefixResu
             if hi is None or lo is None:
                 continue
             is_cb = gated and (top, bottom) == ("c", "b")
-            out.append(Ratio(f"TTFT p50 ({top})/({bottom})", conc, hi.ttft_p50_s / lo.ttft_p50_s,
-                             TTFT_TARGET if is_cb else None, False))
-            out.append(Ratio(f"throughput ({top})/({bottom})", conc, hi.throughput_tok_s / lo.throughput_tok_s,
-                             THROUGHPUT_TARGET if is_cb else None, True))
+            out.append(
+                Ratio(
+                    f"TTFT p50 ({top})/({bottom})",
+                    conc,
+                    hi.ttft_p50_s / lo.ttft_p50_s,
+                    TTFT_TARGET if is_cb else None,
+                    False,
+                )
+            )
+            out.append(
+                Ratio(
+                    f"throughput ({top})/({bottom})",
+                    conc,
+                    hi.throughput_tok_s / lo.throughput_tok_s,
+                    THROUGHPUT_TARGET if is_cb else None,
+                    True,
+                )
+            )
     by_mode = {r.mode.key: r for r in long_prefix}
     if "b" in by_mode and "c" in by_mode:
         value = float(np.median(by_mode["b"].ttft_s) / np.median(by_mode["c"].ttft_s))
@@ -123,8 +150,9 @@ def output_mismatches(runs: Sequence[RunResult]) -> dict[str, int]:
     return out
 
 
-def markdown(summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio],
-             long_prefix: Sequence[LongPrefixResult]) -> str:
+def markdown(
+    summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio], long_prefix: Sequence[LongPrefixResult]
+) -> str:
     lines = [
         "| mode | conc | TTFT p50 s | TTFT p99 s | tokens/s | output tok/s | makespan s | local hit | pool hit "
         "| prefilled | MiB loaded/req | compute s | pool I/O s | other load |",
@@ -135,7 +163,8 @@ def markdown(summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio],
             f"| ({s.mode}) {s.label} | {s.concurrency} | {s.ttft_p50_s:.2f} | {s.ttft_p99_s:.2f} "
             f"| {s.throughput_tok_s:.0f} | {s.output_tok_s:.1f} | {s.makespan_s:.1f} | {s.local_hit_rate:.0%} "
             f"| {s.pool_hit_rate:.0%} | {s.prefilled_fraction:.0%} | {s.loaded_bytes_per_request / 2**20:.2f} "
-            f"| {s.compute_s:.1f} | {s.pool_io_s:.2f} | {s.foreign_cores:.2f} |")
+            f"| {s.compute_s:.1f} | {s.pool_io_s:.2f} | {s.foreign_cores:.2f} |"
+        )
     lines += ["", "| ratio | conc | value | target | verdict |", "|---|---:|---:|---:|---|"]
     for r in ratio_list:
         target = "" if r.target is None else (f">= {r.target:g}" if r.higher_is_better else f"<= {r.target:g}")
@@ -148,8 +177,10 @@ def markdown(summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio],
         ]
         for lp in long_prefix:
             ttfts = ", ".join(f"{t:.3f}" for t in lp.ttft_s)
-            lines.append(f"| ({lp.mode.key}) {lp.mode.label} | {lp.prefix_tokens} | {np.median(lp.ttft_s):.3f} "
-                         f"| {ttfts} | {np.median(lp.loaded_bytes) / 2**20:.1f} |")
+            lines.append(
+                f"| ({lp.mode.key}) {lp.mode.label} | {lp.prefix_tokens} | {np.median(lp.ttft_s):.3f} "
+                f"| {ttfts} | {np.median(lp.loaded_bytes) / 2**20:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -180,8 +211,14 @@ def plot(summaries: Sequence[RunSummary], path: Path) -> None:
     plt.close(fig)
 
 
-def write(out: Path, meta: dict[str, Any], summaries: Sequence[RunSummary], ratio_list: Sequence[Ratio],
-          long_prefix: Sequence[LongPrefixResult], mismatches: dict[str, int]) -> dict[str, Path]:
+def write(
+    out: Path,
+    meta: dict[str, Any],
+    summaries: Sequence[RunSummary],
+    ratio_list: Sequence[Ratio],
+    long_prefix: Sequence[LongPrefixResult],
+    mismatches: dict[str, int],
+) -> dict[str, Path]:
     """Write ttft.json, ttft.md and ttft.png into ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "ttft.json", "md": out / "ttft.md", "png": out / "ttft.png"}
@@ -189,9 +226,16 @@ def write(out: Path, meta: dict[str, Any], summaries: Sequence[RunSummary], rati
         "meta": meta,
         "runs": [asdict(s) for s in summaries],
         "ratios": [{**asdict(r), "verdict": r.verdict} for r in ratio_list],
-        "long_prefix": [{"mode": lp.mode.key, "prefix_tokens": lp.prefix_tokens, "ttft_s": lp.ttft_s,
-                         "pool_hit_tokens": lp.pool_hit_tokens, "loaded_bytes": lp.loaded_bytes}
-                        for lp in long_prefix],
+        "long_prefix": [
+            {
+                "mode": lp.mode.key,
+                "prefix_tokens": lp.prefix_tokens,
+                "ttft_s": lp.ttft_s,
+                "pool_hit_tokens": lp.pool_hit_tokens,
+                "loaded_bytes": lp.loaded_bytes,
+            }
+            for lp in long_prefix
+        ],
         "output_mismatches_vs_a": mismatches,
     }
     paths["json"].write_text(json.dumps(document, indent=2))

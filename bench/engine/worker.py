@@ -42,8 +42,13 @@ class PoolSpec:
     policy: SavePolicy = SavePolicy.EVICT
 
     def client_config(self) -> ClientConfig:
-        return ClientConfig(nodes=self.nodes, etcd_endpoints=self.etcd_endpoints, cluster=self.cluster,
-                            replicas=self.replicas, write_quorum=1)
+        return ClientConfig(
+            nodes=self.nodes,
+            etcd_endpoints=self.etcd_endpoints,
+            cluster=self.cluster,
+            replicas=self.replicas,
+            write_quorum=1,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,8 +49,9 @@ class Workload:
         return [*self.system, *self.documents[conversation.document], *conversation.messages[0]]
 
     @staticmethod
-    def next_prompt(conversation: Conversation, turn: int, previous_prompt: Sequence[int],
-                    previous_output: Sequence[int]) -> list[int]:
+    def next_prompt(
+        conversation: Conversation, turn: int, previous_prompt: Sequence[int], previous_output: Sequence[int]
+    ) -> list[int]:
         """Turn ``turn`` (>= 1): the previous prompt and answer, then the next message."""
         return [*previous_prompt, *previous_output, *conversation.messages[turn]]
 

@@ -76,15 +76,22 @@ class StorageEngine:
         plugin: the remote storage plugin's name in ``config``.
     """
 
-    def __init__(self, config: dict[str, Any], shape: ModelShape, worker_id: int = 0, world_size: int = 1,
-                 plugin: str = "kvpool") -> None:
+    def __init__(
+        self, config: dict[str, Any], shape: ModelShape, worker_id: int = 0, world_size: int = 1, plugin: str = "kvpool"
+    ) -> None:
         self.shape = shape
         self.config = LMCacheEngineConfig.from_dict(config)
         self.metadata = LMCacheMetadata(
-            model_name=shape.name, world_size=world_size, local_world_size=world_size, worker_id=worker_id,
-            local_worker_id=worker_id, kv_dtype=torch.bfloat16,
+            model_name=shape.name,
+            world_size=world_size,
+            local_world_size=world_size,
+            worker_id=worker_id,
+            local_worker_id=worker_id,
+            kv_dtype=torch.bfloat16,
             kv_shape=(shape.layers, 2, shape.chunk_size, shape.kv_heads, shape.head_size),
-            use_mla=False, role="worker", chunk_size=shape.chunk_size,
+            use_mla=False,
+            role="worker",
+            chunk_size=shape.chunk_size,
         )
         self.manager = StorageManager(self.config, self.metadata, EventManager())
         self.location = f"RemoteBackend-{plugin}"

@@ -51,11 +51,12 @@ OPS = ("plugin put", "plugin get", "LMCache retrieve", "SDK put", "SDK get")
 PLUGIN = "remote_storage_plugin.kvpool."
 
 
-
 def lmcache_config(nodes: str, transport: str, shape: ModelShape) -> dict[str, object]:
     """docs/lmcache.md's config, sized for this benchmark's batches."""
     return {
-        "chunk_size": shape.chunk_size, "local_cpu": True, "remote_serde": "naive",
+        "chunk_size": shape.chunk_size,
+        "local_cpu": True,
+        "remote_serde": "naive",
         "max_local_cpu_size": 4 * BATCH * shape.chunk_nbytes / 1e9,  # GB: puts, gets and LMCache's write-back
         "remote_storage_plugins": ["kvpool"],
         "extra_config": {
@@ -150,8 +151,11 @@ def figures_of(label: str, shape: ModelShape, rounds: list[dict[str, float]], re
         gbps = tuple(chunks * shape.chunk_nbytes / r[op] / 1e9 for r in rounds)
         out.append(median_figure(f"{label}: {op}", rates, "chunks/s"))
         out.append(median_figure(f"{label}: {op}", gbps, "GB/s"))
-    for top, sdk, target in (("plugin put", "SDK put", 0.8), ("plugin get", "SDK get", 0.8),
-                             ("LMCache retrieve", "SDK get", None)):
+    for top, sdk, target in (
+        ("plugin put", "SDK put", 0.8),
+        ("plugin get", "SDK get", 0.8),
+        ("LMCache retrieve", "SDK get", None),
+    ):
         ratio = tuple(r[sdk] / r[top] for r in rounds)  # seconds: SDK time over plugin time
         out.append(median_figure(f"{label}: {top} / {sdk}", ratio, "x", target))
     return out

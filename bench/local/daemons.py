@@ -83,9 +83,19 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, timeout: float =
     announce = workdir / "announce.json"
     log_path = workdir / "daemon.log"
     argv = [
-        os.environ.get(SERVER_PYTHON_ENV, sys.executable), "-m", "kvpool_server.app",
-        "--host", "127.0.0.1", "--grpc-port", "0", "--data-port", "0",
-        "--announce-file", str(announce), "--log-format", "text",
+        os.environ.get(SERVER_PYTHON_ENV, sys.executable),
+        "-m",
+        "kvpool_server.app",
+        "--host",
+        "127.0.0.1",
+        "--grpc-port",
+        "0",
+        "--data-port",
+        "0",
+        "--announce-file",
+        str(announce),
+        "--log-format",
+        "text",
         *args,
     ]
     with open(log_path, "wb") as log_file:

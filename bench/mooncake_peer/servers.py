@@ -137,5 +137,3 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for probe in probes:
             probe.close()
-
-

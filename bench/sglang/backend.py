@@ -43,15 +43,16 @@ TRANSPORTS = ("tcp", "shm")
 LAYOUT = "page_first"  # SGLang's default host layout
 
 
-
 class Cell:
     """One (shape, transport): a backend on a real host pool, an SDK client, and fresh keys."""
 
     def __init__(self, shape: PoolShape, pages: int, transport: str, address: str) -> None:
         self.shape, self.pages = shape, pages
         self.host = host_pool(shape, LAYOUT, pages=2 * pages)
-        self.backend = attach(storage_config(shape, LAYOUT, extra_config(address, transport=transport),
-                                             model=f"bench/{shape.name}"), self.host)
+        self.backend = attach(
+            storage_config(shape, LAYOUT, extra_config(address, transport=transport), model=f"bench/{shape.name}"),
+            self.host,
+        )
         assert isinstance(self.backend, KVPoolStore) and self.backend._host().dense
         self.client = KVPoolClient(config=ClientConfig(nodes=(address,), transport=transport))
         self.source = self.host.alloc(pages * PAGE)
@@ -101,8 +102,10 @@ def transfer_round(cell: Cell, repeat: int) -> dict[str, float]:
 
 def _backend_pair(cell: Cell) -> dict[str, float]:
     keys = cell.keys()
-    spent = {"backend set": _timed(lambda: _check(cell.backend.batch_set_v1(keys, cell.source))),
-             "backend get": _timed(lambda: _check(cell.backend.batch_get_v1(keys, cell.target)))}
+    spent = {
+        "backend set": _timed(lambda: _check(cell.backend.batch_set_v1(keys, cell.source))),
+        "backend get": _timed(lambda: _check(cell.backend.batch_get_v1(keys, cell.target))),
+    }
     cell.client.delete(cell.backend._page_keys().of(keys))
     return spent
 
@@ -110,8 +113,10 @@ def _backend_pair(cell: Cell) -> dict[str, float]:
 def _sdk_pair(cell: Cell) -> dict[str, float]:
     """The same blocks (a page's K and V) under keys of the same namespaces, from torch buffers."""
     keys = cell.backend._page_keys().of(cell.keys())
-    spent = {"SDK put": _timed(lambda: cell.client.put(keys, cell.flat).raise_for_errors()),
-             "SDK get": _timed(lambda: cell.client.get(keys, cell.flat_in).raise_for_errors())}
+    spent = {
+        "SDK put": _timed(lambda: cell.client.put(keys, cell.flat).raise_for_errors()),
+        "SDK get": _timed(lambda: cell.client.get(keys, cell.flat_in).raise_for_errors()),
+    }
     cell.client.delete(keys)
     return spent
 
@@ -139,8 +144,12 @@ def main() -> int:
             for transport, per_round in rounds.items():
                 label = f"{shape.name} ({shape.page_nbytes // 1024} KiB pages, {pages} per call), {transport}"
                 figures += _figures(label, per_round, pages, shape.page_nbytes)
-    report(figures, f"SGLang backend benchmark ({args.rounds} interleaved rounds, medians; host pool page_first, bf16)",
-           args.out, "backend")
+    report(
+        figures,
+        f"SGLang backend benchmark ({args.rounds} interleaved rounds, medians; host pool page_first, bf16)",
+        args.out,
+        "backend",
+    )
     return 0
 
 

@@ -71,8 +71,14 @@ TINY_MLA = PoolShape("tiny-mla", "mla", layers=2, kv_lora_rank=16, rope_dim=8)
 
 def device_pool(shape: PoolShape, tokens: int) -> Any:
     """SGLang's device KV pool of ``shape`` on the CPU (what its model runner allocates)."""
-    common = dict(size=tokens, page_size=shape.page_size, dtype=shape.dtype, layer_num=shape.layers,
-                  device="cpu", enable_memory_saver=False)
+    common = dict(
+        size=tokens,
+        page_size=shape.page_size,
+        dtype=shape.dtype,
+        layer_num=shape.layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     if shape.kind == "mla":
         return MLATokenToKVPool(kv_lora_rank=shape.kv_lora_rank, qk_rope_head_dim=shape.rope_dim, **common)
     return MHATokenToKVPool(head_num=shape.heads, head_dim=shape.head_dim, **common)
@@ -82,22 +88,45 @@ def host_pool(shape: PoolShape, layout: str, pages: int) -> Any:
     """SGLang's host KV pool of ``shape`` and ``layout`` with room for ``pages`` pages."""
     device = device_pool(shape, 2 * shape.page_size)  # the host pool copies only its description
     info = device.get_device_pool_infos()[0].buffer_info
-    common = dict(host_to_device_ratio=1.0, host_size=0, page_size=shape.page_size, layout=layout,
-                  pin_memory=False, device="cpu", device_capacity_tokens=pages * shape.page_size,
-                  start_layer=device.start_layer, end_layer=device.end_layer)
+    common = dict(
+        host_to_device_ratio=1.0,
+        host_size=0,
+        page_size=shape.page_size,
+        layout=layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=pages * shape.page_size,
+        start_layer=device.start_layer,
+        end_layer=device.end_layer,
+    )
     if shape.kind == "mla":
-        return MLATokenToKVPoolHost(info, target_layer_num=device.layer_num, override_kv_cache_dim=device.kv_cache_dim,
-                                    **common)
+        return MLATokenToKVPoolHost(
+            info, target_layer_num=device.layer_num, override_kv_cache_dim=device.kv_cache_dim, **common
+        )
     return MHATokenToKVPoolHost(info, **common)
 
 
-def storage_config(shape: PoolShape, layout: str, extra: dict[str, Any], model: str = "test/tiny-model",
-                   tp_rank: int = 0, tp_size: int = 1) -> HiCacheStorageConfig:
+def storage_config(
+    shape: PoolShape,
+    layout: str,
+    extra: dict[str, Any],
+    model: str = "test/tiny-model",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> HiCacheStorageConfig:
     """Field for field what ``HiCacheController._generate_storage_config`` builds (no PP, CP, DCP)."""
     return HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=shape.kind == "mla", enable_storage_metrics=False,
-        is_page_first_layout=layout == "page_first", model_name=model, extra_config=dict(extra),
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=shape.kind == "mla",
+        enable_storage_metrics=False,
+        is_page_first_layout=layout == "page_first",
+        model_name=model,
+        extra_config=dict(extra),
     )
 
 
@@ -111,8 +140,14 @@ def attach(config: HiCacheStorageConfig, host: Any) -> HiCacheStorage:
 
 def extra_config(nodes: str, **settings: Any) -> dict[str, Any]:
     """The dynamic-backend extra config of docs/sglang.md, for ``nodes``."""
-    return {"backend_name": "kvpool", "module_path": MODULE, "class_name": "KVPoolStore", "interface_v1": 1,
-            "nodes": nodes, **settings}
+    return {
+        "backend_name": "kvpool",
+        "module_path": MODULE,
+        "class_name": "KVPoolStore",
+        "interface_v1": 1,
+        "nodes": nodes,
+        **settings,
+    }
 
 
 def fill_random(host: Any, starts: list[int], seed: int) -> None:

@@ -111,9 +111,12 @@ class Cache:
 
         from bench.vllm.harness import _allocate  # vLLM's planner and allocator
 
-        config = vllm_config(model_dir(work), {"kv_connector": "KVPoolConnector",
-                                               "kv_connector_module_path": "unused", "kv_role": "kv_both"},
-                             BLOCK_TOKENS, layout)
+        config = vllm_config(
+            model_dir(work),
+            {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "unused", "kv_role": "kv_both"},
+            BLOCK_TOKENS,
+            layout,
+        )
         spec = attention_spec(BLOCK_TOKENS, shape.kv_heads, shape.head_size)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.layers)]
         blocks = 2 * PREFIX_BLOCKS
@@ -149,8 +152,9 @@ class Cache:
         assert not errors, f"load errors: {sorted(errors)}"
 
 
-def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor], copies: list[np.ndarray],
-                   repeat: int) -> dict[str, float]:
+def transfer_round(
+    client: KVPoolClient, cache: Cache, flat: list[torch.Tensor], copies: list[np.ndarray], repeat: int
+) -> dict[str, float]:
     """GB/s of one round: connector save and load, SDK put and get, memcpy, of 32 blocks each.
 
     Each repeat uses fresh keys (a put of a stored key moves no bytes) and deletes them after.
@@ -164,8 +168,14 @@ def transfer_round(client: KVPoolClient, cache: Cache, flat: list[torch.Tensor],
     return {name: nbytes / spent / 1e9 for name, spent in seconds.items()}
 
 
-def _time_once(seconds: dict[str, float], client: KVPoolClient, cache: Cache, flat: list[torch.Tensor],
-               copies: list[np.ndarray], sources: list[np.ndarray]) -> None:
+def _time_once(
+    seconds: dict[str, float],
+    client: KVPoolClient,
+    cache: Cache,
+    flat: list[torch.Tensor],
+    copies: list[np.ndarray],
+    sources: list[np.ndarray],
+) -> None:
     """Add one repeat of each op to ``seconds``, on fresh keys that it deletes after."""
     keys, sdk_keys = cache.keys(), cache.keys()
     seconds["connector save"] += _timed(lambda: cache.save(keys), 1)
@@ -201,13 +211,17 @@ def main() -> int:
         finally:
             for each in clients.values():
                 each.close()
-    report(figures, f"vLLM connector benchmark ({rounds} interleaved rounds, medians; every buffer a torch "
-           "tensor, 64-byte aligned)", args.out, "connector")
+    report(
+        figures,
+        f"vLLM connector benchmark ({rounds} interleaved rounds, medians; every buffer a torch "
+        "tensor, 64-byte aligned)",
+        args.out,
+        "connector",
+    )
     return 0
 
 
-def _transfers(clients: dict[str, KVPoolClient], shape: KVShape, work: Path, rounds: int,
-               repeat: int) -> list[Figure]:
+def _transfers(clients: dict[str, KVPoolClient], shape: KVShape, work: Path, rounds: int, repeat: int) -> list[Figure]:
     """Interleaved rounds of every (layout, transport) cell of one model shape."""
     cells = [(layout, transport) for layout in LAYOUTS for transport in TRANSPORTS]
     caches = {cell: Cache(clients[cell[1]], shape, cell[0], work) for cell in cells}
@@ -247,8 +261,11 @@ def _transfer_figures(label: str, rounds: list[dict[str, float]]) -> list[Figure
     for name in rounds[0]:
         values = tuple(r[name] for r in rounds)
         figures.append(median_figure(f"{label}: {name}", values, "GB/s"))
-    for top, bottom, target in (("connector load", "SDK get", 0.8), ("connector save", "SDK put", 0.8),
-                                ("connector load", "memcpy", None)):
+    for top, bottom, target in (
+        ("connector load", "SDK get", 0.8),
+        ("connector save", "SDK put", 0.8),
+        ("connector load", "memcpy", None),
+    ):
         values = tuple(r[top] / r[bottom] for r in rounds)
         figures.append(median_figure(f"{label}: {top} / {bottom}", values, "x", target))
     return figures

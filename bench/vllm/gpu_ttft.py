@@ -33,19 +33,35 @@ sys.path.insert(0, str(ROOT))
 from bench.engine.workload import Workload, WorkloadSpec, build_workload  # noqa: E402
 
 QWEN_05B = {  # Qwen2.5-0.5B's architecture; dummy weights
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-    "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "num_hidden_layers": 24, "max_position_embeddings": 32768, "vocab_size": 151936,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-    "bos_token_id": 151643, "eos_token_id": 151643, "sliding_window": 32768, "use_sliding_window": False,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 24,
+    "max_position_embeddings": 32768,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "sliding_window": 32768,
+    "use_sliding_window": False,
 }
 
 
 def kv_transfer(address: str) -> dict[str, Any]:
     """The README's block, pointed at the local daemon."""
-    return {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool_client.integrations.vllm.connector",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"nodes": address}}
+    return {
+        "kv_connector": "KVPoolConnector",
+        "kv_connector_module_path": "kvpool_client.integrations.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"nodes": address},
+    }
 
 
 def engine(model: Path, gpu_blocks: int, pool: str | None) -> Any:
@@ -53,9 +69,16 @@ def engine(model: Path, gpu_blocks: int, pool: str | None) -> Any:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = AsyncEngineArgs(
-        model=str(model), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-        enable_prefix_caching=True, prefix_caching_hash_algo="sha256_cbor", max_model_len=16384,
-        num_gpu_blocks_override=gpu_blocks, gpu_memory_utilization=0.8, enforce_eager=False,
+        model=str(model),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enable_prefix_caching=True,
+        prefix_caching_hash_algo="sha256_cbor",
+        max_model_len=16384,
+        num_gpu_blocks_override=gpu_blocks,
+        gpu_memory_utilization=0.8,
+        enforce_eager=False,
         kv_transfer_config=kv_transfer(pool) if pool else None,
     )
     return AsyncLLM.from_engine_args(args)
@@ -95,8 +118,12 @@ async def run(llm: Any, workload: Workload, concurrency: int) -> dict[str, float
     start = time.perf_counter()
     tokens = sum(await asyncio.gather(*(one(i) for i in range(len(workload.conversations)))))
     wall = time.perf_counter() - start
-    return {"ttft_p50_ms": 1000 * statistics.median(ttfts), "ttft_p90_ms": 1000 * statistics.quantiles(ttfts, n=10)[8],
-            "requests_per_s": len(ttfts) / wall, "output_tokens_per_s": tokens / wall}
+    return {
+        "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "ttft_p90_ms": 1000 * statistics.quantiles(ttfts, n=10)[8],
+        "requests_per_s": len(ttfts) / wall,
+        "output_tokens_per_s": tokens / wall,
+    }
 
 
 def cell(model: Path, workload: Workload, gpu_blocks: int, concurrency: int, pooled: bool) -> dict[str, float]:
@@ -122,8 +149,16 @@ def main() -> int:
     parser.add_argument("--gpu-blocks", type=int, default=2048, help="GPU KV blocks: below the working set")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vllm")
     args = parser.parse_args()
-    spec = WorkloadSpec(vocab=150000, system_tokens=512, documents=16, document_tokens=4096, conversations=64,
-                        turns=4, message_tokens=(64, 256), output_tokens=64)
+    spec = WorkloadSpec(
+        vocab=150000,
+        system_tokens=512,
+        documents=16,
+        document_tokens=4096,
+        conversations=64,
+        turns=4,
+        message_tokens=(64, 256),
+        output_tokens=64,
+    )
     workload = build_workload(spec)
     print(f"working set {workload.working_set_tokens() // 16} blocks of 16 tokens; GPU cache {args.gpu_blocks} blocks")
     results: dict[str, dict[str, float]] = {}
@@ -138,8 +173,10 @@ def main() -> int:
                 print(name, results[name], flush=True)
     for concurrency in args.concurrency:
         alone, pooled = results[f"vLLM alone, concurrency {concurrency}"], results[f"kvpool, concurrency {concurrency}"]
-        print(f"concurrency {concurrency}: TTFT p50 kvpool / alone {pooled['ttft_p50_ms'] / alone['ttft_p50_ms']:.2f}, "
-              f"throughput {pooled['output_tokens_per_s'] / alone['output_tokens_per_s']:.2f}")
+        print(
+            f"concurrency {concurrency}: TTFT p50 kvpool / alone {pooled['ttft_p50_ms'] / alone['ttft_p50_ms']:.2f}, "
+            f"throughput {pooled['output_tokens_per_s'] / alone['output_tokens_per_s']:.2f}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_ttft.json").write_text(json.dumps(results, indent=1))
     return 0

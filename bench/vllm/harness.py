@@ -59,11 +59,21 @@ from kvpool_client.integrations.vllm.connector import KVPoolConnector
 
 EOS = 2
 MODEL_CONFIG = {  # a llama-shaped config.json: vLLM reads the architecture, never weights
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "max_position_embeddings": 8192, "vocab_size": 32000,
-    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
-    "bos_token_id": 1, "eos_token_id": EOS, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 8192,
+    "vocab_size": 32000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": EOS,
+    "tie_word_embeddings": False,
 }
 
 
@@ -75,26 +85,42 @@ def model_dir(root: Path, name: str = "tiny-llama") -> Path:
     return path
 
 
-def vllm_config(model: Path, kv_transfer: dict[str, Any], block_size: int = 16, layout: str = "LBNHC",
-                tp_size: int = 1) -> VllmConfig:
+def vllm_config(
+    model: Path, kv_transfer: dict[str, Any], block_size: int = 16, layout: str = "LBNHC", tp_size: int = 1
+) -> VllmConfig:
     """A CPU ``VllmConfig`` with prefix caching on vLLM's ``sha256_cbor`` hashes and ``kv_transfer``
     (the ``--kv-transfer-config`` JSON as a dict)."""
-    model_config = ModelConfig(model=str(model), dtype="bfloat16", seed=0, skip_tokenizer_init=True,
-                               max_model_len=8192)
-    scheduler = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=8192,
-                                enable_chunked_prefill=True, is_encoder_decoder=False,
-                                disable_hybrid_kv_cache_manager=True)
-    cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
-                        enable_prefix_caching=True, prefix_caching_hash_algo="sha256_cbor")
+    model_config = ModelConfig(model=str(model), dtype="bfloat16", seed=0, skip_tokenizer_init=True, max_model_len=8192)
+    scheduler = SchedulerConfig(
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        max_model_len=8192,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        disable_hybrid_kv_cache_manager=True,
+    )
+    cache = CacheConfig(
+        block_size=block_size,
+        gpu_memory_utilization=0.9,
+        cache_dtype="auto",
+        enable_prefix_caching=True,
+        prefix_caching_hash_algo="sha256_cbor",
+    )
     cache.kv_cache_layout = layout  # vLLM's engine core resolves it before it builds connectors
-    return VllmConfig(scheduler_config=scheduler, model_config=model_config, cache_config=cache,
-                      kv_transfer_config=KVTransferConfig(**kv_transfer), device_config=DeviceConfig("cpu"),
-                      parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
-                      attention_config=AttentionConfig(backend=None))
+    return VllmConfig(
+        scheduler_config=scheduler,
+        model_config=model_config,
+        cache_config=cache,
+        kv_transfer_config=KVTransferConfig(**kv_transfer),
+        device_config=DeviceConfig("cpu"),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
+        attention_config=AttentionConfig(backend=None),
+    )
 
 
-def attention_spec(block_size: int = 16, kv_heads: int = 2, head_size: int = 64, mla: bool = False,
-                   dtype: torch.dtype = torch.bfloat16) -> AttentionSpec:
+def attention_spec(
+    block_size: int = 16, kv_heads: int = 2, head_size: int = 64, mla: bool = False, dtype: torch.dtype = torch.bfloat16
+) -> AttentionSpec:
     if mla:
         return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, dtype=dtype)
     return FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads, head_size=head_size, dtype=dtype)
@@ -118,14 +144,19 @@ class Engine:
 
     def __init__(self, config: VllmConfig, spec: AttentionSpec, layers: int = 2, num_blocks: int = 256) -> None:
         names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)]
+        )
         config.cache_config.num_gpu_blocks = num_blocks
         self.config = config
         self.block_size = spec.block_size
-        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=self.kv_cache_config,
-                                   structured_output_manager=StructuredOutputManager(config),
-                                   block_size=spec.block_size, log_stats=False)
+        self.scheduler = Scheduler(
+            vllm_config=config,
+            kv_cache_config=self.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=spec.block_size,
+            log_stats=False,
+        )
         with set_current_vllm_config(config):
             self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
         self.caches = _allocate(config, self.kv_cache_config, spec, names, num_blocks)
@@ -144,8 +175,13 @@ class Engine:
     def add(self, req_id: str, tokens: Sequence[int], max_tokens: int = 1) -> Request:
         params = SamplingParams(max_tokens=max_tokens)
         params.update_from_generation_config({}, EOS)
-        request = Request(request_id=req_id, prompt_token_ids=list(tokens), sampling_params=params,
-                          pooling_params=None, block_hasher=self._hasher)
+        request = Request(
+            request_id=req_id,
+            prompt_token_ids=list(tokens),
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self._hasher,
+        )
         self.scheduler.add_request(request)
         return request
 
@@ -159,8 +195,10 @@ class Engine:
         self.worker.handle_preemptions(output.kv_connector_metadata)
         kv_state._KV_CONNECTOR_AGENT = self.worker
         try:
-            with set_forward_context(None, self.config), \
-                    KVConnectorModelRunnerMixin._get_kv_connector_output(output) as transfers:
+            with (
+                set_forward_context(None, self.config),
+                KVConnectorModelRunnerMixin._get_kv_connector_output(output) as transfers,
+            ):
                 self._forward(output)
                 if after_forward is not None:
                     after_forward(output)
@@ -171,8 +209,9 @@ class Engine:
         self.scheduler.update_from_output(output, self._model_output(output, transfers))
         return output
 
-    def run(self, done: Callable[[], bool], timeout_s: float = 30.0,
-            after_forward: Callable[[Any], None] | None = None) -> int:
+    def run(
+        self, done: Callable[[], bool], timeout_s: float = 30.0, after_forward: Callable[[Any], None] | None = None
+    ) -> int:
         """Step until ``done()`` (``after_forward`` as in :meth:`step`); returns the steps taken.
 
         Raises:
@@ -226,18 +265,26 @@ class Engine:
             request = self.scheduler.requests[req_id]
             # schedule() has counted this step's tokens as computed already
             sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                                 pooler_output=None, kv_connector_output=transfers)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=None,
+            kv_connector_output=transfers,
+        )
 
 
-def _allocate(config: VllmConfig, kv_cache_config: KVCacheConfig, spec: AttentionSpec, names: list[str],
-              num_blocks: int) -> dict[str, torch.Tensor]:
+def _allocate(
+    config: VllmConfig, kv_cache_config: KVCacheConfig, spec: AttentionSpec, names: list[str], num_blocks: int
+) -> dict[str, torch.Tensor]:
     """The per-layer KV tensors vLLM's worker makes, with vLLM's own planner and allocator."""
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
 
-    planned = get_kv_cache_config_from_groups(config, kv_cache_config.kv_cache_groups,
-                                              num_blocks * len(names) * spec.page_size_bytes)
+    planned = get_kv_cache_config_from_groups(
+        config, kv_cache_config.kv_cache_groups, num_blocks * len(names) * spec.page_size_bytes
+    )
     layout = KVCacheLayout[config.cache_config.kv_cache_layout]
     caches = allocate_kv_cache(planned, torch.device("cpu"), layout)
     assert all(t.shape[0] == num_blocks for t in caches.values()), {n: t.shape for n, t in caches.items()}

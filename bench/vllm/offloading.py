@@ -46,13 +46,18 @@ class TieredEngine:
         config = vllm_config(model, kv_transfer, layout="LBHNC")  # the offloading connector's layout
         spec = attention_spec()
         names = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
-        kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                        kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)]
+        )
         config.cache_config.num_gpu_blocks = num_blocks
         self.block_nbytes = spec.page_size_bytes * len(names)
-        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_cache_config,
-                                   structured_output_manager=StructuredOutputManager(config),
-                                   block_size=spec.block_size, log_stats=False)
+        self.scheduler = Scheduler(
+            vllm_config=config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=spec.block_size,
+            log_stats=False,
+        )
         manager = self.scheduler.connector.connector_scheduler.manager
         self.tier = manager.secondary_tiers[0]
         view = manager.primary_tier.get_kv_memoryview()
@@ -65,8 +70,13 @@ class TieredEngine:
     def add(self, req_id: str, tokens: list[int]) -> Request:
         params = SamplingParams(max_tokens=1)
         params.update_from_generation_config({}, 2)
-        request = Request(request_id=req_id, prompt_token_ids=tokens, sampling_params=params,
-                          pooling_params=None, block_hasher=self._block_hasher)
+        request = Request(
+            request_id=req_id,
+            prompt_token_ids=tokens,
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self._block_hasher,
+        )
         self.scheduler.add_request(request)
         return request
 
@@ -74,11 +84,22 @@ class TieredEngine:
         output = self.scheduler.schedule()
         transfers = self._copy(output)
         req_ids = list(output.num_scheduled_tokens)
-        sampled = [[7] if self.scheduler.requests[r].num_computed_tokens >= self.scheduler.requests[r].num_tokens
-                   else [] for r in req_ids]
-        self.scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled,
-            logprobs=None, prompt_logprobs_dict={}, pooler_output=None, kv_connector_output=transfers))
+        sampled = [
+            [7] if self.scheduler.requests[r].num_computed_tokens >= self.scheduler.requests[r].num_tokens else []
+            for r in req_ids
+        ]
+        self.scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=None,
+                kv_connector_output=transfers,
+            ),
+        )
         return output
 
     def run(self, done: Callable[[], bool], timeout_s: float = 30.0) -> None:

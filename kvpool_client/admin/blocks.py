@@ -38,8 +38,11 @@ class _Pool:
     def __init__(self, args: argparse.Namespace) -> None:
         self.router = _etcd_router(args) if args.etcd else StaticRouter(args.nodes)
         config = ClientConfig(
-            nodes=tuple(m.address for m in self.router.members()), request_timeout_s=args.timeout,
-            connect_timeout_s=min(args.timeout, 3.0), auth_token=args.credentials.token, tls=args.credentials.tls,
+            nodes=tuple(m.address for m in self.router.members()),
+            request_timeout_s=args.timeout,
+            connect_timeout_s=min(args.timeout, 3.0),
+            auth_token=args.credentials.token,
+            tls=args.credentials.tls,
         )
         self.client = KVPoolClient(config=config, router=self.router)
 
@@ -72,11 +75,18 @@ def _etcd_router(args: argparse.Namespace) -> RendezvousRouter:
         listing = session.nodes()
         config = session.config() or ClusterConfig()
     if not listing.nodes:
-        raise CliError(ExitCode.UNREACHABLE, f"no nodes registered in cluster {args.cluster!r}: start kvpool-server "
-                                             "with --etcd-endpoints")
+        raise CliError(
+            ExitCode.UNREACHABLE,
+            f"no nodes registered in cluster {args.cluster!r}: start kvpool-server with --etcd-endpoints",
+        )
     members = [
-        Member(node_id=r.node_id, address=r.address, weight=r.weight, state=r.state,
-               data_address=r.data_endpoints.get("tcp", ""))
+        Member(
+            node_id=r.node_id,
+            address=r.address,
+            weight=r.weight,
+            state=r.state,
+            data_address=r.data_endpoints.get("tcp", ""),
+        )
         for r in listing.nodes.values()
     ]
     return RendezvousRouter(members, config.replicas)
@@ -159,13 +169,17 @@ def run_flush(args: argparse.Namespace) -> ExitCode:
     else:
         print(fmt.key_values(fields.items()))
         if not deleted and args.namespace and "@" not in args.namespace:
-            print(f"note: no namespace {args.namespace!r}; ids look like model@dtype@layout@tpRofS, "
-                  f"and --model {args.namespace} empties every namespace of a model", file=sys.stderr)
+            print(
+                f"note: no namespace {args.namespace!r}; ids look like model@dtype@layout@tpRofS, "
+                f"and --model {args.namespace} empties every namespace of a model",
+                file=sys.stderr,
+            )
     return ExitCode.OK
 
 
-def _print_block(args: argparse.Namespace, key: BlockKey, node: str, size: int | None, status: ErrorCode,
-                 output: str | None = None) -> None:
+def _print_block(
+    args: argparse.Namespace, key: BlockKey, node: str, size: int | None, status: ErrorCode, output: str | None = None
+) -> None:
     fields: dict[str, object] = {"key": key.hash.hex(), "namespace": key.namespace, "node": node}
     if size is not None:
         fields["bytes"] = size
@@ -209,12 +223,14 @@ class Coverage:
     def summary(self) -> str:
         full, leading = len(self.keys), self.leading_blocks
         left = self.tokens - full * self.block_size
-        return fmt.key_values([
-            ("namespace", self.namespace),
-            ("tokens", f"{self.tokens} ({full} full blocks of {self.block_size}, {left} left over)"),
-            ("in pool", f"{leading} leading blocks = {leading * self.block_size} tokens"),
-            ("stored", f"{sum(self.stored)} of {full} blocks"),
-        ])
+        return fmt.key_values(
+            [
+                ("namespace", self.namespace),
+                ("tokens", f"{self.tokens} ({full} full blocks of {self.block_size}, {left} left over)"),
+                ("in pool", f"{leading} leading blocks = {leading * self.block_size} tokens"),
+                ("stored", f"{sum(self.stored)} of {full} blocks"),
+            ]
+        )
 
     def blocks_table(self) -> str:
         bs = self.block_size

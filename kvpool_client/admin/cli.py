@@ -81,7 +81,7 @@ DEFAULT_NODES = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = "5"
 DEFAULT_CLUSTER = "default"
 DEFAULT_WAIT_S = 60.0
-_EPILOG = __doc__[__doc__.index("Exit codes:"):]
+_EPILOG = __doc__[__doc__.index("Exit codes:") :]
 
 
 def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -90,6 +90,7 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
     On subcommands the defaults are SUPPRESS, so an option given before the
     command is not overwritten by the subcommand's default.
     """
+
     def default(value: object) -> object:
         return value if top else argparse.SUPPRESS
 
@@ -97,24 +98,48 @@ def _add_common(parser: argparse.ArgumentParser, top: bool) -> None:
         spec = CLIENT_SCHEMA.settings[key]
         return f"{spec.help} (default: ${spec.env_name}{f' or {fallback}' if fallback else ''})"
 
-    parser.add_argument("--nodes", type=nodes_arg, metavar="HOST:PORT[,...]",
-                        default=default(_env_text("nodes") or DEFAULT_NODES), help=help_text("nodes", DEFAULT_NODES))
-    parser.add_argument("--etcd", type=etcd_arg, metavar="HOST:PORT[,...]",
-                        default=default(_env_text("etcd_endpoints")),
-                        help=help_text("etcd_endpoints") + "; --nodes is then ignored")
-    parser.add_argument("--cluster", type=cluster_arg, metavar="NAME",
-                        default=default(_env_text("cluster") or DEFAULT_CLUSTER),
-                        help=help_text("cluster", DEFAULT_CLUSTER))
+    parser.add_argument(
+        "--nodes",
+        type=nodes_arg,
+        metavar="HOST:PORT[,...]",
+        default=default(_env_text("nodes") or DEFAULT_NODES),
+        help=help_text("nodes", DEFAULT_NODES),
+    )
+    parser.add_argument(
+        "--etcd",
+        type=etcd_arg,
+        metavar="HOST:PORT[,...]",
+        default=default(_env_text("etcd_endpoints")),
+        help=help_text("etcd_endpoints") + "; --nodes is then ignored",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=cluster_arg,
+        metavar="NAME",
+        default=default(_env_text("cluster") or DEFAULT_CLUSTER),
+        help=help_text("cluster", DEFAULT_CLUSTER),
+    )
     # None until resolved in main(): watch reads an explicit --timeout as how long to watch.
-    parser.add_argument("--timeout", type=positive_float_arg, metavar="SECONDS", default=default(None),
-                        help=f"most seconds to wait for a node or etcd (default: ${_env_name('request_timeout_s')} or "
-                             f"{DEFAULT_TIMEOUT_S}); for watch: stop after this many seconds")
-    parser.add_argument("--auth-token-file", metavar="PATH", default=default(_env_text("auth_token_file")),
-                        help=help_text("auth_token_file"))
-    parser.add_argument("--json", action="store_true", default=default(False),
-                        help="print machine-readable JSON on stdout")
-    parser.add_argument("--debug", action="store_true", default=default(False),
-                        help="print a traceback on unexpected errors")
+    parser.add_argument(
+        "--timeout",
+        type=positive_float_arg,
+        metavar="SECONDS",
+        default=default(None),
+        help=f"most seconds to wait for a node or etcd (default: ${_env_name('request_timeout_s')} or "
+        f"{DEFAULT_TIMEOUT_S}); for watch: stop after this many seconds",
+    )
+    parser.add_argument(
+        "--auth-token-file",
+        metavar="PATH",
+        default=default(_env_text("auth_token_file")),
+        help=help_text("auth_token_file"),
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print machine-readable JSON on stdout"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", default=default(False), help="print a traceback on unexpected errors"
+    )
 
 
 def _env_name(key: str) -> str:
@@ -136,8 +161,10 @@ def _add_key(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The kvpoolctl argument parser; each command sets ``run`` to its handler."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Inspect a kvpool cluster, drain its nodes, and move single blocks in and out of it.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG,
+        description="Inspect a kvpool cluster, drain its nodes, and move single blocks in and out of it.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     _add_common(parser, top=True)
@@ -146,11 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, parents=[common], help=help_text, description=help_text + ".",
-                                   epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        return commands.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text + ".",
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
-    status = command("status", "show one row per node (with --etcd: every registered node and the config); "
-                                "exit 3 if any node is unreachable")
+    status = command(
+        "status",
+        "show one row per node (with --etcd: every registered node and the config); exit 3 if any node is unreachable",
+    )
     status.set_defaults(run=cluster.run_status)
 
     stats = command("stats", "show every counter and tier of each node")
@@ -194,13 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser],
-                          common: argparse.ArgumentParser) -> None:
+def _add_cluster_commands(
+    command: Callable[[str, str], argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     node_help = "a node id (looked up in etcd, or among --nodes) or a control address host:port"
     drain_cmd = command("drain", "stop a node taking writes; it keeps serving reads")
     drain_cmd.add_argument("node", metavar="NODE", help=node_help)
-    drain_cmd.add_argument("--handoff", action="store_true",
-                           help="copy the node's blocks to the nodes that own them next")
+    drain_cmd.add_argument(
+        "--handoff", action="store_true", help="copy the node's blocks to the nodes that own them next"
+    )
     _add_wait(drain_cmd, "until etcd shows the node draining and the hand-off is done")
     drain_cmd.set_defaults(run=drain.run_drain)
 
@@ -214,25 +251,39 @@ def _add_cluster_commands(command: Callable[[str, str], argparse.ArgumentParser]
     get = actions.add_parser("get", parents=[common], help="print the config; exit 4 if none is stored")
     get.set_defaults(run=cluster.run_config_get)
     set_ = actions.add_parser("set", parents=[common], help="change settings; exit 2 if the result is invalid")
-    set_.add_argument("settings", nargs="+", type=setting_arg, metavar="KEY=VALUE",
-                      help="replicas, write_quorum or block_size, e.g. replicas=2 write_quorum=1")
+    set_.add_argument(
+        "settings",
+        nargs="+",
+        type=setting_arg,
+        metavar="KEY=VALUE",
+        help="replicas, write_quorum or block_size, e.g. replicas=2 write_quorum=1",
+    )
     set_.set_defaults(run=cluster.run_config_set)
 
     watch_cmd = command("watch", "print membership changes as they happen (stop with Ctrl-C)")
-    watch_cmd.add_argument("--count", type=positive_int_arg, metavar="N",
-                           help="stop after N changes (exit 5 if --timeout ends first)")
+    watch_cmd.add_argument(
+        "--count", type=positive_int_arg, metavar="N", help="stop after N changes (exit 5 if --timeout ends first)"
+    )
     watch_cmd.set_defaults(run=watch.run_watch)
 
 
 def _add_wait(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--wait", action="store_true", help=f"wait {what}")
-    parser.add_argument("--wait-timeout", type=positive_float_arg, default=DEFAULT_WAIT_S, metavar="SECONDS",
-                        help=f"with --wait, give up (exit 5) after this long (default: {DEFAULT_WAIT_S:g})")
+    parser.add_argument(
+        "--wait-timeout",
+        type=positive_float_arg,
+        default=DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help=f"with --wait, give up (exit 5) after this long (default: {DEFAULT_WAIT_S:g})",
+    )
 
 
 def _add_lookup(lookup: argparse.ArgumentParser) -> None:
-    lookup.add_argument("token_file", metavar="TOKEN_FILE",
-                        help="token ids: a JSON list, or integers separated by whitespace or commas; - for stdin")
+    lookup.add_argument(
+        "token_file",
+        metavar="TOKEN_FILE",
+        help="token ids: a JSON list, or integers separated by whitespace or commas; - for stdin",
+    )
     lookup.add_argument("--namespace-model", required=True, metavar="M", help="model of the namespace")
     lookup.add_argument("--dtype", required=True, metavar="D", help="KV cache dtype of the namespace, e.g. fp16")
     lookup.add_argument("--layout", required=True, metavar="L", help="KV layout of the namespace")

@@ -61,15 +61,17 @@ def run_status(args: argparse.Namespace) -> ExitCode:
     records = [listing.nodes[n] for n in sorted(listing.nodes)]
     reports = nodes.probe_all(tuple(r.address for r in records), args.timeout, args.credentials) if records else []
     if args.json:
-        fmt.print_json({
-            "cluster": args.cluster,
-            "etcd": args.etcd,
-            "revision": listing.revision,
-            "config": None if config is None else config_json(config),
-            "config_error": config_problem,
-            "nodes": [_node_json(r, p) for r, p in zip(records, reports, strict=True)],
-            "malformed": listing.malformed,
-        })
+        fmt.print_json(
+            {
+                "cluster": args.cluster,
+                "etcd": args.etcd,
+                "revision": listing.revision,
+                "config": None if config is None else config_json(config),
+                "config_error": config_problem,
+                "nodes": [_node_json(r, p) for r, p in zip(records, reports, strict=True)],
+                "malformed": listing.malformed,
+            }
+        )
     else:
         _print_status(args.cluster, listing, config_problem or config_line(config), records, reports)
     return nodes.report_failures(reports, args.auth_token_file)
@@ -85,15 +87,27 @@ def _config_or_problem(session: ClusterSession) -> tuple[ClusterConfig | None, s
         return None, exc.message
 
 
-def _print_status(cluster: str, listing: NodeListing, config_text: str, records: list[NodeRecord],
-                  reports: list[NodeReport]) -> None:
+def _print_status(
+    cluster: str, listing: NodeListing, config_text: str, records: list[NodeRecord], reports: list[NodeReport]
+) -> None:
     print(f"cluster {cluster}: {config_text}")
     print()
     if not records:
         print(f"no nodes registered in cluster {cluster!r}: start kvpool-server with --etcd-endpoints")
     else:
-        headers = ("NODE", "STATE", "ADDRESS", "DATA", "WEIGHT", "CAPACITY", "DRAM USED", "BLOCKS", "HIT RATE",
-                   "UPTIME", "METRICS")
+        headers = (
+            "NODE",
+            "STATE",
+            "ADDRESS",
+            "DATA",
+            "WEIGHT",
+            "CAPACITY",
+            "DRAM USED",
+            "BLOCKS",
+            "HIT RATE",
+            "UPTIME",
+            "METRICS",
+        )
         rows = [_status_row(r, p) for r, p in zip(records, reports, strict=True)]
         print(fmt.table(headers, rows, right=(4, 5, 6, 7, 8, 9)))
     for key, problem in sorted(listing.malformed.items()):
@@ -102,13 +116,25 @@ def _print_status(cluster: str, listing: NodeListing, config_text: str, records:
 
 def _status_row(record: NodeRecord, report: NodeReport) -> tuple[object, ...]:
     endpoints = fmt.endpoints(record.data_endpoints)
-    fixed = (record.node_id, _state_cell(record, report), record.address, endpoints, f"{record.weight:g}",
-             fmt.size(record.capacity_bytes))
+    fixed = (
+        record.node_id,
+        _state_cell(record, report),
+        record.address,
+        endpoints,
+        f"{record.weight:g}",
+        fmt.size(record.capacity_bytes),
+    )
     if report.stats is None:
         return (*fixed, "-", "-", "-", "-", "-")
     dram = report.dram()
-    return (*fixed, fmt.size(dram.used_bytes), dram.blocks, fmt.percent(dram.hits, dram.hits + dram.misses),
-            fmt.duration(report.stats.uptime_s), nodes.metrics_cell(report))
+    return (
+        *fixed,
+        fmt.size(dram.used_bytes),
+        dram.blocks,
+        fmt.percent(dram.hits, dram.hits + dram.misses),
+        fmt.duration(report.stats.uptime_s),
+        nodes.metrics_cell(report),
+    )
 
 
 def _state_cell(record: NodeRecord, report: NodeReport) -> str:
@@ -159,8 +185,10 @@ def run_config_get(args: argparse.Namespace) -> ExitCode:
     with open_session(args, "config get") as session:
         config = session.config()
     if config is None:
-        raise CliError(ExitCode.NOT_FOUND, f"cluster {args.cluster!r} has no config yet: start a daemon "
-                                           "or run `kvpoolctl config set KEY=VALUE`")
+        raise CliError(
+            ExitCode.NOT_FOUND,
+            f"cluster {args.cluster!r} has no config yet: start a daemon or run `kvpoolctl config set KEY=VALUE`",
+        )
     if args.json:
         fmt.print_json({"cluster": args.cluster, "config": config_json(config)})
     else:
@@ -179,8 +207,10 @@ def run_config_set(args: argparse.Namespace) -> ExitCode:
             return dataclasses.replace(current or ClusterConfig(), **changes)
         except ValueError as exc:
             wanted = " ".join(f"{k}={v}" for k, v in changes.items())
-            raise CliError(ExitCode.USAGE, f"cannot set {wanted}: {exc} (change several at once: "
-                                           "config set replicas=3 write_quorum=2)") from None
+            raise CliError(
+                ExitCode.USAGE,
+                f"cannot set {wanted}: {exc} (change several at once: config set replicas=3 write_quorum=2)",
+            ) from None
 
     with open_session(args, "config set") as session:
         new = session.update_config(change)
@@ -190,11 +220,9 @@ def run_config_set(args: argparse.Namespace) -> ExitCode:
     after = config_json(new)
     changed = {k: [before[k], v] for k, v in after.items() if before[k] != v}
     if args.json:
-        fmt.print_json({"cluster": args.cluster, "config": after, "previous": previous and before,
-                        "changed": changed})
+        fmt.print_json({"cluster": args.cluster, "config": after, "previous": previous and before, "changed": changed})
         return ExitCode.OK
     summary = ", ".join(f"{k} {old} -> {v}" for k, (old, v) in changed.items()) or "unchanged"
     print(f"cluster {args.cluster}: {'config created: ' if previous is None else ''}{summary}")
     print(fmt.key_values(after.items()))
     return ExitCode.OK
-

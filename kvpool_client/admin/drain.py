@@ -77,8 +77,9 @@ def _change_state(args: argparse.Namespace, state: NodeState, handoff: bool) -> 
         return _apply(args, session, session.resolve(args.node), state, handoff)
 
 
-def _apply(args: argparse.Namespace, session: ClusterSession | None, target: Target, state: NodeState,
-           handoff: bool) -> ExitCode:
+def _apply(
+    args: argparse.Namespace, session: ClusterSession | None, target: Target, state: NodeState, handoff: bool
+) -> ExitCode:
     before = nodes.probe(target.address, args.timeout, args.credentials)
     if before.error is not None or before.info is None:
         assert before.error is not None
@@ -131,8 +132,14 @@ def _progress_bar(done: int, planned: int) -> str:
 class _Waiter:
     """Polls the node (and its etcd record) until the state change is complete."""
 
-    def __init__(self, args: argparse.Namespace, session: ClusterSession | None, target: Target, state: NodeState,
-                 before: nodes.NodeReport) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        session: ClusterSession | None,
+        target: Target,
+        state: NodeState,
+        before: nodes.NodeReport,
+    ) -> None:
         self._args, self._session, self._target, self._state = args, session, target, state
         self._before = before
         counters = before.stats.counters if before.stats is not None else {}
@@ -204,14 +211,17 @@ class _Waiter:
         if outcome.handoff:
             copies = stats.counters.get("handoff_copies", 0) - self._baseline["handoff_copies"]
             failures = stats.counters.get("handoff_failures", 0) - self._baseline["handoff_failures"]
-        return _Outcome(outcome.target, outcome.before, outcome.after, outcome.handoff, round(elapsed, 3), copies,
-                        failures, note)
+        return _Outcome(
+            outcome.target, outcome.before, outcome.after, outcome.handoff, round(elapsed, 3), copies, failures, note
+        )
 
     def _late_message(self, handoff_done: bool) -> str:
         limit = f"{self._args.wait_timeout:g} s"
         if not handoff_done:
-            return (f"hand-off from {self._target.label} not finished after {limit}: it goes on in the background; "
-                    f"see `kvpoolctl stats {self._args.node}` and the node's log")
+            return (
+                f"hand-off from {self._target.label} not finished after {limit}: it goes on in the background; "
+                f"see `kvpoolctl stats {self._args.node}` and the node's log"
+            )
         return f"etcd does not show {self._target.label} as {self._state} after {limit}: is the node registered?"
 
     def _progress(self, text: str) -> None:

@@ -36,8 +36,11 @@ class CliError(Exception):
         """This error when the token of ``token_file`` was sent: it was rejected, not missing."""
         if self.refused is None:
             return self
-        return CliError(ExitCode.USAGE, f"{self.refused} rejected the token in {token_file}: "
-                        "it is not this cluster's token (check the file the daemons read)")
+        return CliError(
+            ExitCode.USAGE,
+            f"{self.refused} rejected the token in {token_file}: "
+            "it is not this cluster's token (check the file the daemons read)",
+        )
 
 
 _TOKEN_HINT = "requires the cluster's token: pass --auth-token-file PATH or set KVPOOL_AUTH_TOKEN_FILE"

@@ -47,8 +47,14 @@ def show_namespaces(args: argparse.Namespace, addresses: tuple[str, ...]) -> Exi
             total[2] += 1
     rows = sorted(usage.items())
     if args.json:
-        fmt.print_json({"namespaces": [{"namespace": ns, "tier": tier, "blocks": b, "bytes": n, "nodes": k}
-                                       for (ns, tier), (b, n, k) in rows]})
+        fmt.print_json(
+            {
+                "namespaces": [
+                    {"namespace": ns, "tier": tier, "blocks": b, "bytes": n, "nodes": k}
+                    for (ns, tier), (b, n, k) in rows
+                ]
+            }
+        )
     else:
         table = [(ns, tier, b, fmt.size(n), k) for (ns, tier), (b, n, k) in rows]
         print(fmt.table(("NAMESPACE", "TIER", "BLOCKS", "BYTES", "NODES"), table, right=(2, 3, 4)))

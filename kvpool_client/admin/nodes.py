@@ -122,8 +122,17 @@ def _status_row(report: NodeReport) -> tuple[object, ...]:
     endpoints = fmt.endpoints({e.transport: e.address for e in report.info.endpoints})
     used = f"{fmt.size(dram.used_bytes)} / {fmt.size(dram.capacity_bytes)}"
     hit_rate = fmt.percent(dram.hits, dram.hits + dram.misses)
-    return (report.info.node_id, report.address, report.info.state or "-", endpoints, used,
-            dram.blocks, hit_rate, fmt.duration(report.stats.uptime_s), metrics_cell(report))
+    return (
+        report.info.node_id,
+        report.address,
+        report.info.state or "-",
+        endpoints,
+        used,
+        dram.blocks,
+        hit_rate,
+        fmt.duration(report.stats.uptime_s),
+        metrics_cell(report),
+    )
 
 
 def _status_json(report: NodeReport) -> dict[str, object]:
@@ -170,18 +179,28 @@ def _stats_text(report: NodeReport) -> str:
     title = f"node {stats.node_id} at {report.address}, up {fmt.duration(stats.uptime_s)}"
     tier_headers = ("TIER", "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES", "HIT RATE", "EVICTIONS")
     tier_rows = [
-        (t.name, fmt.size(t.capacity_bytes), fmt.size(t.used_bytes), t.blocks, t.hits, t.misses,
-         fmt.percent(t.hits, t.hits + t.misses), t.evictions)
+        (
+            t.name,
+            fmt.size(t.capacity_bytes),
+            fmt.size(t.used_bytes),
+            t.blocks,
+            t.hits,
+            t.misses,
+            fmt.percent(t.hits, t.hits + t.misses),
+            t.evictions,
+        )
         for t in stats.tiers
     ]
     # The node reports every counter it declares; the table shows those that moved (--json: all).
     moved: list[tuple[str, int | str]] = [(name, value) for name, value in sorted(stats.counters.items()) if value]
     counters = moved or [("(none yet)", "")]
-    return "\n\n".join((
-        title,
-        fmt.table(tier_headers, tier_rows, right=range(1, 8)),
-        fmt.table(("COUNTER", "VALUE"), counters, right=(1,)),
-    ))
+    return "\n\n".join(
+        (
+            title,
+            fmt.table(tier_headers, tier_rows, right=range(1, 8)),
+            fmt.table(("COUNTER", "VALUE"), counters, right=(1,)),
+        )
+    )
 
 
 def _stats_json(report: NodeReport) -> dict[str, object]:
@@ -189,9 +208,22 @@ def _stats_json(report: NodeReport) -> dict[str, object]:
         return {"address": report.address, "reachable": False, "error": str(report.error)}
     stats = report.stats
     tiers = [
-        {"name": t.name, "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks,
-         "hits": t.hits, "misses": t.misses, "evictions": t.evictions}
+        {
+            "name": t.name,
+            "capacity_bytes": t.capacity_bytes,
+            "used_bytes": t.used_bytes,
+            "blocks": t.blocks,
+            "hits": t.hits,
+            "misses": t.misses,
+            "evictions": t.evictions,
+        }
         for t in stats.tiers
     ]
-    return {"address": report.address, "reachable": True, "node_id": stats.node_id, "uptime_s": stats.uptime_s,
-            "tiers": tiers, "counters": dict(sorted(stats.counters.items()))}
+    return {
+        "address": report.address,
+        "reachable": True,
+        "node_id": stats.node_id,
+        "uptime_s": stats.uptime_s,
+        "tiers": tiers,
+        "counters": dict(sorted(stats.counters.items())),
+    }

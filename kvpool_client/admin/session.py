@@ -118,8 +118,10 @@ class ClusterSession:
         record = listing.nodes.get(node)
         if record is None:
             known = ", ".join(sorted(listing.nodes)) or "none registered"
-            raise CliError(ExitCode.NOT_FOUND,
-                           f"no node {node!r} in cluster {self.cluster!r} (known: {known}): run `kvpoolctl status`")
+            raise CliError(
+                ExitCode.NOT_FOUND,
+                f"no node {node!r} in cluster {self.cluster!r} (known: {known}): run `kvpoolctl status`",
+            )
         return Target(record.address, record)
 
     def record(self, node_id: str) -> NodeRecord | None:

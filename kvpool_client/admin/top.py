@@ -36,10 +36,16 @@ _HEADERS = ("NODE", "ADDRESS", "STATE", "DRAM USED", "USE", "BLOCKS", "HIT RATE"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``top``'s own options."""
-    parser.add_argument("--interval", type=positive_float_arg, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
-                        help=f"seconds between refreshes (default: {DEFAULT_INTERVAL_S:g})")
-    parser.add_argument("--count", type=positive_int_arg, metavar="N",
-                        help="stop after N refreshes (default: until Ctrl-C)")
+    parser.add_argument(
+        "--interval",
+        type=positive_float_arg,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"seconds between refreshes (default: {DEFAULT_INTERVAL_S:g})",
+    )
+    parser.add_argument(
+        "--count", type=positive_int_arg, metavar="N", help="stop after N refreshes (default: until Ctrl-C)"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,12 +81,16 @@ class NodeRow:
         if self.error is not None:
             return (self.node_id or "-", self.address, "unreachable", *("-",) * 8)
         return (
-            self.node_id or "-", self.address, self.state or "-",
+            self.node_id or "-",
+            self.address,
+            self.state or "-",
             f"{fmt.size(self.used_bytes)} / {fmt.size(self.capacity_bytes)}",
-            _ratio(self.used_bytes, self.capacity_bytes), self.blocks,
+            _ratio(self.used_bytes, self.capacity_bytes),
+            self.blocks,
             "-" if self.hit_rate is None else f"{100 * self.hit_rate:.1f}%",
             _rate(self.requests_per_s, lambda r: f"{r:.1f}"),
-            _rate(self.bytes_in_per_s, _bytes_rate), _rate(self.bytes_out_per_s, _bytes_rate),
+            _rate(self.bytes_in_per_s, _bytes_rate),
+            _rate(self.bytes_out_per_s, _bytes_rate),
             fmt.duration(self.uptime_s or 0),
         )
 
@@ -88,10 +98,18 @@ class NodeRow:
         if self.error is not None:
             return {"address": self.address, "node_id": self.node_id, "reachable": False, "error": self.error}
         return {
-            "address": self.address, "node_id": self.node_id, "reachable": True, "state": self.state,
-            "dram_used_bytes": self.used_bytes, "dram_capacity_bytes": self.capacity_bytes, "blocks": self.blocks,
-            "hit_rate": self.hit_rate, "requests_per_s": self.requests_per_s,
-            "bytes_in_per_s": self.bytes_in_per_s, "bytes_out_per_s": self.bytes_out_per_s, "uptime_s": self.uptime_s,
+            "address": self.address,
+            "node_id": self.node_id,
+            "reachable": True,
+            "state": self.state,
+            "dram_used_bytes": self.used_bytes,
+            "dram_capacity_bytes": self.capacity_bytes,
+            "blocks": self.blocks,
+            "hit_rate": self.hit_rate,
+            "requests_per_s": self.requests_per_s,
+            "bytes_in_per_s": self.bytes_in_per_s,
+            "bytes_out_per_s": self.bytes_out_per_s,
+            "uptime_s": self.uptime_s,
         }
 
 
@@ -132,8 +150,15 @@ def node_row(current: Sample, previous: Sample | None) -> NodeRow:
     if report.info is None or report.stats is None:
         return NodeRow(report.address, None, "", error=str(report.error))
     dram = report.dram()
-    now = NodeRow(report.address, report.info.node_id, report.info.state, dram.used_bytes, dram.capacity_bytes,
-                  dram.blocks, uptime_s=report.stats.uptime_s)
+    now = NodeRow(
+        report.address,
+        report.info.node_id,
+        report.info.state,
+        dram.used_bytes,
+        dram.capacity_bytes,
+        dram.blocks,
+        uptime_s=report.stats.uptime_s,
+    )
     before = previous.report if previous is not None else None
     elapsed = current.at - previous.at if previous is not None else 0.0
     if before is None or before.stats is None or elapsed <= 0 or before.stats.uptime_s > report.stats.uptime_s:
@@ -156,8 +181,9 @@ def render(rows: list[NodeRow], title: str) -> str:
     used = sum(r.used_bytes for r in reachable)
     capacity = sum(r.capacity_bytes for r in reachable)
     rates = [r.requests_per_s for r in reachable if r.requests_per_s is not None]
-    total = (f"{len(reachable)}/{len(rows)} nodes reachable, {fmt.size(used)} / {fmt.size(capacity)} used"
-             + (f", {sum(rates):.1f} req/s" if rates else ""))
+    total = f"{len(reachable)}/{len(rows)} nodes reachable, {fmt.size(used)} / {fmt.size(capacity)} used" + (
+        f", {sum(rates):.1f} req/s" if rates else ""
+    )
     if not rows:
         return f"{title}\n\nno nodes: start kvpool-server, or check --nodes / --etcd"
     table = fmt.table(_HEADERS, [r.cells() for r in rows], right=(3, 4, 5, 6, 7, 8, 9, 10))

@@ -75,20 +75,32 @@ def diff(old: Membership, new: Membership) -> list[Change]:
 def change_json(change: Change, at: float) -> dict[str, object]:
     """One JSON-lines record: ``time`` (unix seconds), ``event``, and what changed."""
     if isinstance(change, ConfigChange):
-        return {"time": at, "event": "config",
-                "config": None if change.after is None else config_json(change.after),
-                "previous": None if change.before is None else config_json(change.before)}
-    return {"time": at, "event": change.event, "node_id": change.node_id,
-            "node": None if change.after is None else record_json(change.after),
-            "previous": None if change.before is None else record_json(change.before),
-            "changed": change.changed()}
+        return {
+            "time": at,
+            "event": "config",
+            "config": None if change.after is None else config_json(change.after),
+            "previous": None if change.before is None else config_json(change.before),
+        }
+    return {
+        "time": at,
+        "event": change.event,
+        "node_id": change.node_id,
+        "node": None if change.after is None else record_json(change.after),
+        "previous": None if change.before is None else record_json(change.before),
+        "changed": change.changed(),
+    }
 
 
 def snapshot_json(snapshot: Membership, cluster: str, at: float) -> dict[str, object]:
     """The first JSON-lines record: every node and the config when the watch started."""
-    return {"time": at, "event": "snapshot", "cluster": cluster, "revision": snapshot.revision,
-            "nodes": [record_json(snapshot.nodes[n]) for n in sorted(snapshot.nodes)],
-            "config": None if snapshot.config is None else config_json(snapshot.config)}
+    return {
+        "time": at,
+        "event": "snapshot",
+        "cluster": cluster,
+        "revision": snapshot.revision,
+        "nodes": [record_json(snapshot.nodes[n]) for n in sorted(snapshot.nodes)],
+        "config": None if snapshot.config is None else config_json(snapshot.config),
+    }
 
 
 def change_text(change: Change) -> str:
@@ -116,8 +128,7 @@ def change_text(change: Change) -> str:
 
 def _describe(record: NodeRecord) -> str:
     endpoints = " ".join(f"{t}://{a}" for t, a in sorted(record.data_endpoints.items())) or "-"
-    return (f"{record.state}  {record.address}  {endpoints}  weight {record.weight:g}  "
-            f"{fmt.size(record.capacity_bytes)}")
+    return f"{record.state}  {record.address}  {endpoints}  weight {record.weight:g}  {fmt.size(record.capacity_bytes)}"
 
 
 def _config_text(config: ClusterConfig | None) -> str:
@@ -142,8 +153,11 @@ class _Printer:
             return
         states = ", ".join(f"{r.node_id} {r.state}" for r in (snapshot.nodes[n] for n in sorted(snapshot.nodes)))
         count = len(snapshot.nodes)
-        print(f"watching cluster {cluster} (revision {snapshot.revision}): {count} node{'' if count == 1 else 's'}"
-              f"{': ' + states if states else ''}; {_config_text(snapshot.config)}", flush=True)
+        print(
+            f"watching cluster {cluster} (revision {snapshot.revision}): {count} node{'' if count == 1 else 's'}"
+            f"{': ' + states if states else ''}; {_config_text(snapshot.config)}",
+            flush=True,
+        )
 
     def __call__(self, change: Change) -> None:
         now = time.time()
@@ -155,8 +169,13 @@ class _Printer:
         self.seen += 1
 
 
-async def follow(store: EtcdStore, cluster: str, count: int | None, on_change: Callable[[Change], None],
-                 on_start: Callable[[Membership], None]) -> None:
+async def follow(
+    store: EtcdStore,
+    cluster: str,
+    count: int | None,
+    on_change: Callable[[Change], None],
+    on_start: Callable[[Membership], None],
+) -> None:
     """Call ``on_change`` for each membership change until ``count`` of them (None: forever)."""
     snapshots: asyncio.Queue[Membership] = asyncio.Queue()
     view = MembershipView(store, cluster)
@@ -176,8 +195,9 @@ async def follow(store: EtcdStore, cluster: str, count: int | None, on_change: C
         await view.close()
 
 
-async def _follow_for(store: EtcdStore, cluster: str, count: int | None, seconds: float | None,
-                      printer: _Printer) -> bool:
+async def _follow_for(
+    store: EtcdStore, cluster: str, count: int | None, seconds: float | None, printer: _Printer
+) -> bool:
     """:func:`follow` for at most ``seconds``; False if the time ran out first."""
     try:
         async with asyncio.timeout(seconds):
@@ -202,6 +222,5 @@ def run_watch(args: argparse.Namespace) -> ExitCode:
     except KeyboardInterrupt:
         return ExitCode.OK
     if not finished and args.count is not None:
-        raise CliError(ExitCode.TIMED_OUT,
-                       f"saw {printer.seen} of {args.count} changes in {args.duration:g} s")
+        raise CliError(ExitCode.TIMED_OUT, f"saw {printer.seen} of {args.count} changes in {args.duration:g} s")
     return ExitCode.OK

@@ -68,8 +68,9 @@ class _Transfers:
         stored = result.stored
         already = sum(s in (ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY) for s in result.statuses)
         failed = len(result) - stored - already
-        return SaveResult(len(result), stored, already, failed, stored * self.pages.layout.block_nbytes,
-                          result.statuses)
+        return SaveResult(
+            len(result), stored, already, failed, stored * self.pages.layout.block_nbytes, result.statuses
+        )
 
 
 class ConnectorWorker:

@@ -52,7 +52,7 @@ def token_in(metadata: tuple[tuple[str, str | bytes], ...] | None) -> bytes | No
     """The token a call's metadata carries, if any."""
     for key, value in metadata or ():
         if key == METADATA_KEY and isinstance(value, str) and value.startswith(_SCHEME):
-            return value[len(_SCHEME):].encode("latin-1")
+            return value[len(_SCHEME) :].encode("latin-1")
     return None
 
 
@@ -73,8 +73,9 @@ class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
 
     def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         metadata = (*(details.metadata or ()), *self._metadata)
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, details.compression)
+        return _CallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
+        )
 
     def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         return continuation(self._with_token(client_call_details), request)
@@ -92,8 +93,9 @@ class AsyncTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         details = client_call_details
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
-        with_token = grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
-                                                details.wait_for_ready)
+        with_token = grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
         return await continuation(with_token, request)
 
 

@@ -77,8 +77,15 @@ class ClientSettings:
 
 CLIENT_SCHEMA = Schema(ClientSettings)
 _DEFAULTS = ClientSettings()
-_FILES = ("auth_token_file", "tls_ca_file", "tls_client_cert_file", "tls_client_key_file", "etcd_ca_file",
-          "etcd_cert_file", "etcd_key_file")
+_FILES = (
+    "auth_token_file",
+    "tls_ca_file",
+    "tls_client_cert_file",
+    "tls_client_key_file",
+    "etcd_ca_file",
+    "etcd_cert_file",
+    "etcd_key_file",
+)
 _PLAIN = tuple(key for key in CLIENT_SCHEMA.settings if key not in _FILES)
 
 # Every variable a client reads. The daemon reads some as its own settings too, and ignores
@@ -237,7 +244,6 @@ class ClientConfig:
         values = settings_from_env(env).config_values()
         values.update(overrides)
         return cls(**values)
-
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -99,9 +99,18 @@ class NodeInfo:
         limits = WireLimits(info.limits.max_keys, info.limits.max_block_size, info.limits.max_payload)
         endpoints = {e.transport: e.address for e in info.endpoints}
         arena = info.shared_arena if info.HasField("shared_arena") else None
-        shared = None if arena is None else SharedArenaInfo(
-            arena.arena_path, arena.generations_offset, arena.arena_id, arena.capacity_bytes, arena.verify_checksums,
-            arena.index_offset, arena.hit_marks_path,
+        shared = (
+            None
+            if arena is None
+            else SharedArenaInfo(
+                arena.arena_path,
+                arena.generations_offset,
+                arena.arena_id,
+                arena.capacity_bytes,
+                arena.verify_checksums,
+                arena.index_offset,
+                arena.hit_marks_path,
+            )
         )
         return cls(
             address,

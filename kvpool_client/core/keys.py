@@ -157,9 +157,7 @@ def vllm_root_hash(seed: str) -> BlockHash:
     return BlockHash(sha256_cbor(seed))
 
 
-def vllm_block_hash(
-    parent: bytes, token_ids: Sequence[int], extra_keys: ExtraKeys = None
-) -> BlockHash:
+def vllm_block_hash(parent: bytes, token_ids: Sequence[int], extra_keys: ExtraKeys = None) -> BlockHash:
     """Return vLLM's block hash, ``sha256_cbor((parent, tuple(token_ids), extra_keys))``.
 
     Raises:
@@ -200,9 +198,7 @@ class BlockKeyBuilder:
 
     __slots__ = ("_namespace", "_block_size", "_scheme", "_root")
 
-    def __init__(
-        self, namespace: Namespace | str, block_size: int, seed: str = "0", scheme: Scheme = "vllm"
-    ) -> None:
+    def __init__(self, namespace: Namespace | str, block_size: int, seed: str = "0", scheme: Scheme = "vllm") -> None:
         ns = namespace.id if isinstance(namespace, Namespace) else namespace
         _check_namespace_str(ns)
         if type(block_size) is not int or block_size < 1:
@@ -223,8 +219,9 @@ class BlockKeyBuilder:
         """The first block's parent: vLLM's NONE_HASH, or None for sglang."""
         return BlockHash(self._root) if self._root else None
 
-    def hashes(self, token_ids: Sequence[int], parent: bytes | None = None,
-               extra_keys: Sequence[ExtraKeys] | None = None) -> list[BlockHash]:
+    def hashes(
+        self, token_ids: Sequence[int], parent: bytes | None = None, extra_keys: Sequence[ExtraKeys] | None = None
+    ) -> list[BlockHash]:
         """Return the chained hashes of the full blocks of ``token_ids`` (a trailing
         partial block gets none: engines cache only full blocks).
 
@@ -264,8 +261,13 @@ class BlockKeyBuilder:
             raise UsageError(f"cannot hash block {len(out)}: {exc}") from exc
         return out
 
-    def keys(self, token_ids: Sequence[int], parent: bytes | None = None,
-             extra_keys: Sequence[ExtraKeys] | None = None, first_depth: int | None = None) -> list[BlockKey]:
+    def keys(
+        self,
+        token_ids: Sequence[int],
+        parent: bytes | None = None,
+        extra_keys: Sequence[ExtraKeys] | None = None,
+        first_depth: int | None = None,
+    ) -> list[BlockKey]:
         """Return :meth:`hashes` as BlockKeys in this builder's namespace (same Raises).
 
         Each key carries its depth in the chain: from 0 without ``parent``, from

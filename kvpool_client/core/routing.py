@@ -169,7 +169,6 @@ class RendezvousRouter:
         """Active and draining members for ``key``, cut after the ``R``-th active one."""
         return list(self.placement(key).read_order)
 
-
     def members(self) -> list[Member]:
         return list(self._members)
 

@@ -38,8 +38,14 @@ KNOWN_KEYS = tuple(ENGINE_SCHEMA.settings)
 
 
 # torch dtype name -> the namespace's dtype field (kvpool_client.connector.layout's names).
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
-           "float8_e5m2": "fp8e5m2", "uint8": "u8"}
+_DTYPES = {
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8e4m3",
+    "float8_e5m2": "fp8e5m2",
+    "uint8": "u8",
+}
 
 
 def dtype_field(torch_dtype: str) -> str:
@@ -73,8 +79,13 @@ class PoolSettings:
     lookup_threads: int = 1
 
     @classmethod
-    def parse(cls, extra: Mapping[str, Any] | None, source: str, env: Mapping[str, str] | None = None,
-              ignore: tuple[str, ...] = ()) -> PoolSettings:
+    def parse(
+        cls,
+        extra: Mapping[str, Any] | None,
+        source: str,
+        env: Mapping[str, str] | None = None,
+        ignore: tuple[str, ...] = (),
+    ) -> PoolSettings:
         """Settings from ``extra``; pool settings it lacks come from the ``KVPOOL_*`` environment.
 
         Args:

@@ -35,9 +35,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Req, Resp] | None:
         method = handler_call_details.method
         presented = token_in(handler_call_details.invocation_metadata)
-        if method.startswith(_OPEN_SERVICES) or (
-            presented is not None and hmac.compare_digest(presented, self._token)
-        ):
+        if method.startswith(_OPEN_SERVICES) or (presented is not None and hmac.compare_digest(presented, self._token)):
             return await continuation(handler_call_details)
         self._counters.add("errors_unauthenticated")
         return grpc.unary_unary_rpc_method_handler(_refuse)

@@ -132,8 +132,11 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
     ) -> pb.FlushNamespaceResponse:
         named = [v for v in (request.namespace, request.model) if v]
         if len(named) != 1 or not 0 < len(named[0].encode()) <= MAX_NAMESPACE_BYTES:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"give a namespace or a model, 1..{MAX_NAMESPACE_BYTES} bytes of UTF-8")
+            await self._abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"give a namespace or a model, 1..{MAX_NAMESPACE_BYTES} bytes of UTF-8",
+            )
         if request.namespace:
             deleted = await asyncio.to_thread(self._store.flush, request.namespace.__eq__)
         else:
@@ -146,8 +149,11 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         self, request: pb.ListNamespacesRequest, context: ServicerContext[pb.ListNamespacesRequest, pb.NamespaceList]
     ) -> pb.NamespaceList:
         tiers = await asyncio.to_thread(self._store.namespace_usage)
-        rows = [pb.NamespaceUsage(namespace=ns, tier=tier, blocks=u.blocks, bytes=u.bytes)
-                for tier, usage in tiers.items() for ns, u in sorted(usage.items())]
+        rows = [
+            pb.NamespaceUsage(namespace=ns, tier=tier, blocks=u.blocks, bytes=u.bytes)
+            for tier, usage in tiers.items()
+            for ns, u in sorted(usage.items())
+        ]
         return pb.NamespaceList(namespaces=rows)
 
     async def SetState(
@@ -187,10 +193,15 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
 def _shared_arena(arena: SharedArenaIdentity | None) -> pb.SharedArena | None:
     if arena is None:
         return None
-    return pb.SharedArena(arena_path=arena.arena_path, generations_offset=arena.generations_offset,
-                          arena_id=arena.arena_id, capacity_bytes=arena.capacity_bytes,
-                          verify_checksums=arena.verify_checksums, index_offset=arena.index_offset,
-                          hit_marks_path=arena.hit_marks_path)
+    return pb.SharedArena(
+        arena_path=arena.arena_path,
+        generations_offset=arena.generations_offset,
+        arena_id=arena.arena_id,
+        capacity_bytes=arena.capacity_bytes,
+        verify_checksums=arena.verify_checksums,
+        index_offset=arena.index_offset,
+        hit_marks_path=arena.hit_marks_path,
+    )
 
 
 def _tier_stats(report: TierReport) -> pb.TierStats:

@@ -24,9 +24,9 @@ SINK_BYTES = 1 << 20  # refused payload is read through this, in pieces
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
     """Attributes:
-        inflight_put_bytes: most slot bytes reserved by puts whose payload is still arriving.
-        connections: most data connections at once (every transport together).
-        connections_per_peer: most data connections from one peer address.
+    inflight_put_bytes: most slot bytes reserved by puts whose payload is still arriving.
+    connections: most data connections at once (every transport together).
+    connections_per_peer: most data connections from one peer address.
     """
 
     inflight_put_bytes: int

@@ -40,7 +40,11 @@ log = logging.getLogger("kvpool.data")
 
 OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
 _REQUEST_OPS: dict[type, Op] = {
-    GetRequest: Op.GET, LocateRequest: Op.LOCATE, ExistsRequest: Op.EXISTS, DeleteRequest: Op.DELETE, PingRequest: Op.PING,
+    GetRequest: Op.GET,
+    LocateRequest: Op.LOCATE,
+    ExistsRequest: Op.EXISTS,
+    DeleteRequest: Op.DELETE,
+    PingRequest: Op.PING,
 }
 Reply = list[bytes | memoryview]
 
@@ -63,8 +67,15 @@ class Answer:
 class Answers:
     """Answers one connection's requests from a :class:`BlockStore`."""
 
-    def __init__(self, store: BlockStore, counters: Counters, latencies: Latencies, limits: WireLimits,
-                 verify_checksum_on_get: bool, peer: str) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        counters: Counters,
+        latencies: Latencies,
+        limits: WireLimits,
+        verify_checksum_on_get: bool,
+        peer: str,
+    ) -> None:
         self._store = store
         self._tier = store.dram
         self._counters = counters
@@ -96,7 +107,9 @@ class Answers:
                 return [encode(StatusResponse(request.request_id, Op.EXISTS, self._exists(request)))]
             case DeleteRequest():
                 ns = request.namespace
-                statuses = [int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes]
+                statuses = [
+                    int(ErrorCode.OK if self._store.delete((ns, h)) else ErrorCode.NOT_FOUND) for h in request.hashes
+                ]
                 return [encode(StatusResponse(request.request_id, Op.DELETE, statuses))]
             case PingRequest():
                 return [encode(PingResponse(request.request_id))]
@@ -108,11 +121,13 @@ class Answers:
         for block in held:
             status = self._check(block)
             statuses.append(int(status))
-            ok = block is not None and status is ErrorCode.OK
-            lengths.append(len(block.view) if ok else 0)
-            sums.append(block.checksum if ok else 0)
-            if ok:
-                views.append(block.view)
+            if block is None or status is not ErrorCode.OK:
+                lengths.append(0)
+                sums.append(0)
+                continue
+            lengths.append(len(block.view))
+            sums.append(block.checksum)
+            views.append(block.view)
         if sum(lengths) > self._limits.max_payload:
             too_big = LimitExceeded(f"the blocks add up to {sum(lengths)} bytes, over {self._limits.max_payload}")
             return [self.error_frame(request.request_id, Op.GET, too_big)]
@@ -139,9 +154,13 @@ class Answers:
         """
         generations = self._tier.generations
         if generations is None:
-            return [self.error_frame(request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT))]
+            return [
+                self.error_frame(
+                    request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT)
+                )
+            ]
         rows = [self._location(key, block) for key, block in zip(keys, held, strict=True)]
-        columns = [list(column) for column in zip(*rows)] or [[] for _ in range(5)]
+        columns = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(5)]
         response = LocateResponse(request.request_id, generations.arena_id, *columns)
         self._counters.add("bytes_out_shm", sum(response.lengths))
         return [encode(response)]

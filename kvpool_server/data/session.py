@@ -30,6 +30,7 @@ take at once) is handed to the coroutine loop, which serves it as above.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,16 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
-from kvpool_client.core.wire import GetRequest, HelloResponse, LocateRequest, Op, PutRequest, StatusResponse, WireLimits, encode
+from kvpool_client.core.wire import (
+    GetRequest,
+    HelloResponse,
+    LocateRequest,
+    Op,
+    PutRequest,
+    StatusResponse,
+    WireLimits,
+    encode,
+)
 from kvpool_client.core.wire.connection import (
     NEED_DATA,
     Event,
@@ -45,7 +55,6 @@ from kvpool_client.core.wire.connection import (
     Hello,
     NeedData,
     Refusal,
-    Request,
     ServerConnection,
 )
 from kvpool_server.data.admission import Admission
@@ -263,13 +272,15 @@ class Session:
         assert self._pollable is not None
         while self._connection.buffered:
             event = self._connection.next_event()
-            if type(event) is GetOne:  # the usual single-block get
+            if isinstance(event, GetOne):  # the usual single-block get
                 begun = self._answer_get_one(event)
                 if begun is not None:
                     return begun
                 continue
-            if isinstance(event, (NeedData, PutRequest, Hello, Refusal)):
-                return None if event is NEED_DATA else event
+            if isinstance(event, NeedData):
+                return None
+            if isinstance(event, (PutRequest, Hello, Refusal)):
+                return event
             self._counters.add(_REQUEST_COUNTERS[request_op(event)])
             answer = self._answers.begin(event, time.perf_counter())
             if self._store.wants_ssd(answer.keys, answer.held):
@@ -298,7 +309,7 @@ class Session:
             self._store.release((held,))
             raise
         if unsent:  # the rest goes out from run(); the answer is made only now, for speed
-            return Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, unsent)
+            return Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, [*unsent])
         self._store.release((held,))
         self._latencies.observe(OP_NAMES[Op.GET], time.perf_counter() - started)
         return None
@@ -311,7 +322,7 @@ class Session:
         except BaseException:
             self._store.release(answer.held)
             raise
-        answer.unsent = unsent or None
+        answer.unsent = [*unsent] if unsent else None
         return bool(unsent)
 
     # -- the coroutine loop ------------------------------------------------------
@@ -441,7 +452,5 @@ class Session:
             await self._store.persist(stored)  # acknowledged once on SSD
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
-        try:
+        with contextlib.suppress(NodeUnavailable):  # the peer left: nobody to tell
             await self._channel.send([self._answers.error_frame(request_id, op, exc)])
-        except NodeUnavailable:
-            pass

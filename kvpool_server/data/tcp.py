@@ -11,10 +11,10 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvpool_client.core.errors import NodeUnavailable
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.channels.tcp import tune_socket
 from kvpool_client.core.channels.tls import AsyncTlsChannel
+from kvpool_client.core.errors import NodeUnavailable
 from kvpool_server.data.workers import LoopThread, cancel_and_wait
 
 log = logging.getLogger("kvpool.data")
@@ -55,7 +55,8 @@ class TcpListener:
 
     @property
     def port(self) -> int:
-        return self._sock.getsockname()[1]
+        port: int = self._sock.getsockname()[1]
+        return port
 
     def start(self) -> None:
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from kvpool_client.core.errors import KVPoolError
 from kvpool_client.core.channels.ucx_channel import UcxChannel, UcxSettings, WorkerPump, hello, listen
+from kvpool_client.core.errors import KVPoolError
 from kvpool_server.data.workers import LoopThread, cancel_and_wait
 
 log = logging.getLogger("kvpool.data")

@@ -31,8 +31,18 @@ UNLINKED = 2  # gone from the index; memory freed on the last release
 class BlockRecords:
     """What a DRAM tier knows about each block, one array per field, indexed by block id."""
 
-    __slots__ = ("offset", "length", "slot_size", "checksum", "pins", "last_access", "depth", "flags", "read_ahead",
-                 "_columns")
+    __slots__ = (
+        "offset",
+        "length",
+        "slot_size",
+        "checksum",
+        "pins",
+        "last_access",
+        "depth",
+        "flags",
+        "read_ahead",
+        "_columns",
+    )
 
     def __init__(self) -> None:
         self.offset = array("Q")
@@ -45,8 +55,17 @@ class BlockRecords:
         self.flags = array("B")  # COMPLETE, UNLINKED; changed under the tier's lock only
         self.read_ahead = array("B")  # read ahead from SSD and not yet read by a client (its own
         # column: the store sets it without the tier's lock, so it must not share a word with flags)
-        self._columns = (self.offset, self.length, self.slot_size, self.checksum, self.pins, self.last_access,
-                         self.depth, self.flags, self.read_ahead)
+        self._columns = (
+            self.offset,
+            self.length,
+            self.slot_size,
+            self.checksum,
+            self.pins,
+            self.last_access,
+            self.depth,
+            self.flags,
+            self.read_ahead,
+        )
 
     def ensure(self, ident: int) -> None:
         """Make room for ``ident`` (ids come densely from a KeyTable, so this appends at most one)."""

@@ -49,8 +49,10 @@ class KeyBatch:
     def keys(self) -> list[StoreKey]:
         width = self.hashes.shape[1] if self.hashes.ndim == 2 else 0
         flat = np.ascontiguousarray(self.hashes).tobytes()
-        return [(self.namespaces[ns], flat[i * width : i * width + n]) for i, (ns, n)
-                in enumerate(zip(self.namespace_ids.tolist(), self.hash_lens.tolist(), strict=True))]
+        return [
+            (self.namespaces[ns], flat[i * width : i * width + n])
+            for i, (ns, n) in enumerate(zip(self.namespace_ids.tolist(), self.hash_lens.tolist(), strict=True))
+        ]
 
 
 class HashCells:
@@ -129,8 +131,19 @@ class KeyTable:
         expected: keys to size the table for at once (it grows as needed).
     """
 
-    __slots__ = ("_digests", "_slot_ids", "_mask", "_mapped", "_hashes", "_ns", "_free",
-                 "_namespaces", "_ns_ids", "_digest_view", "_ids_view")
+    __slots__ = (
+        "_digests",
+        "_slot_ids",
+        "_mask",
+        "_mapped",
+        "_hashes",
+        "_ns",
+        "_free",
+        "_namespaces",
+        "_ns_ids",
+        "_digest_view",
+        "_ids_view",
+    )
     _digests: bytearray  # the table's columns, made by _resize
     _slot_ids: bytearray
 
@@ -200,8 +213,14 @@ class KeyTable:
     def namespace_of(self, ident: int) -> str:
         return self._namespaces[self._ns[ident]]
 
-    def load(self, namespaces: list[str], namespace_ids: np.ndarray, hashes: np.ndarray, hash_lens: np.ndarray,
-             digests: np.ndarray) -> None:
+    def load(
+        self,
+        namespaces: list[str],
+        namespace_ids: np.ndarray,
+        hashes: np.ndarray,
+        hash_lens: np.ndarray,
+        digests: np.ndarray,
+    ) -> None:
         """Map n distinct keys at once, as ids 0..n-1 in the order given (a rebuild at start).
 
         Args:
@@ -218,8 +237,10 @@ class KeyTable:
         self._hashes.load(hashes, hash_lens)
         self._ns = array("I", table_ids[namespace_ids].tobytes() if len(namespace_ids) else b"")
         self._mapped = len(digests)
-        self._resize(max(_MIN_SLOTS, 1 << int(len(digests) / _MAX_LOAD).bit_length()),
-                     (digests.astype(np.uint64), np.arange(len(digests), dtype=np.int32)))
+        self._resize(
+            max(_MIN_SLOTS, 1 << int(len(digests) / _MAX_LOAD).bit_length()),
+            (digests.astype(np.uint64), np.arange(len(digests), dtype=np.int32)),
+        )
 
     def namespace_number(self, namespace: str) -> int:
         """The number this table gives ``namespace`` (the seed of its keys' digests)."""
@@ -228,8 +249,11 @@ class KeyTable:
     def export(self, ids: np.ndarray) -> KeyBatch:
         """The keys of ``ids`` as arrays, copied in bulk: turn them into tuples outside a lock."""
         rows, lengths = self._hashes.rows(ids)
-        numbers = np.frombuffer(self._ns, dtype=np.uint32)[ids].astype(np.int64) if len(ids) else (
-            np.zeros(0, dtype=np.int64))
+        numbers = (
+            np.frombuffer(self._ns, dtype=np.uint32)[ids].astype(np.int64)
+            if len(ids)
+            else (np.zeros(0, dtype=np.int64))
+        )
         return KeyBatch(list(self._namespaces), numbers, rows, lengths)
 
     def mapped(self) -> np.ndarray:
@@ -306,16 +330,19 @@ class KeyTable:
             old = getattr(self, "_slot_ids", None)
             ids = np.zeros(0, dtype=np.int32) if old is None else np.frombuffer(old, dtype=np.int32)
             keep = ids != _EMPTY
-            members = (np.zeros(0, np.uint64) if old is None else np.frombuffer(self._digests, np.uint64)[keep],
-                       ids[keep])
+            members = (
+                np.zeros(0, np.uint64) if old is None else np.frombuffer(self._digests, np.uint64)[keep],
+                ids[keep],
+            )
         digests_in, ids_in = members
         self._digests = bytearray(8 * slots)
         self._slot_ids = bytearray(np.full(slots, _EMPTY, dtype=np.int32).tobytes())
         self._digest_view = memoryview(self._digests).cast("Q")
         self._ids_view = memoryview(self._slot_ids).cast("i")
         self._mask = slots - 1
-        overflow = _bulk_place(np.frombuffer(self._digests, np.uint64), np.frombuffer(self._slot_ids, np.int32),
-                               digests_in, ids_in)
+        overflow = _bulk_place(
+            np.frombuffer(self._digests, np.uint64), np.frombuffer(self._slot_ids, np.int32), digests_in, ids_in
+        )
         for key_digest, ident in overflow:
             self._place(key_digest, ident)
 

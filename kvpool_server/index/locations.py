@@ -32,14 +32,19 @@ class RecordLocations:
         )
         self.length[block], self.checksum[block] = length, checksum
 
-    def load(self, segments: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, lengths: np.ndarray,
-             checksums: np.ndarray) -> None:
+    def load(
+        self, segments: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, lengths: np.ndarray, checksums: np.ndarray
+    ) -> None:
         """Take these columns as blocks 0..n-1 (a rebuild at start, into empty columns)."""
         if len(self.segment):
             raise ValueError("load() fills empty columns only")
-        for column, values, dtype in ((self.segment, segments, np.uint32), (self.offset, offsets, np.uint64),
-                                      (self.size, sizes, np.uint32), (self.length, lengths, np.uint32),
-                                      (self.checksum, checksums, np.uint64)):
+        for column, values, dtype in (
+            (self.segment, segments, np.uint32),
+            (self.offset, offsets, np.uint64),
+            (self.size, sizes, np.uint32),
+            (self.length, lengths, np.uint32),
+            (self.checksum, checksums, np.uint64),
+        ):
             column.frombytes(values.astype(dtype).tobytes())
 
     def location(self, block: int) -> RecordAddress:

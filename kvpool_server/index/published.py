@@ -62,12 +62,15 @@ class PublishedIndex:
 
     def __init__(self, table: memoryview, entries: int, arena_id: int, probe_limit: int) -> None:
         if entries <= 0 or entries & (entries - 1) or not 0 < probe_limit <= entries:
-            raise ValueError(f"a published index needs a power-of-two size and a probe limit within it, "
-                             f"got {entries} and {probe_limit}")
+            raise ValueError(
+                f"a published index needs a power-of-two size and a probe limit within it, "
+                f"got {entries} and {probe_limit}"
+            )
         self.header = IndexHeader(arena_id, entries, probe_limit)
         if len(table) < self.header.nbytes:
-            raise ValueError(f"a published index of {entries} entries needs {self.header.nbytes} bytes, "
-                             f"got {len(table)}")
+            raise ValueError(
+                f"a published index of {entries} entries needs {self.header.nbytes} bytes, got {len(table)}"
+            )
         table[:HEADER_BYTES] = encode_header(self.header)
         self._words = table[: self.header.nbytes].cast("Q")
         self._mask = entries - 1

@@ -364,8 +364,9 @@ class DramTier:
         assert self._published is not None and self.generations is not None
         blocks = self._blocks
         offset = blocks.offset[block]
-        return self._published.publish(block, digest, offset, blocks.length[block], blocks.checksum[block],
-                                       self.generations.get(offset))
+        return self._published.publish(
+            block, digest, offset, blocks.length[block], blocks.checksum[block], self.generations.get(offset)
+        )
 
     def _handle(self, block: int, key: StoreKey) -> BlockEntry:
         """The one handle of a pinned block (readers of the same block share it)."""

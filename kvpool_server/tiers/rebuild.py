@@ -124,17 +124,23 @@ def _merge(segments: list[tuple[int, RecordColumns]], table: KeyTable) -> tuple[
     def column(name: str, dtype: type) -> np.ndarray:
         return _cat([getattr(c, name)[k] for _, c, k in kept], dtype)
 
-    hashes = np.concatenate([_widen(c.hashes[k], width) for _, c, k in kept]) if kept else (
-        np.zeros((0, 0), dtype=np.uint8))
+    hashes = (
+        np.concatenate([_widen(c.hashes[k], width) for _, c, k in kept]) if kept else (np.zeros((0, 0), dtype=np.uint8))
+    )
     hash_lens = column("hash_lens", np.int64)
     namespace_ids = _cat([m[m >= 0] for _, _, m in parts], np.int64)
     seeds = np.array([table.namespace_number(name) for name in names], dtype=np.int64)
     records = LogRecords(
-        namespaces=names, namespace_ids=namespace_ids, hashes=hashes, hash_lens=hash_lens,
+        namespaces=names,
+        namespace_ids=namespace_ids,
+        hashes=hashes,
+        hash_lens=hash_lens,
         digests=_digests(hashes, hash_lens, seeds[namespace_ids] if len(seeds) else namespace_ids),
         segments=_cat([np.full(int(k.sum()), s, dtype=np.int64) for s, _, k in kept], np.int64),
-        offsets=column("offsets", np.int64), sizes=column("sizes", np.int64),
-        payload_lens=column("payload_lens", np.int64), payload_sums=column("payload_sums", np.uint64),
+        offsets=column("offsets", np.int64),
+        sizes=column("sizes", np.int64),
+        payload_lens=column("payload_lens", np.int64),
+        payload_sums=column("payload_sums", np.uint64),
     )
     return records, column("tombstones", np.bool_), undecodable
 
@@ -159,14 +165,22 @@ def _digests(hashes: np.ndarray, hash_lens: np.ndarray, seeds: np.ndarray) -> np
     flat = np.ascontiguousarray(hashes).reshape(-1).data.cast("B")
     starts = range(0, len(hashes) * width, width)
     xxh3 = xxhash.xxh3_64_intdigest  # digest(), inlined: ten million calls
-    return np.fromiter((xxh3(flat[start : start + length], seed) for start, length, seed
-                        in zip(starts, hash_lens.tolist(), seeds.tolist(), strict=True)), np.uint64, len(hashes))
+    return np.fromiter(
+        (
+            xxh3(flat[start : start + length], seed)
+            for start, length, seed in zip(starts, hash_lens.tolist(), seeds.tolist(), strict=True)
+        ),
+        np.uint64,
+        len(hashes),
+    )
 
 
 def _same_key(records: LogRecords, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    same: np.ndarray = ((records.namespace_ids[first] == records.namespace_ids[second])
-                        & (records.hash_lens[first] == records.hash_lens[second])
-                        & (records.hashes[first] == records.hashes[second]).all(axis=1))
+    same: np.ndarray = (
+        (records.namespace_ids[first] == records.namespace_ids[second])
+        & (records.hash_lens[first] == records.hash_lens[second])
+        & (records.hashes[first] == records.hashes[second]).all(axis=1)
+    )
     return same
 
 

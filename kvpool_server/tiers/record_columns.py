@@ -33,9 +33,20 @@ from kvpool_server.tiers.records import (
 
 _LENGTHS = struct.Struct("<HHxxQ")  # namespace, hash and payload lengths, 6 bytes into a header
 _LENGTH_FIELDS = np.dtype([("ns_len", "<u2"), ("hash_len", "<u2"), ("reserved", "<u2"), ("payload_len", "<u8")])
-_HEADER = np.dtype([("magic", "S4"), ("version", "u1"), ("flags", "u1"), ("ns_len", "<u2"), ("hash_len", "<u2"),
-                    ("reserved", "<u2"), ("payload_len", "<u8"), ("payload_sum", "<u8"), ("key_sum", "<u4"),
-                    ("header_sum", "<u4")])
+_HEADER = np.dtype(
+    [
+        ("magic", "S4"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("ns_len", "<u2"),
+        ("hash_len", "<u2"),
+        ("reserved", "<u2"),
+        ("payload_len", "<u8"),
+        ("payload_sum", "<u8"),
+        ("key_sum", "<u4"),
+        ("header_sum", "<u4"),
+    ]
+)
 _CHUNK_RECORDS = 1 << 16  # records checked per numpy pass: bounds the work a corrupt length can waste
 _SUMMED = HEADER_SIZE - 4  # header bytes under the header checksum
 
@@ -122,11 +133,13 @@ def _same_size_run(array: np.ndarray, offset: int, stride: int, most: int) -> in
     """How many records from ``offset`` on (at least the first, at most ``most``) claim ``stride`` bytes."""
     if most <= 1:
         return 1
-    fields = np.lib.stride_tricks.as_strided(array[offset + 6 :], shape=(most, _LENGTH_FIELDS.itemsize),
-                                             strides=(stride, 1), writeable=False)
+    fields = np.lib.stride_tricks.as_strided(
+        array[offset + 6 :], shape=(most, _LENGTH_FIELDS.itemsize), strides=(stride, 1), writeable=False
+    )
     lengths = np.ascontiguousarray(fields).view(_LENGTH_FIELDS)[:, 0]
-    claimed = HEADER_SIZE + lengths["ns_len"].astype(np.int64) + lengths["hash_len"] + lengths["payload_len"].astype(
-        np.int64)
+    claimed = (
+        HEADER_SIZE + lengths["ns_len"].astype(np.int64) + lengths["hash_len"] + lengths["payload_len"].astype(np.int64)
+    )
     differs = np.flatnonzero(claimed != stride)
     return int(differs[0]) if len(differs) else most
 
@@ -137,9 +150,15 @@ def _sound_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -
     if not len(found):
         return found
     headers = _rows(array, found, HEADER_SIZE).view(_HEADER)[:, 0]
-    ok = ((headers["magic"] == MAGIC) & (headers["version"] == VERSION) & (headers["reserved"] == 0)
-          & ((headers["flags"] & ~np.uint8(_KNOWN_FLAGS)) == 0) & (headers["ns_len"] <= MAX_NAMESPACE_LEN)
-          & (headers["hash_len"] >= 1) & (headers["hash_len"] <= MAX_HASH_LEN))
+    ok = (
+        (headers["magic"] == MAGIC)
+        & (headers["version"] == VERSION)
+        & (headers["reserved"] == 0)
+        & ((headers["flags"] & ~np.uint8(_KNOWN_FLAGS)) == 0)
+        & (headers["ns_len"] <= MAX_NAMESPACE_LEN)
+        & (headers["hash_len"] >= 1)
+        & (headers["hash_len"] <= MAX_HASH_LEN)
+    )
     bad = np.flatnonzero(~ok)
     found = found[: bad[0]] if len(bad) else found
     digest = xxhash.xxh32_intdigest
@@ -147,8 +166,11 @@ def _sound_starts(view: memoryview, array: np.ndarray, offset: int, size: int) -
     bad = np.flatnonzero(header_sums != headers["header_sum"][: len(found)])
     found = found[: bad[0]] if len(bad) else found
     key_ends = found + HEADER_SIZE + headers["ns_len"][: len(found)] + headers["hash_len"][: len(found)]
-    key_sums = np.fromiter((digest(view[o + HEADER_SIZE : e]) for o, e in zip(found.tolist(), key_ends.tolist(),
-                                                                                strict=True)), np.uint32, len(found))
+    key_sums = np.fromiter(
+        (digest(view[o + HEADER_SIZE : e]) for o, e in zip(found.tolist(), key_ends.tolist(), strict=True)),
+        np.uint32,
+        len(found),
+    )
     bad = np.flatnonzero(key_sums != headers["key_sum"][: len(found)])
     return found[: bad[0]] if len(bad) else found
 
@@ -194,13 +216,13 @@ def _rows(array: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     whole = int(np.searchsorted(starts, len(array) - width, side="right"))  # rows that end inside the array
     steps = np.diff(starts[:whole])
     cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 2 if len(steps) > 1 else np.zeros(0, dtype=np.int64)
-    for first, end in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [whole])).tolist(),
-                          strict=True):
+    for first, end in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [whole])).tolist(), strict=True):
         if end <= first:
             continue
         stride = int(starts[first + 1] - starts[first]) if end - first > 1 else 1
-        view = np.lib.stride_tricks.as_strided(array[int(starts[first]):], shape=(end - first, width),
-                                               strides=(stride, 1), writeable=False)
+        view = np.lib.stride_tricks.as_strided(
+            array[int(starts[first]) :], shape=(end - first, width), strides=(stride, 1), writeable=False
+        )
         rows[first:end] = view
     for i in range(whole, len(starts)):  # the last few, cut at the array's end
         tail = array[int(starts[i]) : int(starts[i]) + width]

@@ -143,8 +143,15 @@ def encode_record_header(
     if int(flags) & ~_KNOWN_FLAGS or not 0 <= payload_sum < 1 << 64:
         raise ValueError("unknown flags or checksum out of range")
     fields = _FIELDS.pack(
-        MAGIC, VERSION, int(flags), len(namespace), len(hash_), 0,
-        payload_len, payload_sum, key_checksum(namespace, hash_),
+        MAGIC,
+        VERSION,
+        int(flags),
+        len(namespace),
+        len(hash_),
+        0,
+        payload_len,
+        payload_sum,
+        key_checksum(namespace, hash_),
     )
     return fields + _CHECKSUM.pack(xxhash.xxh32_intdigest(fields))
 
@@ -168,9 +175,7 @@ def decode_record_header(buf: bytes | bytearray | memoryview) -> RecordHeader:
     (stored_sum,) = _CHECKSUM.unpack_from(view, _FIELDS.size)
     if xxhash.xxh32_intdigest(fields) != stored_sum:
         raise CorruptRecord("header checksum mismatch")
-    magic, version, flags, ns_len, hash_len, reserved, pay_len, pay_sum, key_sum = (
-        _FIELDS.unpack(fields)
-    )
+    magic, version, flags, ns_len, hash_len, reserved, pay_len, pay_sum, key_sum = _FIELDS.unpack(fields)
     if magic != MAGIC or version != VERSION or reserved != 0 or flags & ~_KNOWN_FLAGS:
         raise CorruptRecord(f"bad magic/version/flags: {magic!r} v{version} f{flags}")
     problem = _check_bounds(ns_len, hash_len, pay_len)
@@ -286,8 +291,9 @@ def walk_records(read_at: ReadAt, size: int, verify: bool, result: WalkResult) -
     result.stop = WalkStop.END
 
 
-def judge_record(read_at: ReadAt, offset: int, size: int, verify: bool,
-                 result: WalkResult) -> tuple[FoundRecord | None, int | None]:
+def judge_record(
+    read_at: ReadAt, offset: int, size: int, verify: bool, result: WalkResult
+) -> tuple[FoundRecord | None, int | None]:
     """One step of :func:`walk_records`, by its rules: the record at ``offset``, if valid, and where the walk goes on.
 
     Returns:
@@ -336,13 +342,21 @@ def _walk_sound(read_at: ReadAt, offset: int, size: int, result: WalkResult) -> 
             if len(window) < HEADER_SIZE:
                 break
         magic, version, flags, ns_len, hash_len, reserved, payload_len, payload_sum, key_sum, head_sum = (
-            _RECORD_HEAD.unpack_from(window, pos))
+            _RECORD_HEAD.unpack_from(window, pos)
+        )
         key_at = pos + HEADER_SIZE
         key_end = key_at + ns_len + hash_len
         record_len = HEADER_SIZE + ns_len + hash_len + payload_len
-        if (magic != MAGIC or version != VERSION or reserved or flags not in _FLAG_VALUES or ns_len > MAX_NAMESPACE_LEN
-                or not 1 <= hash_len <= MAX_HASH_LEN or base + pos + record_len > size
-                or xxhash.xxh32_intdigest(view[pos:key_at - _CHECKSUM.size]) != head_sum):
+        if (
+            magic != MAGIC
+            or version != VERSION
+            or reserved
+            or flags not in _FLAG_VALUES
+            or ns_len > MAX_NAMESPACE_LEN
+            or not 1 <= hash_len <= MAX_HASH_LEN
+            or base + pos + record_len > size
+            or xxhash.xxh32_intdigest(view[pos : key_at - _CHECKSUM.size]) != head_sum
+        ):
             break
         if key_end > len(window):  # the key runs past the window: read on from this record
             if pos == 0:
@@ -352,7 +366,7 @@ def _walk_sound(read_at: ReadAt, offset: int, size: int, result: WalkResult) -> 
         if xxhash.xxh32_intdigest(view[key_at:key_end]) != key_sum:
             break
         header = RecordHeader(_FLAG_VALUES[flags], ns_len, hash_len, payload_len, payload_sum, key_sum)
-        yield FoundRecord(base + pos, header, window[key_at:key_at + ns_len], window[key_at + ns_len:key_end])
+        yield FoundRecord(base + pos, header, window[key_at : key_at + ns_len], window[key_at + ns_len : key_end])
         pos += record_len
         result.good_end = base + pos
     return base + pos

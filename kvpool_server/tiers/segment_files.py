@@ -123,8 +123,7 @@ def check_record(front: bytearray, payload: memoryview, location: RecordAddress,
     verify_payload(header, payload)
 
 
-def scan_segment(segment_id: int, fd: int, size: int, verify: bool,
-                 walk: WalkResult) -> Iterator[ScanEntry]:
+def scan_segment(segment_id: int, fd: int, size: int, verify: bool, walk: WalkResult) -> Iterator[ScanEntry]:
     """Yield the valid records of one segment file in order; see :func:`walk_records`."""
     namespaces: dict[bytes, str] = {}  # a segment holds few namespaces: decode each once
     for found in walk_records(lambda offset, n: os.pread(fd, n, offset), size, verify, walk):
@@ -153,8 +152,9 @@ def scan_mapped(fd: int, size: int, walk: WalkResult) -> RecordColumns:
             view.release()
 
 
-def read_records(fd: int, locations: list[RecordAddress], views: list[memoryview],
-                 keys: list[StoreKey | None]) -> list[CorruptRecord | None]:
+def read_records(
+    fd: int, locations: list[RecordAddress], views: list[memoryview], keys: list[StoreKey | None]
+) -> list[CorruptRecord | None]:
     """One preadv of records lying back to back from ``locations[0]``, then each record's checks.
 
     Returns:

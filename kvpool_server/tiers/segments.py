@@ -336,16 +336,22 @@ class SegmentLog:
         for i, (location, view) in enumerate(zip(locations, views, strict=True)):
             if view.readonly or location.length - HEADER_SIZE - len(view) < 1:
                 raise ValueError("target is read-only or larger than the record's payload")
-            if i and (location.segment_id, location.offset) != (locations[i - 1].segment_id,
-                                                                 locations[i - 1].offset + locations[i - 1].length):
+            if i and (location.segment_id, location.offset) != (
+                locations[i - 1].segment_id,
+                locations[i - 1].offset + locations[i - 1].length,
+            ):
                 raise ValueError("locations are not back to back in one segment")
         if not locations:
             return []
         segment = self._acquire(locations[0].segment_id)
         try:
-            return [problem for call in chunk_span([loc.length for loc in locations], READ_CHUNK)
-                    for problem in read_records(segment.fd, [locations[i] for i in call],
-                                                 [views[i] for i in call], [keys[i] for i in call])]
+            return [
+                problem
+                for call in chunk_span([loc.length for loc in locations], READ_CHUNK)
+                for problem in read_records(
+                    segment.fd, [locations[i] for i in call], [views[i] for i in call], [keys[i] for i in call]
+                )
+            ]
         finally:
             self._release(segment)
 

@@ -99,8 +99,9 @@ class SharedIndex:
     def __init__(self, arena: SharedArena, entries: int, arena_id: int, probe_limit: int = DEFAULT_PROBE_LIMIT) -> None:
         self.offset = table_offset(arena.capacity)
         self.table = PublishedIndex(arena.extra[self.offset - arena.capacity :], entries, arena_id, probe_limit)
-        self._marks_file = SharedArena(str(arena.path.parent), marks_name(arena.path.name), marks_bytes(entries),
-                                       mode=_MARKS_MODE)
+        self._marks_file = SharedArena(
+            str(arena.path.parent), marks_name(arena.path.name), marks_bytes(entries), mode=_MARKS_MODE
+        )
         self.marks_path = str(self._marks_file.path)
         self._marks = HitMarks(self._marks_file.view, entries)
         self._drains = 0

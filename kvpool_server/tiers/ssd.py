@@ -166,8 +166,10 @@ class SsdTier:
         ``s * SEGMENT_STRIDE``, and a sealed segment's end is the next one's start."""
         start = location.segment_id * SEGMENT_STRIDE + location.offset
         end = start + location.length
-        if (location.segment_id != self._log.active_segment_id
-                and self._log.size_of(location.segment_id) == location.offset + location.length):
+        if (
+            location.segment_id != self._log.active_segment_id
+            and self._log.size_of(location.segment_id) == location.offset + location.length
+        ):
             end = (location.segment_id + 1) * SEGMENT_STRIDE
         return Stretch(start, end)
 
@@ -304,8 +306,9 @@ class SsdTier:
             self._index.note_tombstone(key, location)
         return True
 
-    def _append(self, key: StoreKey, payload: memoryview | bytes, checksum: int,
-                flags: RecordFlags) -> RecordAddress | None:
+    def _append(
+        self, key: StoreKey, payload: memoryview | bytes, checksum: int, flags: RecordFlags
+    ) -> RecordAddress | None:
         """Append a record; on a disk error, pause writes and return None."""
         try:
             location = self._log.append(key[0], key[1], payload, flags, payload_sum=checksum)
@@ -319,8 +322,10 @@ class SsdTier:
         self._failure = f"{errno.errorcode.get(exc.errno or 0, 'EIO')}: {exc.strerror or exc}"
         self._failed_at = time.monotonic()
         self._counters.add("ssd_io_errors")
-        log.error("SSD write failed; demotion paused", extra={"error": self._failure,
-                                                               "retry_s": self._config.retry_after_error_s})
+        log.error(
+            "SSD write failed; demotion paused",
+            extra={"error": self._failure, "retry_s": self._config.retry_after_error_s},
+        )
 
     def _make_room(self, size: int) -> bool:
         """Evict and compact until ``size`` more bytes fit the budget.
@@ -440,8 +445,9 @@ class SsdTier:
 
     # -- reads (blocking) -----------------------------------------------------
 
-    def read_many(self, keys: Sequence[StoreKey], targets: Sequence[memoryview], *,
-                  touch: bool = True) -> list[int | None]:
+    def read_many(
+        self, keys: Sequence[StoreKey], targets: Sequence[memoryview], *, touch: bool = True
+    ) -> list[int | None]:
         """Read a batch of blocks, each into its target (exactly its length), and verify each.
 
         The records are read in disk order, records lying back to back as one
@@ -486,12 +492,14 @@ class SsdTier:
         except OSError as exc:  # only a hint: the reads themselves report real errors
             log.debug("read-ahead hint failed", extra={"error": str(exc)})
 
-    def _read_span(self, members: list[tuple[int, IndexedRecord]], keys: Sequence[StoreKey],
-                   targets: Sequence[memoryview]) -> list[bool]:
+    def _read_span(
+        self, members: list[tuple[int, IndexedRecord]], keys: Sequence[StoreKey], targets: Sequence[memoryview]
+    ) -> list[bool]:
         """Read one span's records; per member, whether its target holds verified bytes."""
         try:
-            problems = self._log.read_span([r.location for _, r in members], [targets[i] for i, _ in members],
-                                           [keys[i] for i, _ in members])
+            problems = self._log.read_span(
+                [r.location for _, r in members], [targets[i] for i, _ in members], [keys[i] for i, _ in members]
+            )
         except SegmentMissing:  # compacted meanwhile: each record, at its new location
             return [self.read_into(keys[i], targets[i], touch=False) is not None for i, _ in members]
         except OSError as exc:

@@ -71,8 +71,16 @@ class TierReport:
             return values.get(f"{name}_{event}", 0)
 
         return cls(
-            name, usage, count("hits"), count("misses"), count("evictions"), count("promotions"),
-            count("demotions"), count("corrupt_blocks"), count("io_errors"), failure or "",
+            name,
+            usage,
+            count("hits"),
+            count("misses"),
+            count("evictions"),
+            count("promotions"),
+            count("demotions"),
+            count("corrupt_blocks"),
+            count("io_errors"),
+            failure or "",
         )
 
 
@@ -177,8 +185,7 @@ class BlockStore:
         values = self._counters.snapshot()
         failures = {"ssd": self.ssd.failure() if self.ssd is not None else None}
         return [
-            TierReport.from_counters(name, usage, values, failures.get(name))
-            for name, usage in self.usage().items()
+            TierReport.from_counters(name, usage, values, failures.get(name)) for name, usage in self.usage().items()
         ]
 
     # -- deletes --------------------------------------------------------------

@@ -22,4 +22,3 @@ class NamespaceUsage:
     def add(self, nbytes: int) -> None:
         self.blocks += 1
         self.bytes += nbytes
-

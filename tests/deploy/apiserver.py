@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 _CORE_V1 = {
-    "kind": "APIResourceList", "groupVersion": "v1",
-    "resources": [{"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret",
-                   "verbs": ["get", "list"]}],
+    "kind": "APIResourceList",
+    "groupVersion": "v1",
+    "resources": [
+        {"name": "secrets", "singularName": "secret", "namespaced": True, "kind": "Secret", "verbs": ["get", "list"]}
+    ],
 }
 _NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
 
@@ -49,7 +51,9 @@ class ApiServer:
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig whose current context is this server."""
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "stand-in",
             "clusters": [{"name": "stand-in", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
             "users": [{"name": "stand-in", "user": {"token": "unused"}}],
             "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "stand-in"}}],

@@ -16,8 +16,9 @@ ENV = {**os.environ, "KVPOOL_VENV": sys.prefix}
 
 
 def run(*args: str | Path, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(a) for a in args], cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def helm_binary() -> str:

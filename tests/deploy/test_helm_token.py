@@ -81,8 +81,13 @@ def lookup_render(
     secrets = {}
     if served is not None:
         data = {key: base64.b64encode(value).decode() for key, value in served.items()}
-        secrets[("kvpool", SECRET)] = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
-                                       "metadata": {"name": SECRET, "namespace": "kvpool"}}
+        secrets[("kvpool", SECRET)] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "data": data,
+            "metadata": {"name": SECRET, "namespace": "kvpool"},
+        }
     with serving(secrets) as api:
         kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         objects = render(helm, "--dry-run=server", *args, env={"KUBECONFIG": str(kubeconfig)})
@@ -110,8 +115,9 @@ def test_without_a_token_in_the_cluster_the_chart_draws_one(helm: str, tmp_path:
 
 def test_a_token_in_the_values_wins_over_the_cluster(helm: str, tmp_path: Path) -> None:
     given = "0123456789abcdef0123456789abcdef"
-    objects, _ = lookup_render(helm, tmp_path, {"token": b"the-one-in-the-cluster-0123456789"}, "--set",
-                               f"secrets.token={given}")
+    objects, _ = lookup_render(
+        helm, tmp_path, {"token": b"the-one-in-the-cluster-0123456789"}, "--set", f"secrets.token={given}"
+    )
     assert token_of(objects) == given
 
 
@@ -129,8 +135,9 @@ def test_opting_out_renders_no_token_and_warns_loudly(helm: str, tmp_path: Path)
     spec = pod_spec(objects, "DaemonSet")
     assert secret_volume(spec) is None and "KVPOOL_AUTH_TOKEN_FILE" not in env_of(container(objects))
     notes = render_notes(helm, tmp_path, "--set", "security.token=false")
-    assert "WARNING: security.token=false: the daemons take every data connection and gRPC call without a token." \
-        in notes, notes
+    assert (
+        "WARNING: security.token=false: the daemons take every data connection and gRPC call without a token." in notes
+    ), notes
     assert "only the NetworkPolicy limits who reaches them" in notes
     open_notes = render_notes(helm, tmp_path, "--set", "security.token=false,networkPolicy.enabled=false")
     assert "nothing limits who reaches them" in open_notes, open_notes

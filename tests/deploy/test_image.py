@@ -24,11 +24,13 @@ pytestmark = [
 @pytest.mark.timeout(900)
 def test_image_builds_and_serves() -> None:
     env = {**os.environ, "KVPOOL_KEEP_DOCKERD": "", "KVPOOL_IMAGE_UCX": "1"}
-    build = subprocess.run(["bash", "deploy/image/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=840)
+    build = subprocess.run(
+        ["bash", "deploy/image/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840
+    )
     assert build.returncode == 0, build.stdout + build.stderr
-    smoke = subprocess.run(["bash", "deploy/image/smoke.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120)
+    smoke = subprocess.run(
+        ["bash", "deploy/image/smoke.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert "smoke: ok" in smoke.stdout
     # The default image carries the ucx extra: its daemon serves blocks over UCX too.

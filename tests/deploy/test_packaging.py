@@ -39,9 +39,23 @@ def _resolve(engine: str) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         run = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-             "--disable-pip-version-check", "--report", str(report), f"{ROOT}[torch]", engine],
-            capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--report",
+                str(report),
+                f"{ROOT}[torch]",
+                engine,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert run.returncode == 0, f"pip cannot install kvpool beside {engine}:\n{run.stderr[-4000:]}"
         installs = json.loads(report.read_text())["install"]

@@ -116,8 +116,14 @@ def test_values_schema_rejects(helm: str, values: dict[str, str], expected: str)
 
 
 def test_grace_period_fits_drain_and_shutdown(helm: str) -> None:
-    result = run(helm, "template", "kvpool", CHART, "--set",
-                 "drain.timeoutSeconds=300,config.shutdown_grace_s=15,ssd.enabled=true,ssd.shutdownFlushSeconds=40")
+    result = run(
+        helm,
+        "template",
+        "kvpool",
+        CHART,
+        "--set",
+        "drain.timeoutSeconds=300,config.shutdown_grace_s=15,ssd.enabled=true,ssd.shutdownFlushSeconds=40",
+    )
     assert result.returncode == 0, result.stderr
     # 300 (drain) + 15 (daemon grace) + 40 (SSD flush) + 10 (margin).
     assert "terminationGracePeriodSeconds: 365" in result.stdout
@@ -237,10 +243,35 @@ def test_rendered_security_config_and_probe_work_against_a_daemon(helm: str, tmp
     ca_cert, ca_key = make_ca(tmp_path, "ca")
     # One certificate for every daemon: the headless Service's per-pod names.
     (tmp_path / "san.ext").write_text("subjectAltName=DNS:*.kvpool.kvpool.svc.cluster.local\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kvpool", "-keyout", str(secrets / "tls.key"),
-            "-out", str(tmp_path / "tls.csr"))
-    openssl("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(ca_cert), "-CAkey", str(ca_key),
-            "-CAcreateserial", "-days", "2", "-extfile", str(tmp_path / "san.ext"), "-out", str(secrets / "tls.crt"))
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=kvpool",
+        "-keyout",
+        str(secrets / "tls.key"),
+        "-out",
+        str(tmp_path / "tls.csr"),
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(tmp_path / "tls.csr"),
+        "-CA",
+        str(ca_cert),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(tmp_path / "san.ext"),
+        "-out",
+        str(secrets / "tls.crt"),
+    )
     shutil.copy(ca_cert, secrets / "ca.crt")
     (secrets / "token").write_text("0123456789abcdef0123456789abcdef\n")
 
@@ -291,7 +322,10 @@ def test_ucx_values_reach_the_daemon_config_ports_and_policy(helm: str) -> None:
     objects = render(helm, "-f", CHART / "ci/ucx-values.yaml")
     config = daemon_config(objects)
     assert {k: v for k, v in config.items() if k.startswith("ucx_")} == {
-        "ucx_port": 50053, "ucx_tls": "tcp,sm", "ucx_progress_mode": "blocking", "ucx_net_devices": "eth0",
+        "ucx_port": 50053,
+        "ucx_tls": "tcp,sm",
+        "ucx_progress_mode": "blocking",
+        "ucx_net_devices": "eth0",
     }
     daemon = container(objects)
     assert {"name": "ucx", "containerPort": 50053, "protocol": "TCP"} in daemon["ports"]
@@ -362,10 +396,15 @@ def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path
     if (missing := import_error()) is not None:
         pytest.skip(f"ucxx cannot be imported: {missing}")
     port = free_port("0.0.0.0")  # UCX's listener binds every interface
-    objects = render(helm, "-f", CHART / "ci/ucx-values.yaml", "--set",
-                     f"dataPlane.ucx.port={port},dataPlane.ucx.tcpPortRange={port + 1}-{port + 32},"
-                     # ucx_round_trip.py (the image's smoke test too) speaks to the daemon without a token.
-                     "dataPlane.ucx.netDevices={lo},security.token=false")
+    objects = render(
+        helm,
+        "-f",
+        CHART / "ci/ucx-values.yaml",
+        "--set",
+        f"dataPlane.ucx.port={port},dataPlane.ucx.tcpPortRange={port + 1}-{port + 32},"
+        # ucx_round_trip.py (the image's smoke test too) speaks to the daemon without a token.
+        "dataPlane.ucx.netDevices={lo},security.token=false",
+    )
     config = daemon_config(objects)
     assert config["ucx_port"] == port and config["ucx_net_devices"] == "lo"
     config_file = tmp_path / "kvpool.yaml"

@@ -19,7 +19,8 @@ def project_version() -> str:
 
 def test_the_installed_package_reports_the_project_version() -> None:
     assert package_version() == project_version(), (
-        f"installed kvpool says {package_version()}, pyproject.toml {project_version()}: reinstall (deploy/dev.sh)")
+        f"installed kvpool says {package_version()}, pyproject.toml {project_version()}: reinstall (deploy/dev.sh)"
+    )
 
 
 def test_the_chart_and_the_rendered_manifests_carry_the_project_version() -> None:

@@ -66,7 +66,7 @@ def test_a_stalled_oversized_put_evicts_nothing_and_blocks_no_writer(small: Daem
 
 
 def test_puts_beyond_the_budget_in_flight_are_refused_overloaded_then_admitted(
-    daemon_factory: Callable[..., DaemonProcess]
+    daemon_factory: Callable[..., DaemonProcess],
 ) -> None:
     daemon = daemon_factory("--dram-capacity", "64MiB", "--slab-size", "4MiB", "--max-inflight-put-bytes", "4MiB")
     block = b"x" * (4 * MiB)
@@ -121,4 +121,3 @@ def _counter(client: KVPoolClient, daemon: DaemonProcess, name: str) -> int:
 def _reserved(client: KVPoolClient, daemon: DaemonProcess) -> bool:
     (dram,) = client.stats(daemon.address).tiers
     return dram.used_bytes > 0
-

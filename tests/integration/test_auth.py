@@ -124,18 +124,21 @@ def test_kvpoolctl_takes_the_token_from_a_file(node: DaemonProcess, token_file: 
     command = [sys.executable, "-m", "kvpool_client.admin.cli", "status"]
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--auth-token-file" in refused.stderr, refused  # exit 2: the caller's to fix
-    allowed = subprocess.run([*command, "--auth-token-file", str(token_file)], env=env, capture_output=True, text=True,
-                             timeout=60)
+    allowed = subprocess.run(
+        [*command, "--auth-token-file", str(token_file)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert allowed.returncode == 0 and node.node_id in allowed.stdout, allowed
     wrong = token_file.with_name("wrong-token")
     wrong.write_text("a-token-but-not-the-cluster-one\n")
-    rejected = subprocess.run([*command, "--auth-token-file", str(wrong)], env=env, capture_output=True, text=True,
-                              timeout=60)
+    rejected = subprocess.run(
+        [*command, "--auth-token-file", str(wrong)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert rejected.returncode == 2 and f"rejected the token in {wrong}" in rejected.stderr, rejected
 
 
-def test_a_daemon_refuses_to_start_with_a_short_token(daemon_factory: Callable[..., DaemonProcess],
-                                                      tmp_path: Path) -> None:
+def test_a_daemon_refuses_to_start_with_a_short_token(
+    daemon_factory: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
     short = tmp_path / "short"
     short.write_text("tiny")
     with pytest.raises(RuntimeError, match=r"16\.\.1024 bytes"):
@@ -158,8 +161,11 @@ def test_idle_connections_are_closed_and_the_client_reconnects(daemon_factory: C
     with client(node, None, "tcp") as pool:
         pool.put(KEYS, BLOCKS).raise_for_errors()
         # Stats go over the control plane: asking does not keep the pooled data connection busy.
-        wait_until(lambda: pool.stats(node.address).counters["connections_closed_idle"], lambda closed: closed >= 2,
-                   "the node to close the pooled connection after its idle timeout")
+        wait_until(
+            lambda: pool.stats(node.address).counters["connections_closed_idle"],
+            lambda closed: closed >= 2,
+            "the node to close the pooled connection after its idle timeout",
+        )
         assert [bytes(b) for b in pool.get(KEYS).buffers] == BLOCKS
 
 

@@ -22,8 +22,16 @@ from tests.support.waiting import wait_until
 
 NS = Namespace("cli-model", "fp16", "L1-H1-D8-T4")
 BLOCK_SIZE = 4
-LOOKUP_ARGS = ("--namespace-model", NS.model, "--dtype", NS.dtype, "--layout", NS.layout,
-               "--block-size", str(BLOCK_SIZE))
+LOOKUP_ARGS = (
+    "--namespace-model",
+    NS.model,
+    "--dtype",
+    NS.dtype,
+    "--layout",
+    NS.layout,
+    "--block-size",
+    str(BLOCK_SIZE),
+)
 
 
 def kvpoolctl(
@@ -33,7 +41,10 @@ def kvpoolctl(
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
     return subprocess.run(
         [sys.executable, "-m", "kvpool_client.admin.cli", *args],
-        input=stdin, capture_output=True, timeout=30, env={**clean, **(env or {})},
+        input=stdin,
+        capture_output=True,
+        timeout=30,
+        env={**clean, **(env or {})},
     )
 
 
@@ -60,8 +71,19 @@ def dead_address() -> str:
 
 def test_status_table_and_json(daemon: DaemonProcess) -> None:
     table = ok(kvpoolctl("status", "--nodes", daemon.address)).splitlines()
-    assert table[0].split() == ["NODE", "ADDRESS", "STATE", "DATA", "DRAM", "USED", "BLOCKS", "HIT", "RATE", "UPTIME",
-                                "METRICS"]
+    assert table[0].split() == [
+        "NODE",
+        "ADDRESS",
+        "STATE",
+        "DATA",
+        "DRAM",
+        "USED",
+        "BLOCKS",
+        "HIT",
+        "RATE",
+        "UPTIME",
+        "METRICS",
+    ]
     assert len(table) == 2
     row = table[1]
     assert row.startswith(f"{daemon.node_id}  ") and f"  {daemon.address}  active  tcp://{daemon.data_address}" in row
@@ -98,8 +120,9 @@ def test_put_get_round_trip_and_stats(daemon: DaemonProcess, tmp_path: Path) -> 
     source = tmp_path / "block.bin"
     source.write_bytes(data)
     key = hashlib.sha256(b"round-trip").hexdigest()
-    put = json.loads(ok(kvpoolctl("put", str(source), "--key", key, "--namespace", "dbg", "--json",
-                                  "--nodes", daemon.address)))
+    put = json.loads(
+        ok(kvpoolctl("put", str(source), "--key", key, "--namespace", "dbg", "--json", "--nodes", daemon.address))
+    )
     assert put == {"key": key, "namespace": "dbg", "node": daemon.address, "bytes": len(data), "status": "OK"}
 
     target = tmp_path / "out.bin"
@@ -121,8 +144,9 @@ def test_put_get_round_trip_and_stats(daemon: DaemonProcess, tmp_path: Path) -> 
 
     # kvpoolctl on the daemon's node reads the block through the node's shared index: no request,
     # no hit; the read reaches the node as a touch of the block's recency, within half a second.
-    node = wait_until(node_stats, lambda n: reads(n) == 2 or n["counters"]["shared_index_touches"] >= 1,
-                      "both gets seen by the node")
+    node = wait_until(
+        node_stats, lambda n: reads(n) == 2 or n["counters"]["shared_index_touches"] >= 1, "both gets seen by the node"
+    )
     (dram,) = node["tiers"]
     assert dram["blocks"] == 1 and dram["hits"] == reads(node) and node["counters"]["requests_put"] == 2, node
     text = ok(kvpoolctl("stats", env=env))

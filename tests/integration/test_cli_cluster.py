@@ -161,8 +161,10 @@ def test_config_get_and_set(etcd: LocalEtcd) -> None:
     out = ok(ctl(etcd, "config", "set", "replicas=2"))
     assert out.splitlines()[0] == f"cluster {CLUSTER}: config created: replicas 1 -> 2"
     got = json.loads(ok(ctl(etcd, "--json", "config", "get")))
-    assert got == {"cluster": CLUSTER,
-                   "config": {"block_size": 16, "replicas": 2, "write_quorum": 1, "placement_version": 1}}
+    assert got == {
+        "cluster": CLUSTER,
+        "config": {"block_size": 16, "replicas": 2, "write_quorum": 1, "placement_version": 1},
+    }
     assert "replicas           2" in ok(ctl(etcd, "config", "get"))
 
     both = json.loads(ok(ctl(etcd, "--json", "config", "set", "replicas=3", "write_quorum=2")))
@@ -178,8 +180,21 @@ def test_config_get_and_set(etcd: LocalEtcd) -> None:
 def test_watch_sees_a_node_join_and_leave(etcd: LocalEtcd, start_nodes: StartNodes) -> None:
     ok(ctl(etcd, "config", "set", "replicas=1"))  # else the first daemon writing it is an event too
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-    argv = [sys.executable, "-m", "kvpool_client.admin.cli", "--etcd", etcd.endpoint, "--cluster", CLUSTER,
-            "--json", "watch", "--count", "4", "--timeout", "15"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvpool_client.admin.cli",
+        "--etcd",
+        etcd.endpoint,
+        "--cluster",
+        CLUSTER,
+        "--json",
+        "watch",
+        "--count",
+        "4",
+        "--timeout",
+        "15",
+    ]
     watcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean)
     try:
         assert watcher.stdout is not None
@@ -195,7 +210,10 @@ def test_watch_sees_a_node_join_and_leave(etcd: LocalEtcd, start_nodes: StartNod
     assert watcher.returncode == 0, err
     events = [json.loads(line) for line in out.splitlines()]
     assert [(e["event"], e["node_id"]) for e in events] == [
-        ("joined", "node-w"), ("state", "node-w"), ("state", "node-w"), ("left", "node-w")
+        ("joined", "node-w"),
+        ("state", "node-w"),
+        ("state", "node-w"),
+        ("left", "node-w"),
     ]
     assert events[0]["node"]["address"] == daemon.address
     assert [e["changed"]["state"] for e in events[1:3]] == [["joining", "active"], ["active", "draining"]]
@@ -244,5 +262,6 @@ def test_a_refused_transition_exits_2_with_the_reason() -> None:
         line = one_line_error(kvpoolctl("undrain", f"127.0.0.1:{port}", "--nodes", f"127.0.0.1:{port}"), 2)
     finally:
         server.stop(None)
-    assert line == (f"kvpoolctl: error: 127.0.0.1:{port} refused to become active: "
-                    "node stub: cannot go from joining to active")
+    assert line == (
+        f"kvpoolctl: error: 127.0.0.1:{port} refused to become active: node stub: cannot go from joining to active"
+    )

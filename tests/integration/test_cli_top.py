@@ -46,8 +46,10 @@ def test_first_sample_and_restart_give_no_rates() -> None:
     assert first.requests_per_s is None and first.hit_rate == pytest.approx(0.75)
     assert first.cells()[7] == "-"
     # Uptime went down: the node restarted and its counters began again at zero.
-    restarted = node_row(Sample(3.0, report(1.0, hits=0, misses=0, requests=2)),
-                         Sample(1.0, report(50.0, hits=3, misses=1, requests=900)))
+    restarted = node_row(
+        Sample(3.0, report(1.0, hits=0, misses=0, requests=2)),
+        Sample(1.0, report(50.0, hits=3, misses=1, requests=900)),
+    )
     assert restarted.requests_per_s is None and restarted.hit_rate is None
 
 
@@ -61,9 +63,22 @@ def test_render_counts_unreachable_nodes() -> None:
 
 def test_top_shows_traffic_between_refreshes(daemon: DaemonProcess) -> None:
     top = subprocess.Popen(
-        [sys.executable, "-m", "kvpool_client.admin.cli", "--json", "--nodes", daemon.address,
-         "top", "--count", "3", "--interval", "0.7"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvpool_client.admin.cli",
+            "--json",
+            "--nodes",
+            daemon.address,
+            "top",
+            "--count",
+            "3",
+            "--interval",
+            "0.7",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     keys = BlockKeyBuilder(NS, 4).keys(list(range(4 * 8)))
     lines: list[str] = []
@@ -104,8 +119,10 @@ def test_top_table_and_unreachable_node(daemon: DaemonProcess) -> None:
 def complete(script: str, *words: str) -> list[str]:
     """What bash offers after ``words`` (the last one is the word being completed)."""
     quoted = " ".join(shlex.quote(w) for w in words)
-    program = (f"{script}\nCOMP_WORDS=(kvpoolctl {quoted})\n"
-               'COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _kvpoolctl; printf "%s\\n" "${COMPREPLY[@]}"')
+    program = (
+        f"{script}\nCOMP_WORDS=(kvpoolctl {quoted})\n"
+        'COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _kvpoolctl; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
     result = subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=10)
     assert result.returncode == 0, result.stderr
     return result.stdout.split()

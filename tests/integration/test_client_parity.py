@@ -136,8 +136,9 @@ def test_both_clients_answer_the_script_alike(daemon: DaemonProcess) -> None:
     assert by_step["2:get"][0] == ["OK"] * 4 + ["NOT_FOUND"] * 2, by_step["2:get"]
     assert by_step["4:get"][0] == ["SIZE_MISMATCH"], by_step["4:get"]
     assert (by_step["6:lookup"], by_step["8:lookup"]) == (4, 2)
-    assert (by_step["15:flush_namespace"], by_step["17:flush_model"], by_step["18:namespaces"]) == (2, 2, []), \
+    assert (by_step["15:flush_namespace"], by_step["17:flush_model"], by_step["18:namespaces"]) == (2, 2, []), (
         "keys 0 and 1 outlive the delete; the model flush takes the two put after"
+    )
 
 
 def test_both_clients_fail_alike_with_a_node_down(daemon: DaemonProcess) -> None:

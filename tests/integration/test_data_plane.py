@@ -145,9 +145,7 @@ def kv_tensors(dtype: torch.dtype, n: int) -> list[torch.Tensor]:
     return [torch.randn(2, 4, 16, 64, generator=gen).to(dtype) for _ in range(n)]
 
 
-def assert_filled_in_place(
-    dst: Sequence[torch.Tensor], ptrs: list[int], src: Sequence[torch.Tensor], got: Any
-) -> None:
+def assert_filled_in_place(dst: Sequence[torch.Tensor], ptrs: list[int], src: Sequence[torch.Tensor], got: Any) -> None:
     assert got.statuses == (OK,) * len(src), got.statuses
     for i, (d, s) in enumerate(zip(dst, src, strict=True)):
         assert d.data_ptr() == ptrs[i], f"tensor {i} was reallocated"

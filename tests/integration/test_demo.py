@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_loads_prefixes_from_the_pool_and_survives_a_killed_node() -> None:
-    done = subprocess.run([sys.executable, "bench/demo.py", "--conversations", "3", "--turns", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "bench/demo.py", "--conversations", "3", "--turns", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     out = done.stdout
     assert done.returncode == 0, f"demo exited {done.returncode}:\n{out}\n{done.stderr[-3000:]}"
     summary = re.search(r"(\d+) prefills, (\d+) blocks: (\d+) loaded from the pool .* every block verified", out)

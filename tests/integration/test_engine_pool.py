@@ -41,8 +41,14 @@ def daemon() -> Iterator[DaemonProcess]:
     process.remove_files()
 
 
-def _engine(pages: int, prefix_cache: bool = True, client: KVPoolClient | None = None,
-            policy: SavePolicy = SavePolicy.EVICT, model: Model = MODEL, seed: str = "t") -> Engine:
+def _engine(
+    pages: int,
+    prefix_cache: bool = True,
+    client: KVPoolClient | None = None,
+    policy: SavePolicy = SavePolicy.EVICT,
+    model: Model = MODEL,
+    seed: str = "t",
+) -> Engine:
     namespace = LAYOUT.namespace(model.cfg.name)
 
     def tier(kv: PagedKVCache) -> PoolTier:
@@ -84,8 +90,9 @@ def test_greedy_outputs_are_identical_across_modes(daemon: DaemonProcess) -> Non
             outputs = {mode: {rid: f.output for rid, f in done.items()} for mode, done in runs.items()}
             assert outputs["a"] == outputs["b"] == outputs["c"], together
             assert len(outputs["a"]) == len(prompts) and all(len(o) == OUT for o in outputs["a"].values())
-            reused = {mode: sum(f.local_hit_tokens + f.pool_hit_tokens for f in done.values())
-                      for mode, done in runs.items()}
+            reused = {
+                mode: sum(f.local_hit_tokens + f.pool_hit_tokens for f in done.values()) for mode, done in runs.items()
+            }
             if not together:  # one at a time, the 16-page budget holds about one document
                 assert reused["c"] == 3 * 36 > reused["b"]  # each document's 9 full blocks, second time round
                 assert all(f.loaded_bytes == f.pool_hit_tokens // 4 * LAYOUT.block_nbytes for f in runs["c"].values())

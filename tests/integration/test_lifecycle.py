@@ -115,8 +115,9 @@ def test_signal_stops_cleanly(daemon_factory: Callable[..., DaemonProcess], sig:
     assert len(files) == 1, f"expected one arena file, found {files}"
     generations = GenerationsHeader(arena_id=0, granule=GRANULE, count=32 * MiB // GRANULE).nbytes
     index = table_bytes(entries_for(-1, 32 * MiB))
-    assert os.path.getsize(files[0]) == aligned_offset(32 * MiB + generations) + index, \
+    assert os.path.getsize(files[0]) == aligned_offset(32 * MiB + generations) + index, (
         "the arena, then its slot generations, then its shared index on a cache line"
+    )
     with KVPoolClient([daemon.address]) as client:  # idle pooled connections stay open across the stop
         round_trip(daemon, client)
         started = time.monotonic()
@@ -151,8 +152,11 @@ def test_sigterm_lets_in_flight_put_finish(daemon_factory: Callable[..., DaemonP
 def wait_put_begun(daemon: DaemonProcess) -> None:
     """Wait until the daemon has read the header of the first put sent to it: the put is in flight there."""
     with KVPoolClient([daemon.address]) as client:
-        wait_until(lambda: client.stats(daemon.address).counters["requests_put"], lambda puts: puts >= 1,
-                   "the daemon to read the put's header")
+        wait_until(
+            lambda: client.stats(daemon.address).counters["requests_put"],
+            lambda puts: puts >= 1,
+            "the daemon to read the put's header",
+        )
 
 
 def _stall_mid_put(daemon: DaemonProcess) -> RawConnection:
@@ -233,8 +237,9 @@ def test_port_in_use_fails_start_cleanly(which: str) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         other = "--data-port" if which == "--grpc-port" else "--grpc-port"
-        argv = server_argv(which, str(port), other, "0", "--dram-capacity", "8MiB", "--slab-size", "1MiB",
-                           "--log-format", "text")
+        argv = server_argv(
+            which, str(port), other, "0", "--dram-capacity", "8MiB", "--slab-size", "1MiB", "--log-format", "text"
+        )
         code, out, err, pid = run_server(argv, clean_env())
     output = out + err
     assert code == 1, f"exit {code}\n{output}"
@@ -255,8 +260,18 @@ def test_health_service_answers_serving(daemon: DaemonProcess) -> None:
 
 def test_restart_on_same_fixed_ports(daemon_factory: Callable[..., DaemonProcess]) -> None:
     grpc_port, data_port = free_ports(2)
-    flags = ("--grpc-port", str(grpc_port), "--data-port", str(data_port), "--dram-capacity", "8MiB",
-             "--slab-size", "1MiB", "--shutdown-grace-s", "2")
+    flags = (
+        "--grpc-port",
+        str(grpc_port),
+        "--data-port",
+        str(data_port),
+        "--dram-capacity",
+        "8MiB",
+        "--slab-size",
+        "1MiB",
+        "--shutdown-grace-s",
+        "2",
+    )
     first = daemon_factory(*flags)
     assert (first.grpc_port, first.data_port) == (grpc_port, data_port)
     with KVPoolClient([first.address]) as client:
@@ -277,8 +292,16 @@ def test_restart_on_same_fixed_ports(daemon_factory: Callable[..., DaemonProcess
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_pooled_client_survives_daemon_restart(daemon_factory: Callable[..., DaemonProcess], flavour: str) -> None:
     grpc_port, data_port = free_ports(2)
-    flags = ("--grpc-port", str(grpc_port), "--data-port", str(data_port), "--dram-capacity", "8MiB",
-             "--slab-size", "1MiB")
+    flags = (
+        "--grpc-port",
+        str(grpc_port),
+        "--data-port",
+        str(data_port),
+        "--dram-capacity",
+        "8MiB",
+        "--slab-size",
+        "1MiB",
+    )
     first = daemon_factory(*flags)
     key, data = BlockKey(NS, os.urandom(32)), os.urandom(4096)
 

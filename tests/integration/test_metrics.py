@@ -93,8 +93,9 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     assert after[dram("kvpool_tier_used_bytes")] == tier.used_bytes > 0
     assert after[dram("kvpool_tier_blocks")] == tier.blocks == len(keys) == 16
     ns_id = keys[0].namespace
-    assert after[("kvpool_namespace_bytes", (("namespace", ns_id), ("tier", "dram")))] == tier.used_bytes, \
+    assert after[("kvpool_namespace_bytes", (("namespace", ns_id), ("tier", "dram")))] == tier.used_bytes, (
         "the one namespace holds every slot"
+    )
     assert after[dram("kvpool_tier_hits_total")] == tier.hits
     assert after[dram("kvpool_tier_misses_total")] == tier.misses
     assert after[("kvpool_node_state", (("state", "active"),))] == 1
@@ -112,17 +113,22 @@ def test_metrics_port_minus_one_turns_it_off(daemon_factory: Callable[..., Daemo
 
 
 def test_every_declared_metric_is_in_the_scrape_and_every_counter_in_get_stats(
-    daemon_factory: Callable[..., DaemonProcess], tmp_path: Path,
+    daemon_factory: Callable[..., DaemonProcess],
+    tmp_path: Path,
 ) -> None:
-    daemon = daemon_factory(*SMALL, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-capacity", "16MiB",
-                            "--ssd-segment-size", "2MiB")
+    daemon = daemon_factory(
+        *SMALL, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-capacity", "16MiB", "--ssd-segment-size", "2MiB"
+    )
     keys = BlockKeyBuilder(NS, block_size=4).keys(list(range(16)))
     with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport="tcp")) as client:
         assert client.put(keys, [b"x" * 4096] * len(keys)).stored == len(keys)
         assert client.get(keys).hits == len(keys)
         # The get's bytes are counted just after its send returns: wait until both views agree.
-        wait_until(lambda: disagreements(client, daemon), lambda differ: not differ,
-                   "GetStats and /metrics to agree on every declared counter (key: (GetStats, /metrics))")
+        wait_until(
+            lambda: disagreements(client, daemon),
+            lambda differ: not differ,
+            "GetStats and /metrics to agree on every declared counter (key: (GetStats, /metrics))",
+        )
         stats, scraped = dict(client.stats(daemon.address).counters), counters_in(scrape(daemon))
     assert not {family.name for family in FAMILIES} - families(daemon), "declared families missing from /metrics"
     assert set(COUNTER_KEYS) <= set(stats), f"declared counters missing from GetStats: {set(COUNTER_KEYS) - set(stats)}"

@@ -125,13 +125,18 @@ def cluster_client(cluster: LocalCluster) -> KVPoolClient:
                                             replicas=2, write_quorum=2, request_timeout_s=2.0))  # fmt: skip
 
 
-def repaired_totals(client: KVPoolClient, daemons: list[DaemonProcess], nodes: int,
-                    names: tuple[str, ...]) -> dict[str, int]:
+def repaired_totals(
+    client: KVPoolClient, daemons: list[DaemonProcess], nodes: int, names: tuple[str, ...]
+) -> dict[str, int]:
     """The named counters summed over ``daemons``, once each has logged the end of a repair run over
     ``nodes`` active nodes: the run the last membership change caused. A copy it failed (BUSY: the
     other holder was storing the same block) was made by that holder, so a retry copies nothing."""
-    wait_until(lambda: {d.node_id: len(repair_summaries(d, nodes)) for d in daemons}, lambda runs: all(runs.values()),
-               f"a repair over {nodes} nodes to end on every daemon (runs by node)", WAIT_S)
+    wait_until(
+        lambda: {d.node_id: len(repair_summaries(d, nodes)) for d in daemons},
+        lambda runs: all(runs.values()),
+        f"a repair over {nodes} nodes to end on every daemon (runs by node)",
+        WAIT_S,
+    )
     return {n: sum(counter(client, d, n) for d in daemons) for n in names}
 
 

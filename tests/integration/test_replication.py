@@ -132,8 +132,12 @@ def test_kill_nine_loses_no_block_and_the_first_read_fails_over_at_once(trio: Lo
 # The timeout is long enough that a loaded machine does not hit it on a live node (a timeout
 # before the SIGSTOP opens the breaker early and the hung get then skips the node at once).
 HUNG_TIMEOUT_S = 2.0
-HUNG_NODE_SETTINGS = {"replicas": 2, "request_timeout_s": HUNG_TIMEOUT_S, "connect_timeout_s": HUNG_TIMEOUT_S,
-                      "location_ttl_s": 0.0}
+HUNG_NODE_SETTINGS = {
+    "replicas": 2,
+    "request_timeout_s": HUNG_TIMEOUT_S,
+    "connect_timeout_s": HUNG_TIMEOUT_S,
+    "location_ttl_s": 0.0,
+}
 BACKOFF_PASSED_S = 0.6  # past the breaker's first back-off (at most 0.5 s): the next request probes the node
 
 
@@ -156,7 +160,8 @@ def test_sigstop_times_out_fails_over_and_sigcont_brings_the_node_back(trio: Loc
         elapsed = time.monotonic() - started
         assert_all_read(hung.statuses, hung.buffers, keys)
         assert HUNG_TIMEOUT_S - 0.1 <= elapsed < HUNG_TIMEOUT_S + 1.5, (
-            f"a hung node should cost one request timeout ({HUNG_TIMEOUT_S} s), took {elapsed:.2f}s")
+            f"a hung node should cost one request timeout ({HUNG_TIMEOUT_S} s), took {elapsed:.2f}s"
+        )
         assert client.breaker.state(victim.address) is CircuitState.OPEN
         started = time.monotonic()
         skipped = client.get(keys)

@@ -57,16 +57,18 @@ def test_pipelined_requests_are_answered_in_order(node: DaemonProcess) -> None:
     """Puts (loop) and gets, exists, deletes, pings (callback) sent in one write come back in order."""
     (h1, d1), (h2, d2) = _blocks(2)
     missing = os.urandom(32)
-    burst = b"".join([
-        put_frame(1, NS, [(h1, d1)]),
-        encode(GetRequest(2, NS, [h1, missing])),
-        encode(PingRequest(3)),
-        put_frame(4, NS, [(h2, d2)]),
-        encode(ExistsRequest(5, NS, [h1, h2, missing])),
-        encode(GetRequest(6, NS, [h2])),
-        encode(DeleteRequest(7, NS, [h1])),
-        encode(ExistsRequest(8, NS, [h1])),
-    ])
+    burst = b"".join(
+        [
+            put_frame(1, NS, [(h1, d1)]),
+            encode(GetRequest(2, NS, [h1, missing])),
+            encode(PingRequest(3)),
+            put_frame(4, NS, [(h2, d2)]),
+            encode(ExistsRequest(5, NS, [h1, h2, missing])),
+            encode(GetRequest(6, NS, [h2])),
+            encode(DeleteRequest(7, NS, [h1])),
+            encode(ExistsRequest(8, NS, [h1])),
+        ]
+    )
     with RawConnection(node.data_address) as conn:
         conn.send(burst)
         frames = [conn.read_frame() for _ in range(8)]
@@ -83,7 +85,7 @@ def test_pipelined_requests_are_answered_in_order(node: DaemonProcess) -> None:
 
 def test_a_frame_arriving_in_pieces_is_served(node: DaemonProcess) -> None:
     """A header without its meta yet goes to the loop, which reads the rest."""
-    (key, data), = _blocks(1)
+    ((key, data),) = _blocks(1)
     with RawConnection(node.data_address) as conn:
         conn.send(put_frame(1, NS, [(key, data)]))
         conn.read_frame()
@@ -136,7 +138,7 @@ def test_a_one_block_reply_the_socket_cannot_take_is_finished_by_the_loop(
     """A one-key GET (read in place by the callback) whose 12 MiB block overflows both socket
     buffers: sent part-way, finished by the loop, its block pinned until the last byte left."""
     daemon = daemon_factory("--dram-capacity", "64MiB", "--slab-size", "16MiB")
-    (h, data), = _blocks(1, 12 << 20)
+    ((h, data),) = _blocks(1, 12 << 20)
     key = BlockKey(NS, h)
     with KVPoolClient([daemon.address]) as client:
         empty = _dram_usage(daemon)

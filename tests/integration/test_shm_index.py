@@ -70,8 +70,11 @@ def test_reads_through_the_index_keep_a_block_from_eviction(daemon_factory: Call
         hits = counter(writer, daemon, "dram_hits")
         assert reader.get(keys[:1]).statuses == (OK,)
         assert counter(writer, daemon, "dram_hits") == hits, "the read was served without the daemon"
-        wait_until(lambda: counter(writer, daemon, "shared_index_touches"), lambda n: n >= 1,
-                   "the daemon to drain the read's hit mark")
+        wait_until(
+            lambda: counter(writer, daemon, "shared_index_touches"),
+            lambda n: n >= 1,
+            "the daemon to drain the read's hit mark",
+        )
         assert writer.put(keys[16:], [pattern(keys[16], 256 * KiB)]).stored == 1
         alive = writer.exists(keys)
         assert alive[0] and not alive[1] and all(alive[2:]), f"expected only keys[1] evicted: {alive}"

@@ -30,8 +30,17 @@ NS = "model@bf16@ssd-test@tp0of1"
 
 def ssd_flags(directory: Path, *extra: str) -> tuple[str, ...]:
     return (
-        "--dram-capacity", "4MiB", "--slab-size", "1MiB", "--no-prefault-arena",
-        "--ssd-dir", str(directory), "--ssd-capacity", "64MiB", "--ssd-segment-size", "2MiB",
+        "--dram-capacity",
+        "4MiB",
+        "--slab-size",
+        "1MiB",
+        "--no-prefault-arena",
+        "--ssd-dir",
+        str(directory),
+        "--ssd-capacity",
+        "64MiB",
+        "--ssd-segment-size",
+        "2MiB",
         *extra,
     )
 
@@ -110,8 +119,9 @@ def test_single_block_gets_of_blocks_on_ssd_alone_come_back_identical(daemon_fac
 
 
 @pytest.mark.parametrize("read_ahead", ["1MiB", "0"])
-def test_a_prefix_reloaded_batch_by_batch_is_read_ahead_into_dram(daemon_factory, ssd_dir: Path,
-                                                                   read_ahead: str) -> None:
+def test_a_prefix_reloaded_batch_by_batch_is_read_ahead_into_dram(
+    daemon_factory, ssd_dir: Path, read_ahead: str
+) -> None:
     node = daemon_factory(*ssd_flags(ssd_dir, "--ssd-demote-share", "1.0", "--ssd-read-ahead", read_ahead))
     blocks = keys(48)
     with KVPoolClient([node.address]) as pool:
@@ -229,8 +239,12 @@ def test_sigkill_during_a_write_burst_loses_no_acknowledged_block(daemon_factory
 
 def mount_tmpfs(directory: Path, size: str) -> None:
     directory.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {done.stderr.strip()}")
 

@@ -38,14 +38,28 @@ pytestmark = requires_openssl
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     directory = tmp_path_factory.mktemp("pki")
     ca, other_ca = make_ca(directory, "ca"), make_ca(directory, "other-ca")
-    return {"ca": ca, "other-ca": other_ca, "server": issue(directory, "server", ca),
-            "client": issue(directory, "client", ca), "rotated": issue(directory, "rotated", ca),
-            "stranger": issue(directory, "stranger", other_ca)}
+    return {
+        "ca": ca,
+        "other-ca": other_ca,
+        "server": issue(directory, "server", ca),
+        "client": issue(directory, "client", ca),
+        "rotated": issue(directory, "rotated", ca),
+        "stranger": issue(directory, "stranger", other_ca),
+    }
 
 
 def tls_daemon(factory: Callable[..., DaemonProcess], cert: Path, key: Path, *extra: str) -> DaemonProcess:
-    return factory("--dram-capacity", "16MiB", "--slab-size", "1MiB",
-                   "--tls-cert-file", str(cert), "--tls-key-file", str(key), *extra)
+    return factory(
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(key),
+        *extra,
+    )
 
 
 def node_id(address: str, credentials: Credentials) -> str:
@@ -100,8 +114,14 @@ def test_a_rotated_certificate_is_served_without_a_restart(daemon_factory, pki, 
 
 def served_certificate(node: DaemonProcess) -> str:
     """The PEM certificate the node's gRPC port presents to a new connection."""
-    done = subprocess.run(["openssl", "s_client", "-connect", node.address, "-showcerts"], input="",
-                          capture_output=True, text=True, timeout=20, check=False)
+    done = subprocess.run(
+        ["openssl", "s_client", "-connect", node.address, "-showcerts"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
     pem = done.stdout
     start, end = pem.find("-----BEGIN CERTIFICATE-----"), pem.find("-----END CERTIFICATE-----")
     assert start >= 0, f"no certificate from {node.address}: {done.stderr}"

@@ -38,7 +38,12 @@ def test_offsets_add_one_client_reads_only_right_after_their_aligned_cell() -> N
     first = specs.index(shifted[0])
     before = specs[first - 1]
     assert (before.system, before.op, before.block_size, before.batch, before.dest_offset) == (
-        shifted[0].system, shifted[0].op, shifted[0].block_size, shifted[0].batch, 0)
+        shifted[0].system,
+        shifted[0].op,
+        shifted[0].block_size,
+        shifted[0].batch,
+        0,
+    )
     assert len({s.tag for s in specs}) == len(specs), "two cells share a tag (and so keys)"
     assert len(plan_cells({}, ["memcpy"], 0.1)) == len(CLIENTS) * 3 * 2, "without offsets: the cells of before"
 

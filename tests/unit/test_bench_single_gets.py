@@ -23,8 +23,9 @@ def test_the_gbps_ratio_is_the_median_of_the_rounds_and_cpu_the_ratio_of_the_med
     }
     lines = summary(rounds, [64 * KiB])
     assert "| kvpool | 64 KiB | 1.20 | 40.0 | 30.0 | 70.0 |" in lines, lines
-    assert lines[-1] == ("64 KiB single get, kvpool / Redis: GB/s 1.00 (rounds 1.00, 3.00, 0.60); "
-                         "CPU per get (client + server) 1.17"), lines
+    assert lines[-1] == (
+        "64 KiB single get, kvpool / Redis: GB/s 1.00 (rounds 1.00, 3.00, 0.60); CPU per get (client + server) 1.17"
+    ), lines
 
 
 def test_a_failed_cell_drops_out_of_its_round() -> None:

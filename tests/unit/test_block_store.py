@@ -66,10 +66,12 @@ class Harness:
         self.ssd_config = SsdConfig(str(directory / "ssd"), 8 * SEG, SEG, fsync=False)
         self.ssd_policy = LRUPolicy()
         self.ssd = SsdTier(self.ssd_config, self.counters, lambda: self.ssd_policy)
-        self.dram = DramTier(self.arena, self.alloc, self.counters,
-                             on_evict=count_lost_evictions(self.ssd, self.counters))
-        self.store = BlockStore(self.dram, self.ssd, self.counters, promote_on_hit=promote_on_hit, io_threads=2,
-                                read_ahead=read_ahead)
+        self.dram = DramTier(
+            self.arena, self.alloc, self.counters, on_evict=count_lost_evictions(self.ssd, self.counters)
+        )
+        self.store = BlockStore(
+            self.dram, self.ssd, self.counters, promote_on_hit=promote_on_hit, io_threads=2, read_ahead=read_ahead
+        )
         self.keys: set[StoreKey] = set()
 
     def close(self) -> None:
@@ -163,8 +165,7 @@ def disk_keys(directory: str) -> list[tuple[StoreKey, bool]]:
     for path in sorted(Path(directory).glob("*.seg")):
         raw = path.read_bytes()
         for record in walk_records(lambda o, n, raw=raw: raw[o : o + n], len(raw), False, WalkResult()):
-            found.append(((record.namespace.decode(), record.hash),
-                          bool(record.header.flags & RecordFlags.TOMBSTONE)))
+            found.append(((record.namespace.decode(), record.hash), bool(record.header.flags & RecordFlags.TOMBSTONE)))
     return found
 
 
@@ -473,8 +474,9 @@ def test_blocks_taken_from_read_ahead_are_fresh_on_ssd_as_if_read_from_there(ra:
 
 
 @pytest.mark.parametrize("window", [0, 3 * RECORD])
-def test_reads_out_of_order_or_with_read_ahead_off_read_nothing_ahead(make: Callable[..., Harness],
-                                                                         window: int) -> None:
+def test_reads_out_of_order_or_with_read_ahead_off_read_nothing_ahead(
+    make: Callable[..., Harness], window: int
+) -> None:
     s = make(read_ahead=window)
     for i in range(12):
         s.put_ssd(i)

@@ -11,8 +11,9 @@ from kvpool_client.core.errors import UsageError
 
 
 @pytest.mark.parametrize("client_class", [KVPoolClient, AsyncKVPoolClient])
-def test_a_client_without_config_reads_the_environment(client_class: type, monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path) -> None:
+def test_a_client_without_config_reads_the_environment(
+    client_class: type, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     token = tmp_path / "token"
     token.write_text("a-token-of-at-least-sixteen-bytes\n")
     monkeypatch.setenv("KVPOOL_NODES", "10.0.0.5:7700,10.0.0.6:7700")

@@ -42,7 +42,7 @@ PAIRS = (
         only_sync={},
         only_async={
             "start": "the etcd watch needs the caller's running loop; the blocking client starts "
-                     "its watch thread in __init__, and operations start the async one anyway",
+            "its watch thread in __init__, and operations start the async one anyway",
         },
         not_awaited={"counters": "reads the client's own totals: no I/O to wait for"},
     ),
@@ -54,7 +54,8 @@ def public_methods(cls: type) -> dict[str, Callable[..., object]]:
     """Callables a caller may use: public names, ``__init__`` and the context-manager hooks."""
     hooks = {"__init__", *PROTOCOL_TWINS, *PROTOCOL_TWINS.values()}
     return {
-        name: member for name, member in vars(cls).items()
+        name: member
+        for name, member in vars(cls).items()
         if (not name.startswith("_") or name in hooks) and callable(member)
     }
 
@@ -112,7 +113,8 @@ def test_the_async_side_awaits_what_the_blocking_side_blocks_on(pair: Pair) -> N
     blocking_coroutines = sorted(name for name, method in sync.items() if inspect.iscoroutinefunction(method))
     assert not blocking_coroutines, f"coroutines on {pair.sync.__name__}: {blocking_coroutines}"
     plain = {
-        name for name, method in public_methods(pair.aio).items()
+        name
+        for name, method in public_methods(pair.aio).items()
         if not inspect.iscoroutinefunction(method) and name != "__init__"
     }
     assert plain == set(pair.not_awaited), f"plain functions on {pair.aio.__name__}: {sorted(plain)}"

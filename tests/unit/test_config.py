@@ -161,8 +161,20 @@ def test_env_booleans(shm: str, text: str, expected: bool) -> None:
 
 
 def test_flag_source(shm: str) -> None:
-    argv = ["--shm-dir", shm, "--host=0.0.0.0", "--max-keys-per-request", "16", "--slab-size", "4KiB",
-            "--max-frame-bytes", "8KiB", "--dram-capacity", "64k", "--verify-checksum-on-get"]
+    argv = [
+        "--shm-dir",
+        shm,
+        "--host=0.0.0.0",
+        "--max-keys-per-request",
+        "16",
+        "--slab-size",
+        "4KiB",
+        "--max-frame-bytes",
+        "8KiB",
+        "--dram-capacity",
+        "64k",
+        "--verify-checksum-on-get",
+    ]
     config = load_config(argv, {})
     assert (config.host, config.max_keys_per_request) == ("0.0.0.0", 16)
     assert (config.slab_size, config.max_frame_bytes, config.dram_capacity) == (4096, 8192, 64 * KiB)
@@ -371,8 +383,17 @@ def test_validate_config_without_origins_names_the_field() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("4096", 4096), ("0", 0), ("512MiB", 512 * MiB), ("1GiB", GiB), ("1.5G", 3 * GiB // 2),
-        ("64k", 64 * KiB), ("64 KB", 64 * KiB), ("2t", 2 * TiB), (" 7 b ", 7), ("0.5KiB", 512), (4096, 4096),
+        ("4096", 4096),
+        ("0", 0),
+        ("512MiB", 512 * MiB),
+        ("1GiB", GiB),
+        ("1.5G", 3 * GiB // 2),
+        ("64k", 64 * KiB),
+        ("64 KB", 64 * KiB),
+        ("2t", 2 * TiB),
+        (" 7 b ", 7),
+        ("0.5KiB", 512),
+        (4096, 4096),
     ],
 )
 def test_parse_byte_size(text: str | int, expected: int) -> None:
@@ -441,8 +462,12 @@ def test_etcd_tls_files(tmp_path: Path, shm: str) -> None:
     for path in (ca, cert, key):
         path.write_text("pem")
     assert load_config([], {"KVPOOL_SHM_DIR": shm}).etcd_tls() is None
-    env = {"KVPOOL_SHM_DIR": shm, "KVPOOL_ETCD_CA_FILE": str(ca), "KVPOOL_ETCD_CERT_FILE": str(cert),
-           "KVPOOL_ETCD_KEY_FILE": str(key)}
+    env = {
+        "KVPOOL_SHM_DIR": shm,
+        "KVPOOL_ETCD_CA_FILE": str(ca),
+        "KVPOOL_ETCD_CERT_FILE": str(cert),
+        "KVPOOL_ETCD_KEY_FILE": str(key),
+    }
     tls = load_config([], env).etcd_tls()
     assert tls is not None and (tls.ca_file, tls.cert_file, tls.key_file) == (str(ca), str(cert), str(key))
     assert "etcd_key_file" in load_error(["--etcd-cert-file", str(cert)], {"KVPOOL_SHM_DIR": shm})

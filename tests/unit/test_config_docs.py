@@ -42,13 +42,17 @@ def test_the_docs_yaml_example_loads_as_its_flat_spelling() -> None:
     assert example is not None, "the page shows a nested YAML example"
     layer = mapping_layer(SCHEMA, yaml.safe_load(example.group(1)), "example")
     assert {key: value for key, (_, value) in layer.items()} == {
-        "dram_capacity": 4 << 30, "ssd_dir": "/var/lib/kvpool/ssd", "ssd_capacity": 200 << 30}
+        "dram_capacity": 4 << 30,
+        "ssd_dir": "/var/lib/kvpool/ssd",
+        "ssd_capacity": 200 << 30,
+    }
 
 
 def test_the_help_is_the_schema_by_section() -> None:
     env = {**os.environ, "COLUMNS": "1000"}  # no wrapping: each flag's help on one line
-    result = subprocess.run([sys.executable, "-m", "kvpool_server.app", "--help"], capture_output=True, text=True,
-                            env=env, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvpool_server.app", "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     titles = {name: lines.index(f"{info.title} ({name}):") for name, info in SCHEMA.sections.items()}

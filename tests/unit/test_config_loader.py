@@ -64,25 +64,37 @@ def test_keys_come_from_prefix_and_field() -> None:
     assert list(TOY.settings) == ["name", "hosts", "quiet", "cache_size", "cache_mode", "cache_ways"]
     spec = TOY.settings["cache_size"]
     assert (spec.env_name, spec.flag, spec.nested, spec.section, spec.name) == (
-        "KVPOOL_CACHE_SIZE", "--cache-size", "cache.size", "cache", "size")
+        "KVPOOL_CACHE_SIZE",
+        "--cache-size",
+        "cache.size",
+        "cache",
+        "size",
+    )
 
 
 def test_flat_and_nested_mappings_mean_the_same() -> None:
     flat, _ = load(TOY, mapping_layer(TOY, {"cache_size": "8MiB", "cache_mode": "FIFO", "hosts": "a, b"}, "f.yaml"))
-    nested, origins = load(TOY, mapping_layer(TOY, {"cache": {"size": "8MiB", "mode": "fifo"}, "hosts": ["a", "b"]},
-                                              "f.yaml"))
+    nested, origins = load(
+        TOY, mapping_layer(TOY, {"cache": {"size": "8MiB", "mode": "fifo"}, "hosts": ["a", "b"]}, "f.yaml")
+    )
     assert flat == nested == Toy(hosts=("a", "b"), cache=Cache(size=8 * MiB, mode="fifo"))
     assert origins == {"cache_size": "f.yaml: cache.size", "cache_mode": "f.yaml: cache.mode", "hosts": "f.yaml: hosts"}
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"cache": {"sise": 1}}, "f.yaml: unknown key 'cache.sise' (did you mean 'cache.size'?)"),
-    ({"cache_sise": 1}, "f.yaml: unknown key 'cache_sise' (did you mean 'cache_size'?)"),
-    ({"cache": 5}, "f.yaml: cache: expected a mapping of setting: value, got int"),
-    ({"cache_size": "1MiB", "cache": {"size": "2MiB"}}, "f.yaml: cache.size: also set as f.yaml: cache_size: keep one"),
-    ({"cache": {"size": "lots"}}, "f.yaml: cache.size='lots': not a byte size (examples: 4096, 512MiB, 1GiB)"),
-    ({"hosts": 7}, "f.yaml: hosts=7: not a comma-separated list (or a YAML list of strings)"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"cache": {"sise": 1}}, "f.yaml: unknown key 'cache.sise' (did you mean 'cache.size'?)"),
+        ({"cache_sise": 1}, "f.yaml: unknown key 'cache_sise' (did you mean 'cache_size'?)"),
+        ({"cache": 5}, "f.yaml: cache: expected a mapping of setting: value, got int"),
+        (
+            {"cache_size": "1MiB", "cache": {"size": "2MiB"}},
+            "f.yaml: cache.size: also set as f.yaml: cache_size: keep one",
+        ),
+        ({"cache": {"size": "lots"}}, "f.yaml: cache.size='lots': not a byte size (examples: 4096, 512MiB, 1GiB)"),
+        ({"hosts": 7}, "f.yaml: hosts=7: not a comma-separated list (or a YAML list of strings)"),
+    ],
+)
 def test_mapping_errors_name_the_source_and_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         mapping_layer(TOY, data, "f.yaml")
@@ -109,8 +121,9 @@ def test_env_strict_and_lenient() -> None:
         env_layer(TOY, {"KVPOOL_CACHE_SIZ": "1"})
     assert env_layer(TOY, {"KVPOOL_OTHER": "x"}, allowed={"KVPOOL_OTHER"}) == {}
     assert env_layer(TOY, {"KVPOOL_QUIET": "1"}, strict=False) == {}, "env=False: no variable"
-    lenient = env_layer(TOY, {"KVPOOL_NAME": "  ", "KVPOOL_CACHE_WAYS": " 4 ", "KVPOOL_X": "?"}, strict=False,
-                        skip_blank=True)
+    lenient = env_layer(
+        TOY, {"KVPOOL_NAME": "  ", "KVPOOL_CACHE_WAYS": " 4 ", "KVPOOL_X": "?"}, strict=False, skip_blank=True
+    )
     assert lenient == {"cache_ways": ("KVPOOL_CACHE_WAYS", 4)}
     assert env_layer(TOY, {"KVPOOL_CACHE_WAYS": ""})["cache_ways"][1] is None, "blank: none, for an optional"
 
@@ -136,7 +149,7 @@ def test_help_and_docs_come_from_the_declarations() -> None:
     assert help_line(TOY.settings["quiet"]) == "say less [default: false]"
     tables = markdown_tables(TOY)
     assert "| `cache_size` | `cache.size` | `4MiB` | bytes cached |" in tables
-    assert "### Cache (`cache`)" in tables and "| `hosts` |  | `\"\"` | hosts, comma separated |" in tables
+    assert "### Cache (`cache`)" in tables and '| `hosts` |  | `""` | hosts, comma separated |' in tables
 
 
 def test_a_schema_refuses_what_it_cannot_load() -> None:
@@ -153,8 +166,11 @@ def test_a_schema_refuses_what_it_cannot_load() -> None:
     class BadType:
         a: dict[str, int] = setting(None, "a")
 
-    for cls, says in ((Undeclared, "declare it with setting"), (Twice, "two settings have the key 'x'"),
-                      (BadType, "no loader for")):
+    for cls, says in (
+        (Undeclared, "declare it with setting"),
+        (Twice, "two settings have the key 'x'"),
+        (BadType, "no loader for"),
+    ):
         with pytest.raises(TypeError, match=says):
             Schema(cls)
 
@@ -166,11 +182,15 @@ def test_daemon_nested_yaml_equals_flat(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     shm.mkdir()
     flat = tmp_path / "flat.yaml"
-    flat.write_text(f"shm_dir: {shm}\ndram_capacity: 4GiB\nssd_dir: {tmp_path / 'ssd'}\nssd_capacity: 200GiB\n"
-                    "data_tls: false\nrepair_enabled: false\ndata_workers: 2\n")
+    flat.write_text(
+        f"shm_dir: {shm}\ndram_capacity: 4GiB\nssd_dir: {tmp_path / 'ssd'}\nssd_capacity: 200GiB\n"
+        "data_tls: false\nrepair_enabled: false\ndata_workers: 2\n"
+    )
     nested = tmp_path / "nested.yaml"
-    nested.write_text(f"dram_capacity: 4GiB\ndram:\n  shm_dir: {shm}\nssd:\n  dir: {tmp_path / 'ssd'}\n"
-                      "  capacity: 200GiB\ntls: {data: false}\nrepair: {enabled: false}\ndata: {workers: 2}\n")
+    nested.write_text(
+        f"dram_capacity: 4GiB\ndram:\n  shm_dir: {shm}\nssd:\n  dir: {tmp_path / 'ssd'}\n"
+        "  capacity: 200GiB\ntls: {data: false}\nrepair: {enabled: false}\ndata: {workers: 2}\n"
+    )
     from_flat, from_nested = load_config(["--config", str(flat)], {}), load_config(["--config", str(nested)], {})
     assert from_flat == from_nested
     assert from_nested.ssd.capacity == 200 << 30 and from_nested.dram.capacity == 4 << 30
@@ -217,8 +237,14 @@ def test_client_env_errors_name_the_variable(tmp_path: Path) -> None:
         ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_REQUEST_TIMEOUT_S": "soon"})
     blank = ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_REPLICAS": " ", "KVPOOL_SHM_DIR": "/x"})
     assert blank.replicas is None, "blank is unset; a daemon's variable is not the client's business"
-    settings = settings_from_env({"KVPOOL_TLS_CA_FILE": "ca.pem", "KVPOOL_TLS_CLIENT_CERT_FILE": "c.pem",
-                                  "KVPOOL_TLS_CLIENT_KEY_FILE": "k.pem", "KVPOOL_ETCD_CERT_FILE": "e.pem"})
+    settings = settings_from_env(
+        {
+            "KVPOOL_TLS_CA_FILE": "ca.pem",
+            "KVPOOL_TLS_CLIENT_CERT_FILE": "c.pem",
+            "KVPOOL_TLS_CLIENT_KEY_FILE": "k.pem",
+            "KVPOOL_ETCD_CERT_FILE": "e.pem",
+        }
+    )
     tls, etcd = settings.tls(), settings.etcd_tls()
     assert tls is not None and (tls.ca_file, tls.cert_file, tls.key_file) == ("ca.pem", "c.pem", "k.pem")
     assert etcd is not None and (etcd.ca_file, etcd.cert_file) == ("", "e.pem")

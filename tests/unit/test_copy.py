@@ -39,8 +39,14 @@ def source_map(size: int) -> mmap.mmap:
 
 
 @settings(max_examples=300, deadline=None)
-@given(route=st.sampled_from(sorted(ROUTES)), size=SIZES, src_offset=st.integers(0, 127),
-       dst_offset=st.integers(0, 127), read_only=st.booleans(), hinted=st.booleans())
+@given(
+    route=st.sampled_from(sorted(ROUTES)),
+    size=SIZES,
+    src_offset=st.integers(0, 127),
+    dst_offset=st.integers(0, 127),
+    read_only=st.booleans(),
+    hinted=st.booleans(),
+)
 def test_every_byte_lands_and_nothing_around_it_changes(
     route: str, size: int, src_offset: int, dst_offset: int, read_only: bool, hinted: bool
 ) -> None:
@@ -53,7 +59,8 @@ def test_every_byte_lands_and_nothing_around_it_changes(
     ROUTES[route].copy_into(dst, src, at)
     seen = bytes(target)
     assert seen[GUARD + dst_offset : GUARD + dst_offset + size] == bytes(src), (
-        f"{route}: {size} bytes from +{src_offset} into +{dst_offset} differ")
+        f"{route}: {size} bytes from +{src_offset} into +{dst_offset} differ"
+    )
     assert seen[: GUARD + dst_offset] == before[: GUARD + dst_offset], f"{route}: bytes before the window changed"
     assert seen[GUARD + dst_offset + size :] == before[GUARD + dst_offset + size :], f"{route}: bytes after it changed"
 

@@ -44,8 +44,7 @@ def data_for(i: int, length: int = 4 * KiB) -> bytes:
 class Harness:
     """A tier plus the bookkeeping a test needs to drive it and to check for leaks."""
 
-    def __init__(self, directory: str, name: str, capacity: int = CAPACITY, slab: int = SLAB,
-                 quota: int = 0) -> None:
+    def __init__(self, directory: str, name: str, capacity: int = CAPACITY, slab: int = SLAB, quota: int = 0) -> None:
         self.arena = SharedArena(directory, name, capacity, prefault=False)
         self.alloc = SlabAllocator(capacity, slab)
         self.counters = Counters()

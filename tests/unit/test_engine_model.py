@@ -30,7 +30,8 @@ def _dense_logits(model: Model, tokens: list[int]) -> torch.Tensor:
     for layer in model.layers:
         h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
         q, k, v = (h @ layer.w_qkv + layer.b_qkv).split(
-            [cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim], dim=-1)
+            [cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim], dim=-1
+        )
         q = apply_rope(q.view(-1, cfg.q_heads, cfg.head_dim), cos, sin).transpose(0, 1)
         k = apply_rope(k.view(-1, cfg.kv_heads, cfg.head_dim), cos, sin).transpose(0, 1)
         v = v.view(-1, cfg.kv_heads, cfg.head_dim).transpose(0, 1)

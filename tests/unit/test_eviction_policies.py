@@ -92,8 +92,11 @@ def test_prefix_policy_remove_and_reinsert() -> None:
     assert order(policy) == [] and len(policy) == 0
 
 
-@given(st.lists(st.tuples(st.sampled_from(["insert", "touch", "remove"]), st.integers(0, 40), st.integers(0, 300)),
-                max_size=300))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["insert", "touch", "remove"]), st.integers(0, 40), st.integers(0, 300)), max_size=300
+    )
+)
 def test_policies_hold_exactly_the_keys_inserted_and_not_removed(ops: list[tuple[str, int, int]]) -> None:
     for factory in POLICIES.values():
         policy, model = factory(), set()

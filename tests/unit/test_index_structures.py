@@ -121,7 +121,8 @@ class ListsMachine(RuleBasedStateMachine):
         for lst in range(4):
             expected = self.model.get(lst, [])
             assert list(self.lists.nodes(lst)) == expected and self.lists.size(lst) == len(expected), (
-                f"list {lst}: {list(self.lists.nodes(lst))}, expected {expected}")
+                f"list {lst}: {list(self.lists.nodes(lst))}, expected {expected}"
+            )
 
 
 TestLinkedLists = ListsMachine.TestCase

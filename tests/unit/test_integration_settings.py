@@ -13,8 +13,11 @@ SOURCE = "kv_connector_extra_config"
 
 
 def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None:
-    settings = PoolSettings.parse({"nodes": "10.0.0.5:7700,10.0.0.6:7700", "replicas": 2, "model_id": "qwen"},
-                                  SOURCE, env={"KVPOOL_REQUEST_TIMEOUT_S": "4"})
+    settings = PoolSettings.parse(
+        {"nodes": "10.0.0.5:7700,10.0.0.6:7700", "replicas": 2, "model_id": "qwen"},
+        SOURCE,
+        env={"KVPOOL_REQUEST_TIMEOUT_S": "4"},
+    )
     assert settings.client.nodes == ("10.0.0.5:7700", "10.0.0.6:7700")
     assert (settings.client.replicas, settings.client.request_timeout_s, settings.model_id) == (2, 4.0, "qwen")
     assert PoolSettings.parse({}, SOURCE, env={"KVPOOL_NODES": "127.0.0.1:1"}).client.nodes == ("127.0.0.1:1",)
@@ -59,11 +62,14 @@ def test_the_token_file_is_read(tmp_path: Path) -> None:
     assert settings.client.auth_token == b"s3cret-token-of-32-characters-xx"
 
 
-@pytest.mark.parametrize(("model", "field"), [
-    ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-0.5B-Instruct"),
-    ("/models/llama-3-8b/", "llama-3-8b"),
-    ("./local model@v2", "local_model_v2"),
-])
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-0.5B-Instruct"),
+        ("/models/llama-3-8b/", "llama-3-8b"),
+        ("./local model@v2", "local_model_v2"),
+    ],
+)
 def test_a_model_name_becomes_a_namespace_field(model: str, field: str) -> None:
     assert model_field(model) == field
 
@@ -73,10 +79,12 @@ def test_engine_keys_can_be_left_to_the_engine() -> None:
     assert settings.client.nodes == ("127.0.0.1:1",)
 
 
-
 def test_values_are_typed_by_the_shared_declarations_and_the_environment_is_named() -> None:
-    settings = PoolSettings.parse({"nodes": ["127.0.0.1:1", "127.0.0.1:2"], "replicas": "2", "verify_checksums": "yes",
-                                   "request_timeout_s": 4}, SOURCE, env={"KVPOOL_LOCATION_TTL_S": "0"})
+    settings = PoolSettings.parse(
+        {"nodes": ["127.0.0.1:1", "127.0.0.1:2"], "replicas": "2", "verify_checksums": "yes", "request_timeout_s": 4},
+        SOURCE,
+        env={"KVPOOL_LOCATION_TTL_S": "0"},
+    )
     client = settings.client
     assert client.nodes == ("127.0.0.1:1", "127.0.0.1:2") and client.replicas == 2 and client.verify_checksums is True
     assert (client.request_timeout_s, client.location_ttl_s) == (4.0, 0.0)

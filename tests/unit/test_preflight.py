@@ -34,8 +34,11 @@ def test_likely_mistakes_are_warned_about(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("x" * 32)
     token.chmod(0o644)
-    warnings = preflight.check(ServerConfig.of(shm_dir=str(tmp_path), auth_token_file=str(token),
-                                               ssd_dir=str(tmp_path / "ssd"), ssd_capacity=1 << 60))
+    warnings = preflight.check(
+        ServerConfig.of(
+            shm_dir=str(tmp_path), auth_token_file=str(token), ssd_dir=str(tmp_path / "ssd"), ssd_capacity=1 << 60
+        )
+    )
     assert any("readable by every user" in w for w in warnings), warnings
     assert any("ssd_capacity" in w and "free under" in w for w in warnings), warnings
     open_host = preflight.check(ServerConfig.of(host="0.0.0.0", shm_dir=str(tmp_path), dram_capacity=64 * MiB))

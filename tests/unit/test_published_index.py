@@ -77,8 +77,12 @@ class TableMachine(RuleBasedStateMachine):
         self.writer.withdraw(i)
         self.model.pop(i, None)
 
-    @rule(entry=st.integers(0, ENTRIES - 1), i=st.integers(0, len(KEYS) - 1), written=st.integers(0, 6),
-          junk=st.integers(0, (1 << 64) - 1))
+    @rule(
+        entry=st.integers(0, ENTRIES - 1),
+        i=st.integers(0, len(KEYS) - 1),
+        written=st.integers(0, 6),
+        junk=st.integers(0, (1 << 64) - 1),
+    )
     def writer_stopped_midway(self, entry: int, i: int, written: int, junk: int) -> None:
         """The writer made ``entry``'s seq odd and rewrote some of its fields for key ``i``, then stopped."""
         base = HEADER_WORDS + entry * ENTRY_WORDS
@@ -90,7 +94,7 @@ class TableMachine(RuleBasedStateMachine):
             self.words[base + 1 + word] = new[word]
         for j, key in enumerate(KEYS):
             found = self.reader.find(*key)
-            assert found is None or found.index != entry, f"entry {entry} read while its writer was mid-update"
+            assert found is None or found.slot != entry, f"entry {entry} read while its writer was mid-update"
             if found is not None:
                 assert found_fields(found) == self.model.get(j), f"{key} found with fields it was not published with"
         for word, value in enumerate(saved[1:], start=1):  # the writer resumes: it puts the entry back
@@ -103,12 +107,12 @@ class TableMachine(RuleBasedStateMachine):
             found = self.reader.find(*key)
             assert found_fields(found) == self.model.get(i), f"block {i}: found {found}, published {self.model.get(i)}"
             if found is not None:
-                assert self.writer.block_at(found.index) == i
+                assert self.writer.block_at(found.slot) == i
         assert self.writer.published == len(self.model)
 
     @invariant()
     def every_seq_is_even(self) -> None:
-        seqs = self.words[HEADER_WORDS :: ENTRY_WORDS].tolist()
+        seqs = self.words[HEADER_WORDS::ENTRY_WORDS].tolist()
         assert all(seq % 2 == 0 for seq in seqs), seqs
 
 

@@ -23,8 +23,10 @@ def record(namespace: bytes, block_hash: bytes, payload: bytes, tombstone: bool 
 
 def walked(buf: bytes) -> tuple[list[tuple[int, bytes, bytes, int, bool]], WalkResult]:
     result = WalkResult()
-    found = [(f.offset, f.namespace, f.hash, f.header.payload_len, f.header.flags == RecordFlags.TOMBSTONE)
-             for f in walk_records(lambda at, n: buf[at : at + n], len(buf), False, result)]
+    found = [
+        (f.offset, f.namespace, f.hash, f.header.payload_len, f.header.flags == RecordFlags.TOMBSTONE)
+        for f in walk_records(lambda at, n: buf[at : at + n], len(buf), False, result)
+    ]
     return found, result
 
 
@@ -35,20 +37,29 @@ def scanned(buf: bytes) -> tuple[list[tuple[int, bytes, bytes, int, bool]], Walk
     for i in range(len(columns)):
         namespace = columns.namespaces[columns.namespace_ids[i]]
         block_hash = columns.hashes[i, : columns.hash_lens[i]].tobytes()
-        found.append((int(columns.offsets[i]), namespace, block_hash, int(columns.payload_lens[i]),
-                      bool(columns.tombstones[i])))
+        found.append(
+            (int(columns.offsets[i]), namespace, block_hash, int(columns.payload_lens[i]), bool(columns.tombstones[i]))
+        )
     return found, result
 
 
-records = st.lists(st.tuples(st.sampled_from([b"", b"a", b"model@bf16", b"a\0"]), st.binary(min_size=1, max_size=40),
-                             st.binary(max_size=80), st.booleans()), max_size=12)
+records = st.lists(
+    st.tuples(
+        st.sampled_from([b"", b"a", b"model@bf16", b"a\0"]),
+        st.binary(min_size=1, max_size=40),
+        st.binary(max_size=80),
+        st.booleans(),
+    ),
+    max_size=12,
+)
 damage = st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=3)
 
 
 @given(records, damage, st.integers(0, 200), st.binary(max_size=60))
 @settings(max_examples=300, deadline=None)
-def test_bulk_parse_agrees_with_the_walk(parts: list[tuple[bytes, bytes, bytes, bool]],
-                                         flips: list[tuple[int, int]], cut: int, tail: bytes) -> None:
+def test_bulk_parse_agrees_with_the_walk(
+    parts: list[tuple[bytes, bytes, bytes, bool]], flips: list[tuple[int, int]], cut: int, tail: bytes
+) -> None:
     buf = bytearray(b"".join(record(ns, h, b"" if tomb else p, tomb) for ns, h, p, tomb in parts) + tail)
     for at, bits in flips:
         if buf:

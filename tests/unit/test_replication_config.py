@@ -18,8 +18,9 @@ from kvpool_client.placement_source import StaticSource, member_of, placement_of
 
 
 def record(node_id: str, state: NodeState = NodeState.ACTIVE, weight: float = 1.0) -> NodeRecord:
-    return NodeRecord(node_id, f"10.0.0.{len(node_id)}:50051", {"tcp": f"10.0.0.{len(node_id)}:50052"}, state,
-                      weight=weight)
+    return NodeRecord(
+        node_id, f"10.0.0.{len(node_id)}:50051", {"tcp": f"10.0.0.{len(node_id)}:50052"}, state, weight=weight
+    )
 
 
 def membership(*records: NodeRecord, config: ClusterConfig | None = None, revision: int = 7) -> Membership:

@@ -58,8 +58,7 @@ def test_random_bytes_decode_only_to_corrupt_record(raw: bytes) -> None:
 
 
 @given(namespaces, hashes, payload_lens, st.data())
-def test_truncated_or_flipped_header_is_corrupt(ns: bytes, hash_: bytes, length: int,
-                                                data: st.DataObject) -> None:
+def test_truncated_or_flipped_header_is_corrupt(ns: bytes, hash_: bytes, length: int, data: st.DataObject) -> None:
     raw = bytearray(encode_record_header(ns, hash_, length, 7))
     cut = data.draw(st.integers(0, HEADER_SIZE - 1))
     with pytest.raises(CorruptRecord):
@@ -83,8 +82,7 @@ def test_flipped_key_byte_fails_key_checksum(ns: bytes, hash_: bytes, data: st.D
 
 @pytest.mark.parametrize(
     ("ns_len", "hash_len", "payload_len"),
-    [(MAX_NAMESPACE_LEN + 1, 1, 0), (0, 0, 0), (0, MAX_HASH_LEN + 1, 0), (0, 1, MAX_PAYLOAD_LEN + 1),
-     (0, 1, -1)],
+    [(MAX_NAMESPACE_LEN + 1, 1, 0), (0, 0, 0), (0, MAX_HASH_LEN + 1, 0), (0, 1, MAX_PAYLOAD_LEN + 1), (0, 1, -1)],
 )
 def test_encode_rejects_out_of_bounds(ns_len: int, hash_len: int, payload_len: int) -> None:
     with pytest.raises(ValueError):
@@ -98,6 +96,7 @@ def test_checksums_are_stable() -> None:
 
 
 # -- segment log ----------------------------------------------------------------
+
 
 def _payload(i: int, size: int) -> bytes:
     return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
@@ -121,8 +120,7 @@ def _flip(path: Path, offset: int) -> None:
 def test_append_read_round_trip_several_sizes(tmp_path: Path, fsync: bool) -> None:
     sizes = [0, 1, 7, 4096, 65537, 1 << 20]
     with SegmentLog(tmp_path, 4 << 20, fsync=fsync) as log:
-        locations = [log.append("ns", f"h{i}".encode(), memoryview(_payload(i, n)))
-                     for i, n in enumerate(sizes)]
+        locations = [log.append("ns", f"h{i}".encode(), memoryview(_payload(i, n))) for i, n in enumerate(sizes)]
         for i, (n, loc) in enumerate(zip(sizes, locations, strict=True)):
             assert _read(log, loc, n) == _payload(i, n)
         target = bytearray(sizes[3])
@@ -325,8 +323,9 @@ def test_failed_write_leaves_log_usable(tmp_path: Path, monkeypatch: pytest.Monk
 
 @settings(max_examples=30, deadline=None)
 @given(st.binary(min_size=1, max_size=400))
-def test_random_segment_file_never_yields_wrong_records(tmp_path_factory: pytest.TempPathFactory,
-                                                        garbage: bytes) -> None:
+def test_random_segment_file_never_yields_wrong_records(
+    tmp_path_factory: pytest.TempPathFactory, garbage: bytes
+) -> None:
     directory = tmp_path_factory.mktemp("fuzz")
     with SegmentLog(directory, 1 << 20, fsync=False) as log:
         loc = log.append("ns", b"k", b"value")
@@ -340,6 +339,7 @@ def test_random_segment_file_never_yields_wrong_records(tmp_path_factory: pytest
 
 
 # -- the walk, sans I/O ----------------------------------------------------------
+
 
 def _record(ns: bytes, hash_: bytes, payload: bytes) -> bytes:
     return encode_record_header(ns, hash_, len(payload), payload_checksum(payload)) + ns + hash_ + payload
@@ -366,8 +366,7 @@ def test_walk_over_a_buffer() -> None:
 
 
 @given(st.lists(st.binary(max_size=64), max_size=4), st.binary(max_size=200), st.booleans())
-def test_walk_yields_every_good_record_before_garbage(payloads: list[bytes], garbage: bytes,
-                                                      verify: bool) -> None:
+def test_walk_yields_every_good_record_before_garbage(payloads: list[bytes], garbage: bytes, verify: bool) -> None:
     buf = b"".join(_record(b"", b"%d" % i, p) for i, p in enumerate(payloads))
     hashes, result = _walk(buf + garbage, verify)
     assert hashes[: len(payloads)] == [b"%d" % i for i in range(len(payloads))]
@@ -394,15 +393,23 @@ def test_plan_spans_covers_each_location_once_back_to_back_in_disk_order(wanted:
 
 
 def test_plan_spans_joins_neighbours_and_splits_at_gaps_and_segments() -> None:
-    wanted = [RecordAddress(1, 10, 5), RecordAddress(1, 0, 10), RecordAddress(2, 15, 5), RecordAddress(1, 16, 4),
-              RecordAddress(1, 15, 1)]
+    wanted = [
+        RecordAddress(1, 10, 5),
+        RecordAddress(1, 0, 10),
+        RecordAddress(2, 15, 5),
+        RecordAddress(1, 16, 4),
+        RecordAddress(1, 15, 1),
+    ]
     assert [(s.segment_id, s.offset, s.length, s.members) for s in plan_spans(wanted)] == [
-        (1, 0, 20, (1, 0, 4, 3)), (2, 15, 5, (2,))]
+        (1, 0, 20, (1, 0, 4, 3)),
+        (2, 15, 5, (2,)),
+    ]
 
 
 @given(st.lists(st.integers(1, 3000), max_size=40), st.integers(1, 4096), st.integers(1, 8))
-def test_chunk_span_covers_every_record_once_within_its_limits(lengths: list[int], max_bytes: int,
-                                                               max_records: int) -> None:
+def test_chunk_span_covers_every_record_once_within_its_limits(
+    lengths: list[int], max_bytes: int, max_records: int
+) -> None:
     calls = chunk_span(lengths, max_bytes, max_records)
     assert [i for call in calls for i in call] == list(range(len(lengths)))
     for call in calls:
@@ -412,8 +419,9 @@ def test_chunk_span_covers_every_record_once_within_its_limits(lengths: list[int
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 5000), min_size=1, max_size=12), st.data())
-def test_read_span_returns_exactly_each_records_bytes(tmp_path_factory: pytest.TempPathFactory,
-                                                      sizes: list[int], data: st.DataObject) -> None:
+def test_read_span_returns_exactly_each_records_bytes(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], data: st.DataObject
+) -> None:
     with SegmentLog(tmp_path_factory.mktemp("span"), 1 << 20, fsync=False) as log:
         written = [log.append("ns", b"h%d" % i, _payload(i, n)) for i, n in enumerate(sizes)]
         first = data.draw(st.integers(0, len(sizes) - 1))
@@ -421,8 +429,9 @@ def test_read_span_returns_exactly_each_records_bytes(tmp_path_factory: pytest.T
         picked = list(range(first, last + 1))  # back to back, as plan_spans makes them
         targets = [bytearray(sizes[i]) for i in picked]
         with mock.patch.object(segments_module, "READ_CHUNK", data.draw(st.integers(1, 20000))):  # calls split anywhere
-            problems = log.read_span([written[i] for i in picked], [memoryview(t) for t in targets],
-                                     [("ns", b"h%d" % i) for i in picked])
+            problems = log.read_span(
+                [written[i] for i in picked], [memoryview(t) for t in targets], [("ns", b"h%d" % i) for i in picked]
+            )
         assert problems == [None] * len(picked)
         assert [bytes(t) for t in targets] == [_payload(i, sizes[i]) for i in picked]
         span = plan_spans([written[i] for i in picked])

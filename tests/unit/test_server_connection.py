@@ -74,16 +74,18 @@ def joined_payload(events: list[object]) -> list[object]:
     return merged
 
 
-STREAM = b"".join([
-    encode(GetRequest(1, "ns", [H[0]])),
-    put(2, [b"a" * 700, b"b" * 3]),
-    encode(GetRequest(3, "ns", H[:3])),
-    encode(LocateRequest(4, "ns", H[:2])),
-    encode(ExistsRequest(5, "ns", H[:2], prefix=True)),
-    encode(DeleteRequest(6, "ns", [H[1]])),
-    encode(PingRequest(7)),
-    put(8, [b"c" * 5]),
-])
+STREAM = b"".join(
+    [
+        encode(GetRequest(1, "ns", [H[0]])),
+        put(2, [b"a" * 700, b"b" * 3]),
+        encode(GetRequest(3, "ns", H[:3])),
+        encode(LocateRequest(4, "ns", H[:2])),
+        encode(ExistsRequest(5, "ns", H[:2], prefix=True)),
+        encode(DeleteRequest(6, "ns", [H[1]])),
+        encode(PingRequest(7)),
+        put(8, [b"c" * 5]),
+    ]
+)
 EXPECTED = [
     GetOne(1, "ns", H[0]),
     PutRequest(2, "ns", H[:2], [700, 3]),
@@ -157,11 +159,14 @@ def test_a_node_with_a_token_accepts_a_hello_with_it_then_requests() -> None:
     assert machine.next_event() == GetOne(2, "ns", H[0])
 
 
-@pytest.mark.parametrize("first", [
-    encode(GetRequest(2, "ns", [H[0]])),  # the one-key fast path must not skip the check
-    encode(PingRequest(2)),
-    put(2, [b"x"]),
-])
+@pytest.mark.parametrize(
+    "first",
+    [
+        encode(GetRequest(2, "ns", [H[0]])),  # the one-key fast path must not skip the check
+        encode(PingRequest(2)),
+        put(2, [b"x"]),
+    ],
+)
 def test_a_request_before_the_hello_closes_the_connection(first: bytes) -> None:
     machine = ServerConnection(LIMITS, TOKEN)
     machine.receive_data(first)

@@ -65,9 +65,14 @@ class Node:
 
     @property
     def info(self) -> SharedArenaInfo:
-        return SharedArenaInfo(str(self.arena.path), self.arena.capacity, self.generations.arena_id,
-                               self.arena.capacity, index_offset=self.index.offset,
-                               hit_marks_path=self.index.marks_path)
+        return SharedArenaInfo(
+            str(self.arena.path),
+            self.arena.capacity,
+            self.generations.arena_id,
+            self.arena.capacity,
+            index_offset=self.index.offset,
+            hit_marks_path=self.index.marks_path,
+        )
 
     def put(self, i: int) -> BlockEntry:
         entry = self.tier.reserve(k(i), BLOCK)
@@ -81,8 +86,9 @@ class Node:
 
 
 def make_node(directory: Path, entries: int = 64, probe_limit: int = 16) -> Node:
-    arena = server_arena.SharedArena(str(directory), "kvpool-t", CAPACITY, prefault=False,
-                                     extra=extra_bytes(CAPACITY, entries))
+    arena = server_arena.SharedArena(
+        str(directory), "kvpool-t", CAPACITY, prefault=False, extra=extra_bytes(CAPACITY, entries)
+    )
     generations = SlotGenerations(arena.extra, CAPACITY, arena_id=0xC0FFEE)
     index = SharedIndex(arena, entries, 0xC0FFEE, probe_limit)
     counters = Counters()
@@ -105,8 +111,13 @@ def node(tmp_path: Path) -> Iterator[Node]:
     close_node(made)
 
 
-def shm_get(reader: MappedArena, keys: list[StoreKey], frames: list[bytes],
-            targets: list[memoryview | None] | None = None, verify: bool = False) -> tuple[list[Send], list[int], list]:
+def shm_get(
+    reader: MappedArena,
+    keys: list[StoreKey],
+    frames: list[bytes],
+    targets: list[memoryview | None] | None = None,
+    verify: bool = False,
+) -> tuple[list[Send], list[int], list]:
     request = LocateRequest(3, NS, [key[1] for key in keys])
     gen = exchange.get_shared(request, targets or [None] * len(keys), LIMITS, verify, reader)
     sent, (statuses, filled) = drive(gen, frames, [])
@@ -257,8 +268,10 @@ def test_a_table_whose_heartbeat_stopped_is_not_read(node: Node) -> None:
     sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     assert len(sent) == 1 and statuses == [OK] and not reader.stale, "asked; the same arena answered"
     payload = data_for(1)
-    frames = [locate_answer(node, 3, [k(1)], arena_id=0xBEEF),
-              encode(GetResponse(3, [int(OK)], [len(payload)], [xxhash.xxh3_64_intdigest(payload)]))]
+    frames = [
+        locate_answer(node, 3, [k(1)], arena_id=0xBEEF),
+        encode(GetResponse(3, [int(OK)], [len(payload)], [xxhash.xxh3_64_intdigest(payload)])),
+    ]
     request, reader = LocateRequest(3, NS, [k(1)[1]]), node.reader()  # one that knows no location yet
     _, (statuses, filled) = drive(exchange.get_shared(request, [None], LIMITS, True, reader), frames, [payload])
     assert reader.stale and statuses == [OK] and bytes(filled[0]) == payload

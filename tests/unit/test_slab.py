@@ -60,8 +60,12 @@ def test_constructor_rejects_bad_geometry(capacity: int, slab_size: int) -> None
 @pytest.mark.parametrize(
     ("length", "slot"),
     [
-        (1, 4 * KiB), (4 * KiB - 1, 4 * KiB), (4 * KiB, 4 * KiB),
-        (4 * KiB + 1, 8 * KiB), (12 * KiB, 12 * KiB), (SLAB, SLAB),
+        (1, 4 * KiB),
+        (4 * KiB - 1, 4 * KiB),
+        (4 * KiB, 4 * KiB),
+        (4 * KiB + 1, 8 * KiB),
+        (12 * KiB, 12 * KiB),
+        (SLAB, SLAB),
     ],
 )
 def test_slot_size_rounds_up_to_the_alignment(alloc: SlabAllocator, length: int, slot: int) -> None:

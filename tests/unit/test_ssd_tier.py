@@ -129,8 +129,15 @@ class Harness:
         namespace_quota: int = 0,
     ) -> None:
         self.directory = directory
-        self.config = SsdConfig(str(directory), capacity, segment, fsync=False, gc_live_ratio=gc_live_ratio,
-                                retry_after_error_s=retry_after_error_s, namespace_quota=namespace_quota)
+        self.config = SsdConfig(
+            str(directory),
+            capacity,
+            segment,
+            fsync=False,
+            gc_live_ratio=gc_live_ratio,
+            retry_after_error_s=retry_after_error_s,
+            namespace_quota=namespace_quota,
+        )
         self.counters = Counters()
         self.policy = RecordingLRU()
         self.tier = self._open()
@@ -397,8 +404,9 @@ def test_eviction_order_continues_in_log_order_after_reopen(h: Harness) -> None:
 
 
 @pytest.mark.parametrize(("ratio", "compacted"), [(0.5, True), (0.2, False)])
-def test_segments_under_the_live_ratio_are_compacted(make: Callable[..., Harness], ratio: float,
-                                                      compacted: bool) -> None:
+def test_segments_under_the_live_ratio_are_compacted(
+    make: Callable[..., Harness], ratio: float, compacted: bool
+) -> None:
     h = make(gc_live_ratio=ratio)
     fill(h, 12)
     for i in (0, 1, 2):
@@ -524,8 +532,9 @@ def test_read_many_racing_a_compaction_reads_each_record_at_its_new_place(h: Har
     real = log.read_span
     calls: list[int] = []
 
-    def compact_first(locations: list[RecordAddress], targets: list[memoryview],
-                      keys: list[StoreKey | None]) -> list[object]:
+    def compact_first(
+        locations: list[RecordAddress], targets: list[memoryview], keys: list[StoreKey | None]
+    ) -> list[object]:
         calls.append(locations[0].segment_id)
         if len(calls) == 1:
             assert h.put(12)  # moves record 3 out of segment 1 and deletes the segment
@@ -639,7 +648,11 @@ def test_put_after_delete_wins_on_reopen(h: Harness) -> None:
     h.reopen()
     assert h.held() == [0, 1] and h.get(0) == data_for(0)
     assert [(r.key, r.tombstone) for r in records_on_disk(h.directory)] == [
-        (k(0), False), (k(1), False), (k(0), True), (k(0), False)]
+        (k(0), False),
+        (k(1), False),
+        (k(0), True),
+        (k(0), False),
+    ]
     h.audit()
 
 
@@ -727,15 +740,17 @@ def index_state(tier: SsdTier) -> dict[str, object]:
         "namespaces": tier.namespace_usage(),
         "namespace_bytes": tier.namespace_bytes(),
         "live": {s: n for s, n in tier._index.live.items() if n},
-        "runs": {s: [tier._index.keys.key_of(b) for b in run.live()]
-                 for s, run in tier._index.runs.items() if run.live()},
+        "runs": {
+            s: [tier._index.keys.key_of(b) for b in run.live()] for s, run in tier._index.runs.items() if run.live()
+        },
         "tombstones": {s: sorted(keys) for s, keys in tier._index.tombstones_in.items() if keys},
     }
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_bulk_rebuild_decides_what_a_record_by_record_replay_decides(make: Callable[..., Harness], seed: int,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bulk_rebuild_decides_what_a_record_by_record_replay_decides(
+    make: Callable[..., Harness], seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     h = make(capacity=8 * SEG)
     rng = random.Random(seed)
     for _ in range(40):  # puts, overwrites after deletes, deletes and other namespaces, over several segments
@@ -766,8 +781,11 @@ def test_torn_tail_is_truncated(h: Harness, tail: str) -> None:
     payload = data_for(99)
     header = encode_record_header(NS.encode(), k(99)[1], len(payload), checksum(payload))
     record = header + NS.encode() + k(99)[1] + payload
-    torn = {"half a record": record[: len(record) // 2], "half a header": header[:HEADER_SIZE // 2],
-            "zeros": bytes(3000)}[tail]
+    torn = {
+        "half a record": record[: len(record) // 2],
+        "half a header": header[: HEADER_SIZE // 2],
+        "zeros": bytes(3000),
+    }[tail]
     with open(path, "ab") as file:
         file.write(torn)
     h.reopen()
@@ -779,11 +797,14 @@ def test_torn_tail_is_truncated(h: Harness, tail: str) -> None:
     h.audit()
 
 
-@pytest.mark.parametrize(("region", "at"), [
-    ("payload", HEADER_SIZE + len(k(0)[0]) + len(k(0)[1]) + 500),
-    ("key", HEADER_SIZE + 3),
-    ("header", 13),
-])
+@pytest.mark.parametrize(
+    ("region", "at"),
+    [
+        ("payload", HEADER_SIZE + len(k(0)[0]) + len(k(0)[1]) + 500),
+        ("key", HEADER_SIZE + 3),
+        ("header", 13),
+    ],
+)
 def test_flipped_byte_is_a_counted_miss_never_wrong_bytes(h: Harness, region: str, at: int) -> None:
     fill(h, 6)  # segment 1 (sealed): 0..3; segment 2: 4, 5
     location = h.location(1)
@@ -849,8 +870,9 @@ def test_write_error_pauses_then_clears(h: Harness, clock: FakeClock, monkeypatc
     h.audit()
 
 
-def test_write_error_during_compaction_keeps_the_segment(h: Harness, clock: FakeClock,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_error_during_compaction_keeps_the_segment(
+    h: Harness, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fill(h, 12)
     for i in (0, 1, 2):
         h.tier.forget(k(i))
@@ -878,8 +900,12 @@ def _mount_tmpfs(directory: Path, size: int) -> None:
     if os.geteuid() != 0:
         pytest.skip("a real ENOSPC needs a tmpfs mount, and mounting needs root")
     directory.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
 
@@ -992,8 +1018,9 @@ class SsdMachine(RuleBasedStateMachine):
         targets = [bytearray(model_length(i)) for i in indices]
         sums = self.h.tier.read_many([k(i) for i in indices], [memoryview(t) for t in targets], touch=touch)
         for i, found, target in zip(indices, sums, targets, strict=True):
-            assert found is None or (target == data_for(i, model_length(i)) and found == checksum(target)), \
+            assert found is None or (target == data_for(i, model_length(i)) and found == checksum(target)), (
                 f"{k(i)} read other bytes in a batch"
+            )
             if i not in self.model:
                 assert found is None, f"deleted {k(i)} was served in a batch"
 
@@ -1016,6 +1043,5 @@ class SsdMachine(RuleBasedStateMachine):
         self.h.audit(model_length)
 
 
-SsdMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None,
-                                        derandomize=True)
+SsdMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None, derandomize=True)
 TestSsdMachine = SsdMachine.TestCase

@@ -25,8 +25,14 @@ def caches(layers: int, blocks: int, page: int, block_major: bool, kv_split: boo
 
 
 @settings(max_examples=60, deadline=None)
-@given(layers=st.integers(1, 5), blocks=st.integers(3, 6), page=st.sampled_from([16, 64, 96]),
-       block_major=st.booleans(), kv_split=st.booleans(), data=st.data())
+@given(
+    layers=st.integers(1, 5),
+    blocks=st.integers(3, 6),
+    page=st.sampled_from([16, 64, 96]),
+    block_major=st.booleans(),
+    kv_split=st.booleans(),
+    data=st.data(),
+)
 def test_a_block_scattered_then_gathered_is_the_same_and_touches_no_other_block(
     layers: int, blocks: int, page: int, block_major: bool, kv_split: bool, data: st.DataObject
 ) -> None:
@@ -66,13 +72,17 @@ def test_layer_order_is_the_group_order() -> None:
     assert out[:16].tolist() == [1] * 16 and out[16:].tolist() == [2] * 16
 
 
-@pytest.mark.parametrize(("tensors", "names", "message"), [
-    ({"a": torch.zeros(5, 8, dtype=torch.uint8)}, ["a", "b"], "no KV cache registered"),
-    ({"a": torch.zeros(3, 8, dtype=torch.uint8)}, ["a"], "indexes no 5 blocks"),
-    ({"a": torch.zeros(8, 5, dtype=torch.uint8).t()}, ["a"], "not one dense span"),
-])
-def test_a_tensor_that_is_not_a_paged_cache_is_refused(tensors: dict[str, torch.Tensor], names: list[str],
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("tensors", "names", "message"),
+    [
+        ({"a": torch.zeros(5, 8, dtype=torch.uint8)}, ["a", "b"], "no KV cache registered"),
+        ({"a": torch.zeros(3, 8, dtype=torch.uint8)}, ["a"], "indexes no 5 blocks"),
+        ({"a": torch.zeros(8, 5, dtype=torch.uint8).t()}, ["a"], "not one dense span"),
+    ],
+)
+def test_a_tensor_that_is_not_a_paged_cache_is_refused(
+    tensors: dict[str, torch.Tensor], names: list[str], message: str
+) -> None:
     with pytest.raises(UsageError, match=message):
         BlockLayers(tensors, names, 5)
 

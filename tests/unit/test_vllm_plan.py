@@ -137,4 +137,3 @@ def test_a_failing_pool_is_a_miss(pool: Pool) -> None:
     with ThreadPoolExecutor(1) as executor:
         plan = SchedulerPlan(broken, executor, NS, BS)
         assert answer(plan, Request("a", 3)) == (0, False)
-

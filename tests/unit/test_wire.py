@@ -104,8 +104,12 @@ messages = st.one_of(
     st.builds(ExistsRequest, request_ids, namespaces, hash_lists(), prefix=st.booleans()),
     st.builds(DeleteRequest, request_ids, namespaces, hash_lists()),
     st.builds(PingRequest, request_ids),
-    st.builds(StatusResponse, request_ids, st.sampled_from([Op.PUT, Op.EXISTS, Op.DELETE]),
-              st.lists(statuses, max_size=LIMITS.max_keys)),
+    st.builds(
+        StatusResponse,
+        request_ids,
+        st.sampled_from([Op.PUT, Op.EXISTS, Op.DELETE]),
+        st.lists(statuses, max_size=LIMITS.max_keys),
+    ),
     get_responses(),
     st.builds(PingResponse, request_ids),
     st.builds(LocateRequest, request_ids, namespaces, hash_lists()),
@@ -124,8 +128,16 @@ def decode_frame(frame: bytes, limits: WireLimits = LIMITS):
     return decode_message(header, frame[HEADER_SIZE : HEADER_SIZE + header.meta_len], limits)
 
 
-def raw_header(op: int = Op.GET, *, magic: bytes = b"KV", version: int = 1, status: int = 0,
-               request_id: int = 7, meta_len: int = 0, payload_len: int = 0) -> bytes:
+def raw_header(
+    op: int = Op.GET,
+    *,
+    magic: bytes = b"KV",
+    version: int = 1,
+    status: int = 0,
+    request_id: int = 7,
+    meta_len: int = 0,
+    payload_len: int = 0,
+) -> bytes:
     """A header packed from the documented layout, independent of the codec's own struct."""
     return struct.pack("<2sBBHHQIQ", magic, version, op, status, 0, request_id, meta_len, payload_len)
 
@@ -186,7 +198,8 @@ def test_every_message_round_trips(message):
     assert decoded == message, f"sent {message!r}, decoded {decoded!r}"
     assert header.request_id == message.request_id, f"header {header}"
     assert header.payload_len == payload_length(message) == sum(payload_lengths(message)), (
-        f"header {header}, payload_length {payload_length(message)}, blocks {payload_lengths(message)}")
+        f"header {header}, payload_length {payload_length(message)}, blocks {payload_lengths(message)}"
+    )
     responses = (StatusResponse, GetResponse, PingResponse, ErrorResponse, LocateResponse, HelloResponse)
     is_response = isinstance(message, responses)
     assert header.is_response == is_response, f"header {header} for {message!r}"
@@ -198,8 +211,11 @@ def test_boundary_values_round_trip(namespace, size):
     assert len(namespace.encode()) <= MAX_NAMESPACE_BYTES, f"{len(namespace.encode())} bytes"
     keys = [bytes([i]) * size for i in range(LIMITS.max_keys)]
     full = [LIMITS.max_block_size] * LIMITS.max_keys
-    for message in (PutRequest(U64, namespace, keys, full), ExistsRequest(0, namespace, keys, prefix=True),
-                    GetResponse(U64, [0] * LIMITS.max_keys, full, [U64] * LIMITS.max_keys)):
+    for message in (
+        PutRequest(U64, namespace, keys, full),
+        ExistsRequest(0, namespace, keys, prefix=True),
+        GetResponse(U64, [0] * LIMITS.max_keys, full, [U64] * LIMITS.max_keys),
+    ):
         decoded = decode_frame(encode(message))
         assert decoded == message, f"sent {message!r}, decoded {decoded!r}"
 
@@ -216,8 +232,12 @@ def test_frames_are_self_delimiting_in_a_chunked_stream(batch, data):
 
 
 def test_stream_fed_one_byte_at_a_time():
-    sent = [(PutRequest(1, "ns", [b"ab", b"cd"], [3, 0]), b"xyz"), (PingRequest(2), b""),
-            (GetResponse(3, [0, 1], [5, 0], [9, 0]), b"hello"), (ErrorResponse(4, Op.GET, 30, "boom"), b"")]
+    sent = [
+        (PutRequest(1, "ns", [b"ab", b"cd"], [3, 0]), b"xyz"),
+        (PingRequest(2), b""),
+        (GetResponse(3, [0, 1], [5, 0], [9, 0]), b"hello"),
+        (ErrorResponse(4, Op.GET, 30, "boom"), b""),
+    ]
     stream = send(sent)
     received = receive(stream[i : i + 1] for i in range(len(stream)))
     assert received == sent, f"received {received!r}"
@@ -228,31 +248,45 @@ def test_stream_fed_one_byte_at_a_time():
 TOO_MANY = [b"h"] * (LIMITS.max_keys + 1)
 
 
-@pytest.mark.parametrize("message", [
-    GetRequest(1, "ns", TOO_MANY), DeleteRequest(1, "ns", TOO_MANY), ExistsRequest(1, "ns", TOO_MANY),
-    PutRequest(1, "ns", TOO_MANY, [0] * len(TOO_MANY)), StatusResponse(1, Op.PUT, [0] * len(TOO_MANY)),
-    GetResponse(1, [0] * len(TOO_MANY), [0] * len(TOO_MANY), [0] * len(TOO_MANY)),
-    PutRequest(1, "ns", [b"h"], [LIMITS.max_block_size + 1]),
-    GetResponse(1, [0], [LIMITS.max_block_size + 1], [0]),
-], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "message",
+    [
+        GetRequest(1, "ns", TOO_MANY),
+        DeleteRequest(1, "ns", TOO_MANY),
+        ExistsRequest(1, "ns", TOO_MANY),
+        PutRequest(1, "ns", TOO_MANY, [0] * len(TOO_MANY)),
+        StatusResponse(1, Op.PUT, [0] * len(TOO_MANY)),
+        GetResponse(1, [0] * len(TOO_MANY), [0] * len(TOO_MANY), [0] * len(TOO_MANY)),
+        PutRequest(1, "ns", [b"h"], [LIMITS.max_block_size + 1]),
+        GetResponse(1, [0], [LIMITS.max_block_size + 1], [0]),
+    ],
+    ids=lambda m: type(m).__name__,
+)
 def test_decoder_enforces_key_and_block_limits(message):
     with pytest.raises(LimitExceeded) as info:
         decode_frame(encode(message))
     assert info.value.code == ErrorCode.LIMIT_EXCEEDED, f"raised {info.value}"
 
 
-@pytest.mark.parametrize("header, code", [
-    (raw_header(magic=b"VK"), ErrorCode.PROTOCOL), (raw_header(version=0), ErrorCode.UNSUPPORTED_VERSION),
-    (raw_header(version=2), ErrorCode.UNSUPPORTED_VERSION), (raw_header(op=0), ErrorCode.PROTOCOL),
-    (raw_header(op=max(Op) + 1), ErrorCode.PROTOCOL), (raw_header(op=RESPONSE_BIT), ErrorCode.PROTOCOL),
-    (raw_header(op=0xFF), ErrorCode.PROTOCOL), (raw_header()[:-1], ErrorCode.PROTOCOL),
-    (raw_header() + b"\0", ErrorCode.PROTOCOL),
-    # Oversized sections are refused from the 28 header bytes alone, before any meta is read.
-    (raw_header(meta_len=LIMITS.max_meta + 1), ErrorCode.LIMIT_EXCEEDED),
-    (raw_header(meta_len=0xFFFFFFFF), ErrorCode.LIMIT_EXCEEDED),
-    (raw_header(payload_len=LIMITS.max_payload + 1), ErrorCode.LIMIT_EXCEEDED),
-    (raw_header(payload_len=U64), ErrorCode.LIMIT_EXCEEDED),
-])
+@pytest.mark.parametrize(
+    "header, code",
+    [
+        (raw_header(magic=b"VK"), ErrorCode.PROTOCOL),
+        (raw_header(version=0), ErrorCode.UNSUPPORTED_VERSION),
+        (raw_header(version=2), ErrorCode.UNSUPPORTED_VERSION),
+        (raw_header(op=0), ErrorCode.PROTOCOL),
+        (raw_header(op=max(Op) + 1), ErrorCode.PROTOCOL),
+        (raw_header(op=RESPONSE_BIT), ErrorCode.PROTOCOL),
+        (raw_header(op=0xFF), ErrorCode.PROTOCOL),
+        (raw_header()[:-1], ErrorCode.PROTOCOL),
+        (raw_header() + b"\0", ErrorCode.PROTOCOL),
+        # Oversized sections are refused from the 28 header bytes alone, before any meta is read.
+        (raw_header(meta_len=LIMITS.max_meta + 1), ErrorCode.LIMIT_EXCEEDED),
+        (raw_header(meta_len=0xFFFFFFFF), ErrorCode.LIMIT_EXCEEDED),
+        (raw_header(payload_len=LIMITS.max_payload + 1), ErrorCode.LIMIT_EXCEEDED),
+        (raw_header(payload_len=U64), ErrorCode.LIMIT_EXCEEDED),
+    ],
+)
 def test_header_rejects_bad_magic_version_op_size_and_limits(header, code):
     with pytest.raises(ProtocolError) as info:
         decode_header(header, LIMITS)
@@ -295,22 +329,34 @@ def test_trailing_meta_bytes_are_rejected(message, extra):
         decode_message(header._replace(meta_len=len(meta) + len(extra)), meta + extra, LIMITS)
 
 
-@pytest.mark.parametrize("message, claimed", [
-    (PutRequest(1, "ns", [b"a", b"b"], [3, 4]), 6), (PutRequest(1, "ns", [b"a"], [3]), 4),
-    (GetRequest(1, "ns", [b"a"]), 1), (PingRequest(1), 1), (StatusResponse(1, Op.PUT, [0]), 1),
-    (GetResponse(1, [0, 1], [5, 0], [0, 0]), 0), (ErrorResponse(1, Op.GET, 30, "x"), 2),
-])
+@pytest.mark.parametrize(
+    "message, claimed",
+    [
+        (PutRequest(1, "ns", [b"a", b"b"], [3, 4]), 6),
+        (PutRequest(1, "ns", [b"a"], [3]), 4),
+        (GetRequest(1, "ns", [b"a"]), 1),
+        (PingRequest(1), 1),
+        (StatusResponse(1, Op.PUT, [0]), 1),
+        (GetResponse(1, [0, 1], [5, 0], [0, 0]), 0),
+        (ErrorResponse(1, Op.GET, 30, "x"), 2),
+    ],
+)
 def test_payload_len_must_match_the_lengths_in_meta(message, claimed):
     header, meta = split(encode(message))
     with pytest.raises(ProtocolError, match="header says"):
         decode_message(header._replace(payload_len=claimed), meta, LIMITS)
 
 
-@pytest.mark.parametrize("meta, reason", [
-    (raw_keys(b"\xff\xfe", 1, 0), "not UTF-8"), (raw_keys(b"\xc3", 1, 0), "not UTF-8"),
-    (raw_keys(b"", 1, 0), "empty namespace"), (raw_keys(b"ns", 0, 0), "hash size"),
-    (raw_keys(b"ns", MAX_HASH_BYTES + 1, 0), "hash size"),
-])
+@pytest.mark.parametrize(
+    "meta, reason",
+    [
+        (raw_keys(b"\xff\xfe", 1, 0), "not UTF-8"),
+        (raw_keys(b"\xc3", 1, 0), "not UTF-8"),
+        (raw_keys(b"", 1, 0), "empty namespace"),
+        (raw_keys(b"ns", 0, 0), "hash size"),
+        (raw_keys(b"ns", MAX_HASH_BYTES + 1, 0), "hash size"),
+    ],
+)
 def test_malformed_keys_section_is_rejected(meta, reason):
     with pytest.raises(ProtocolError, match=reason):
         decode_frame(raw_header(Op.GET, meta_len=len(meta)) + meta)
@@ -321,29 +367,44 @@ def test_get_response_with_payload_for_a_missing_key_is_rejected():
         decode_frame(encode(GetResponse(1, [ErrorCode.NOT_FOUND], [3], [0])))
 
 
-@pytest.mark.parametrize("message", [
-    GetRequest(1, "ns", [b"a", b"bb"]), DeleteRequest(1, "", [b"a"]), GetRequest(1, "é" * 128, [b"a"]),
-    ExistsRequest(1, "ns", [b"x" * (MAX_HASH_BYTES + 1)]), GetRequest(1, "ns", [b""]),
-    PutRequest(1, "ns", [b"a", b"b"], [1]), PutRequest(1, "ns", [b"a"], [-1]), PutRequest(1, "ns", [b"a"], [1 << 32]),
-    GetResponse(1, [0, 0], [1], [0, 0]), GetResponse(1, [0], [1], [0, 0]), GetResponse(1, [0], [1 << 32], [0]),
-    GetResponse(1, [0], [1], [1 << 64]),
-], ids=lambda m: repr(m)[:60])
+@pytest.mark.parametrize(
+    "message",
+    [
+        GetRequest(1, "ns", [b"a", b"bb"]),
+        DeleteRequest(1, "", [b"a"]),
+        GetRequest(1, "é" * 128, [b"a"]),
+        ExistsRequest(1, "ns", [b"x" * (MAX_HASH_BYTES + 1)]),
+        GetRequest(1, "ns", [b""]),
+        PutRequest(1, "ns", [b"a", b"b"], [1]),
+        PutRequest(1, "ns", [b"a"], [-1]),
+        PutRequest(1, "ns", [b"a"], [1 << 32]),
+        GetResponse(1, [0, 0], [1], [0, 0]),
+        GetResponse(1, [0], [1], [0, 0]),
+        GetResponse(1, [0], [1 << 32], [0]),
+        GetResponse(1, [0], [1], [1 << 64]),
+    ],
+    ids=lambda m: repr(m)[:60],
+)
 def test_encode_rejects_unrepresentable_messages(message):
     with pytest.raises(ProtocolError):
         frame = encode(message)
         pytest.fail(f"encoded {message!r} as {frame!r}")
 
 
-@pytest.mark.parametrize("message", [
-    StatusResponse(1, Op.PUT, [256]),
-    PingRequest(-1),
-    PingRequest(1 << 64),
-    ErrorResponse(1, Op.GET, 1 << 16, "x"),
-    GetRequest(1, "ns\ud800", [b"a"]),
-    ErrorResponse(1, Op.PING, ErrorCode.OK, ""),
-    StatusResponse(1, Op.PING, [0]),
-    GetResponse(1, [1], [3], [0]),
-], ids=lambda m: repr(m)[:60])
+@pytest.mark.parametrize(
+    "message",
+    [
+        StatusResponse(1, Op.PUT, [256]),
+        PingRequest(-1),
+        PingRequest(1 << 64),
+        ErrorResponse(1, Op.GET, 1 << 16, "x"),
+        GetRequest(1, "ns\ud800", [b"a"]),
+        ErrorResponse(1, Op.PING, ErrorCode.OK, ""),
+        StatusResponse(1, Op.PING, [0]),
+        GetResponse(1, [1], [3], [0]),
+    ],
+    ids=lambda m: repr(m)[:60],
+)
 def test_encode_raises_protocol_error_or_round_trips(message):
     try:
         frame = encode(message)
@@ -369,8 +430,12 @@ def test_random_bytes_never_crash_the_decoder(data):
     decodes_or_rejects(raw_header(meta_len=len(data))[:4] + data)  # past magic and version
 
 
-@given(st.integers(0, 255), st.one_of(st.just(0), st.integers(0, 0xFFFF)), st.binary(max_size=600),
-       st.one_of(st.just(0), st.integers(0, LIMITS.max_payload)))
+@given(
+    st.integers(0, 255),
+    st.one_of(st.just(0), st.integers(0, 0xFFFF)),
+    st.binary(max_size=600),
+    st.one_of(st.just(0), st.integers(0, LIMITS.max_payload)),
+)
 @FUZZ
 def test_random_meta_behind_a_valid_header_never_crashes(op, status, meta, payload_len):
     decodes_or_rejects(raw_header(op, status=status, meta_len=len(meta), payload_len=payload_len) + meta)
@@ -416,13 +481,17 @@ def peak_allocation_while_rejecting(frame: bytes, limits: WireLimits) -> tuple[i
 BIG = WireLimits(max_keys=1 << 20)  # a lying count of 1 Mi keys would cost 64 MiB of hashes if trusted
 
 
-@pytest.mark.parametrize("op, meta", [
-    (Op.GET, raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys)),
-    (Op.PUT, raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys, b"\0" * 4096)),
-    (Op.EXISTS, b"\1" + raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys)),
-    (Op.PUT | RESPONSE_BIT, struct.pack("<I", BIG.max_keys)),
-    (Op.GET | RESPONSE_BIT, struct.pack("<I", BIG.max_keys) + b"\0" * 4096),
-], ids=["get", "put", "exists", "status", "get-response"])
+@pytest.mark.parametrize(
+    "op, meta",
+    [
+        (Op.GET, raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys)),
+        (Op.PUT, raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys, b"\0" * 4096)),
+        (Op.EXISTS, b"\1" + raw_keys(b"ns", MAX_HASH_BYTES, BIG.max_keys)),
+        (Op.PUT | RESPONSE_BIT, struct.pack("<I", BIG.max_keys)),
+        (Op.GET | RESPONSE_BIT, struct.pack("<I", BIG.max_keys) + b"\0" * 4096),
+    ],
+    ids=["get", "put", "exists", "status", "get-response"],
+)
 def test_a_lying_key_count_is_rejected_without_allocating_for_it(op, meta):
     peak, error = peak_allocation_while_rejecting(raw_header(op, meta_len=len(meta)) + meta, BIG)
     assert "truncated" in str(error), f"raised {error}"
@@ -487,7 +556,9 @@ def general_or_none(frame: bytes, limits: WireLimits = LIMITS):
 
 
 one_key_answers = st.builds(
-    GetResponse, request_ids, st.lists(statuses, min_size=1, max_size=1),
+    GetResponse,
+    request_ids,
+    st.lists(statuses, min_size=1, max_size=1),
     st.lists(st.integers(0, LIMITS.max_block_size + 1), min_size=1, max_size=1),
     st.lists(st.integers(0, U64), min_size=1, max_size=1),
 )
@@ -509,13 +580,17 @@ def test_a_one_key_answer_reads_as_the_general_decoder_reads_it(message, changes
         assert general is None and message.lengths[0] > LIMITS.max_block_size, (message, general)
 
 
-@pytest.mark.parametrize("frame", [
-    encode(ErrorResponse(7, Op.GET, ErrorCode.NOT_FOUND, "gone")),
-    encode(GetResponse(8, [ErrorCode.OK], [4], [1])),  # another request's answer
-    encode(GetResponse(7, [ErrorCode.OK, ErrorCode.OK], [4, 4], [1, 2])),
-    encode(StatusResponse(7, Op.DELETE, [ErrorCode.OK])),
-    encode(GetResponse(7, [ErrorCode.OK], [4], [1]))[:-1],
-], ids=["error", "other-id", "two-keys", "other-op", "short"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        encode(ErrorResponse(7, Op.GET, ErrorCode.NOT_FOUND, "gone")),
+        encode(GetResponse(8, [ErrorCode.OK], [4], [1])),  # another request's answer
+        encode(GetResponse(7, [ErrorCode.OK, ErrorCode.OK], [4, 4], [1, 2])),
+        encode(StatusResponse(7, Op.DELETE, [ErrorCode.OK])),
+        encode(GetResponse(7, [ErrorCode.OK], [4], [1]))[:-1],
+    ],
+    ids=["error", "other-id", "two-keys", "other-op", "short"],
+)
 def test_a_frame_that_is_not_a_one_key_answer_is_left_to_the_general_path(frame):
     assert decode_get_one(frame, 7, LIMITS) is None
 

@@ -45,12 +45,12 @@ from kvpool_client.core.wire.frames import (
     FrameHeader,
     GetRequest,
     GetResponse,
+    HelloRequest,
+    HelloResponse,
     LocateRequest,
     LocateResponse,
     Message,
     Op,
-    HelloRequest,
-    HelloResponse,
     PingRequest,
     PingResponse,
     PutRequest,
@@ -237,7 +237,7 @@ def _carries_data_when_not_ok(statuses: Sequence[int], *columns: Sequence[int]) 
     """Whether a key that is not OK has a non-zero value in one of ``columns``."""
     if statuses.count(ErrorCode.OK) == len(statuses):  # the usual answer: every key found
         return False
-    return any(s != ErrorCode.OK and any(values) for s, *values in zip(statuses, *columns))
+    return any(s != ErrorCode.OK and any(values) for s, *values in zip(statuses, *columns, strict=True))
 
 
 def _statuses(statuses: Sequence[int]) -> bytes:
@@ -307,8 +307,15 @@ def decode_get_one(data: bytes, request_id: int, limits: WireLimits) -> tuple[in
         _GET_ONE_ANSWER.unpack(data)
     )
     if (
-        magic != MAGIC or version != PROTOCOL_VERSION or op != _GET_ANSWER_OP or status or rid != request_id
-        or meta_len != _GET_ONE_META or count != 1 or payload_len != length or length > limits.max_block_size
+        magic != MAGIC
+        or version != PROTOCOL_VERSION
+        or op != _GET_ANSWER_OP
+        or status
+        or rid != request_id
+        or meta_len != _GET_ONE_META
+        or count != 1
+        or payload_len != length
+        or length > limits.max_block_size
         or length > limits.max_payload
         or (length and key_status != ErrorCode.OK)
     ):
@@ -324,7 +331,20 @@ def encode_get_one(request_id: int, status: int, length: int, checksum: int) -> 
     """
     if status != ErrorCode.OK and length:
         raise ProtocolError("a key that is not OK cannot carry payload bytes")
-    args = (MAGIC, PROTOCOL_VERSION, _GET_ANSWER_OP, 0, 0, request_id, _GET_ONE_META, length, 1, status, length, checksum)
+    args = (
+        MAGIC,
+        PROTOCOL_VERSION,
+        _GET_ANSWER_OP,
+        0,
+        0,
+        request_id,
+        _GET_ONE_META,
+        length,
+        1,
+        status,
+        length,
+        checksum,
+    )
     return _pack(_GET_ONE_ANSWER, *args)
 
 
@@ -516,7 +536,7 @@ class _Reader:
         return self._data[self._advance(1)]
 
     def count(self, limits: WireLimits) -> int:
-        (count,) = _U32.unpack_from(self._data, self._advance(4))
+        count: int = _U32.unpack_from(self._data, self._advance(4))[0]
         if count > limits.max_keys:
             raise LimitExceeded(f"{count} keys exceed the limit of {limits.max_keys} per request")
         return count

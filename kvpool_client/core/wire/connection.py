@@ -50,7 +50,9 @@ from kvpool_client.core.wire.frames import (
     WireLimits,
 )
 
-NEEDS_TOKEN = "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
+NEEDS_TOKEN = (
+    "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
+)
 
 Request = GetRequest | LocateRequest | ExistsRequest | DeleteRequest | PingRequest  # a request without payload
 
@@ -150,7 +152,7 @@ class ServerConnection:
             one = decode_get_one_request(self._buffer, self._limits)
             if one is not None:  # the usual single-block get; made without GetOne's Python-level __new__
                 del self._buffer[: one[3]]
-                return _make_tuple(GetOne, one[:3])  # type: ignore[no-any-return]
+                return _make_tuple(GetOne, one[:3])
         elif self.state is not State.HELLO:
             raise LocalProtocolError(f"next_event while {self.state.value}")
         if len(self._buffer) < HEADER_SIZE:

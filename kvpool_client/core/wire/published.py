@@ -90,9 +90,9 @@ class IndexHeader:
 
 
 class PublishedEntry(NamedTuple):  # a tuple: made on every read through the table, at a third of a dataclass's cost
-    """One block as a reader found it; ``index`` is its entry (where a hit is marked)."""
+    """One block as a reader found it; ``slot`` is its entry's number in the table (where a hit is marked)."""
 
-    index: int
+    slot: int
     offset: int
     length: int
     checksum: int

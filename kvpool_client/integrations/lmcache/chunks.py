@@ -46,8 +46,9 @@ class ChunkAllocator:
         token_bytes: bytes per token of a full chunk (for partial chunks).
     """
 
-    def __init__(self, backend: Any, shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype], fmt: Any,
-                 token_bytes: int) -> None:
+    def __init__(
+        self, backend: Any, shapes: Sequence[torch.Size], dtypes: Sequence[torch.dtype], fmt: Any, token_bytes: int
+    ) -> None:
         self._backend = backend
         self._shapes = list(shapes)
         self._dtypes = list(dtypes)

@@ -64,16 +64,23 @@ class KVPoolConnector(RemoteConnector):  # type: ignore[misc]
         super().__init__(config, metadata)
         self.settings = settings
         self.loop = loop
-        self.keys = ChunkKeys(ChunkFormat.of(self.meta_fmt, metadata.chunk_size, self.meta_shapes, self.meta_dtypes),
-                              settings.pool.model_id)
+        self.keys = ChunkKeys(
+            ChunkFormat.of(self.meta_fmt, metadata.chunk_size, self.meta_shapes, self.meta_dtypes),
+            settings.pool.model_id,
+        )
         self._guard = Guard()
         self._sync = KVPoolClient(config=settings.pool.client)
-        allocator = ChunkAllocator(local_cpu_backend, self.meta_shapes, self.meta_dtypes, self.meta_fmt,
-                                   self.single_token_size)
+        allocator = ChunkAllocator(
+            local_cpu_backend, self.meta_shapes, self.meta_dtypes, self.meta_fmt, self.single_token_size
+        )
         self._transfers = ChunkTransfers(self._sync, self.keys, allocator, self._guard, settings.partial_chunks)
-        log.info("kvpool LMCache plugin %r: nodes %s, chunks of %d bytes in namespaces like %s",
-                 settings.name, ",".join(settings.pool.client.nodes) or "from etcd", self.full_chunk_size_bytes,
-                 self.keys.chunk_format.layout("<dtype>"))
+        log.info(
+            "kvpool LMCache plugin %r: nodes %s, chunks of %d bytes in namespaces like %s",
+            settings.name,
+            ",".join(settings.pool.client.nodes) or "from etcd",
+            self.full_chunk_size_bytes,
+            self.keys.chunk_format.layout("<dtype>"),
+        )
 
     # -- single chunks (LMCache falls back to these without the batched flags) --------
 

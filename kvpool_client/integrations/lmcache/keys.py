@@ -32,8 +32,14 @@ HASH_BYTES = 9  # holds every int64 and every uint64
 _LOW, _HIGH = -(1 << (8 * HASH_BYTES - 1)), 1 << (8 * HASH_BYTES - 1)
 
 # torch dtype name -> the namespace's dtype field (the names kvpool's other integrations use).
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4m3",
-           "float8_e5m2": "fp8e5m2", "uint8": "u8"}
+_DTYPES = {
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8e4m3",
+    "float8_e5m2": "fp8e5m2",
+    "uint8": "u8",
+}
 
 
 def dtype_field(dtype: Any) -> str:
@@ -61,8 +67,12 @@ class ChunkFormat:
     @classmethod
     def of(cls, fmt: Any, chunk_size: int, shapes: Iterable[Iterable[int]], dtypes: Iterable[Any]) -> ChunkFormat:
         """From LMCache's objects (a ``MemoryFormat``, ``torch.Size``s, ``torch.dtype``s)."""
-        return cls(getattr(fmt, "name", str(fmt)), chunk_size, tuple(tuple(int(d) for d in s) for s in shapes),
-                   tuple(dtype_field(d) for d in dtypes))
+        return cls(
+            getattr(fmt, "name", str(fmt)),
+            chunk_size,
+            tuple(tuple(int(d) for d in s) for s in shapes),
+            tuple(dtype_field(d) for d in dtypes),
+        )
 
     def layout(self, kv_dtype: str) -> str:
         """The namespace's layout field; a group dtype other than the key's is spelled out."""

@@ -70,7 +70,7 @@ def read_settings(config: Any, cls: type, env: Mapping[str, str] | None = None) 
     if getattr(config, "use_layerwise", False):
         raise UsageError(f"{source}: LMCache's use_layerwise is not supported (the pool stores whole chunks)")
     prefix = f"{PREFIX}{name}."
-    ours = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
+    ours = {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
     ours = {k: v for k, v in ours.items() if k not in _LOADER_KEYS}
     for key in _UNUSED:
         if key in ours:
@@ -92,10 +92,14 @@ def plugin_name(extra: Mapping[str, Any], plugins: Iterable[str], cls: type) -> 
     if len(names) == 1:
         return names[0]
     if not names:
-        raise UsageError(f"no remote_storage_plugins entry loads {cls.__module__}.{cls.__name__} "
-                         f"(extra_config {PREFIX}<name>.module_path / .class_name)")
-    raise UsageError(f"remote_storage_plugins {names} all load {cls.__name__}: LMCache does not tell a "
-                     "plugin its name, so one LMCache engine can use one kvpool plugin entry")
+        raise UsageError(
+            f"no remote_storage_plugins entry loads {cls.__module__}.{cls.__name__} "
+            f"(extra_config {PREFIX}<name>.module_path / .class_name)"
+        )
+    raise UsageError(
+        f"remote_storage_plugins {names} all load {cls.__name__}: LMCache does not tell a "
+        "plugin its name, so one LMCache engine can use one kvpool plugin entry"
+    )
 
 
 def _loads(extra: Mapping[str, Any], name: str, cls: type) -> bool:

@@ -50,8 +50,15 @@ class ChunkTransfers:
         threads: calls that may run at once (LMCache overlaps puts, gets and lookups).
     """
 
-    def __init__(self, client: KVPoolClient, keys: ChunkKeys, allocator: ChunkAllocator, guard: Guard,
-                 partial_chunks: bool, threads: int = 4) -> None:
+    def __init__(
+        self,
+        client: KVPoolClient,
+        keys: ChunkKeys,
+        allocator: ChunkAllocator,
+        guard: Guard,
+        partial_chunks: bool,
+        threads: int = 4,
+    ) -> None:
         self._client = client
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="kvpool-lmcache")
         self._keys = keys

@@ -82,8 +82,10 @@ class PageShape:
         dtype = dtype_field(self.dtype)
         vdim = f"-V{self.v_head_dim}" if self.v_head_dim not in (None, self.head_dim) else ""
         cp = f"-cp{self.cp_rank}of{self.cp_size}" if self.cp_size > 1 else ""
-        base = (f"sglang-{self.kind}-{self.host_layout}-L{self.layers}-H{self.heads}-D{self.head_dim}{vdim}"
-                f"-P{self.page_size}-pp{self.pp_rank}of{self.pp_size}{cp}")
+        base = (
+            f"sglang-{self.kind}-{self.host_layout}-L{self.layers}-H{self.heads}-D{self.head_dim}{vdim}"
+            f"-P{self.page_size}-pp{self.pp_rank}of{self.pp_size}{cp}"
+        )
         model = model_field(self.model)
         if self.kind == "mla":
             return tuple(Namespace(model, dtype, f"{base}-{part}") for part in self.parts)

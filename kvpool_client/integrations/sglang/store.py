@@ -72,7 +72,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         if not model:
             raise UsageError(f"{SOURCE}: SGLang passed no model name; set model_id")
         if not extra.get("interface_v1"):
-            log.info("kvpool: without \"interface_v1\": 1 SGLang copies every page through the legacy interface")
+            log.info('kvpool: without "interface_v1": 1 SGLang copies every page through the legacy interface')
         self._config = storage_config
         self._model = str(model)
         self._writer = bool(storage_config.is_storage_writer)  # MLA: one rank writes for all
@@ -94,8 +94,11 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         self.shape = page_shape(self._config, mem_pool_host, self._model)
         self._keys = PageKeys(self.shape.namespaces())
         self._pages = host_pages(mem_pool_host, self.shape)
-        log.info("kvpool: SGLang pages in %s (%s)", ", ".join(self._keys.namespace_ids),
-                 "zero copy" if self._pages.dense else "one staging copy each way")
+        log.info(
+            "kvpool: SGLang pages in %s (%s)",
+            ", ".join(self._keys.namespace_ids),
+            "zero copy" if self._pages.dense else "one staging copy each way",
+        )
 
     def on_host_pools_registered(self) -> None:
         """Refuse hybrid models: their sidecar pools (Mamba, SWA, indexer...) need the v2 calls.
@@ -105,8 +108,10 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         """
         others = [str(n) for n in getattr(self, "registered_pools", {}) if str(getattr(n, "value", n)) != "kv"]
         if others:
-            raise UsageError(f"kvpool stores the KV pool only; this model also has {others} (hybrid models need "
-                             "HiCache's v2 storage calls, which kvpool does not implement)")
+            raise UsageError(
+                f"kvpool stores the KV pool only; this model also has {others} (hybrid models need "
+                "HiCache's v2 storage calls, which kvpool does not implement)"
+            )
 
     # -- zero-copy interface (storage threads) ------------------------------
 
@@ -121,8 +126,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             log.warning("kvpool: lookup of %d pages failed: %s", len(keys), exc)
             return 0
 
-    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
-                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Store the pages at ``host_indices`` (``len(keys) * page_size`` token slots) under
         ``keys``; True where the pool holds the page afterwards."""
         try:
@@ -136,8 +142,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             log.warning("kvpool: store of %d pages failed: %s", len(keys), exc)
             return [False] * len(keys)
 
-    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
-                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+    def batch_get_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Load ``keys``' pages into the host pool at ``host_indices``; True where a page
         arrived whole. A False page may hold part of its bytes: SGLang does not use it."""
         try:
@@ -162,34 +169,43 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         """Load one page into ``target_location`` (a flat page; a new one if None); None on a miss."""
         return self.batch_get([key], [target_location])[0]
 
-    def batch_get(self, keys: list[str], target_locations: Any | None = None,
-                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+    def batch_get(
+        self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None
+    ) -> list[torch.Tensor | None]:
         """Load flat pages into ``target_locations``; each entry is its target, or None on a miss."""
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         try:
             self._host()
             targets = [self.mem_pool_host.get_dummy_flat_data_page() if t is None else t for t in targets]
             views = [self._flat_parts(t) for t in targets]
-            arrived = self._read(keys, [v is not None for v in views],
-                                 lambda idx: ([p for i in idx for p in views[i] or ()], []), None)
+            arrived = self._read(
+                keys, [v is not None for v in views], lambda idx: ([p for i in idx for p in views[i] or ()], []), None
+            )
         except Exception as exc:
             log.warning("kvpool: load of %d flat pages failed: %s", len(keys), exc)
             return [None] * len(keys)
         return [t if ok else None for t, ok in zip(targets, arrived, strict=True)]
 
-    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
-            target_sizes: Any | None = None) -> bool:
+    def set(
+        self, key: str, value: Any | None = None, target_location: Any | None = None, target_sizes: Any | None = None
+    ) -> bool:
         """Store one flat page under ``key``; True when the pool holds it afterwards."""
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
-                  target_sizes: Any | None = None) -> bool:
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
         """Store flat pages; True when the pool holds every one afterwards."""
         try:
             self._host()
             views = [self._flat_parts(v) for v in (values if values is not None else [None] * len(keys))]
-            stored = self._write(keys, [v is not None for v in views],
-                                 lambda idx: ([p for i in idx for p in views[i] or ()], []), None)
+            stored = self._write(
+                keys, [v is not None for v in views], lambda idx: ([p for i in idx for p in views[i] or ()], []), None
+            )
             return all(stored)
         except Exception as exc:
             log.warning("kvpool: store of %d flat pages failed: %s", len(keys), exc)
@@ -244,8 +260,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             at += size
         return out
 
-    def _write(self, keys: list[str], valid: list[bool], blocks: Blocks,
-               extra_info: HiCacheStorageExtraInfo | None) -> list[bool]:
+    def _write(
+        self, keys: list[str], valid: list[bool], blocks: Blocks, extra_info: HiCacheStorageExtraInfo | None
+    ) -> list[bool]:
         """Put the parts of the valid pages that the pool lacks; True per page it holds after."""
         parts = self._page_keys().parts
         pool_keys = self._page_keys().of(keys, _depth(extra_info))
@@ -262,8 +279,13 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             _log_failed("store", result.statuses, PUT_SUCCESS)
         return [ok and all(held[i * parts : (i + 1) * parts]) for i, ok in enumerate(valid)]
 
-    def _read(self, keys: list[str], valid: list[bool], blocks: Blocks,
-              land: Callable[[list[int], list[Any], list[bool]], None] | None) -> list[bool]:
+    def _read(
+        self,
+        keys: list[str],
+        valid: list[bool],
+        blocks: Blocks,
+        land: Callable[[list[int], list[Any], list[bool]], None] | None,
+    ) -> list[bool]:
         """Get the valid pages into their buffers; True per page whose every part arrived."""
         parts = self._page_keys().parts
         wanted = [i for i, ok in enumerate(valid) if ok]
@@ -321,15 +343,25 @@ def page_shape(config: HiCacheStorageConfig, host: Any, model: str) -> PageShape
     Raises:
         UsageError: the host pool is neither SGLang's MHA nor its MLA pool.
     """
-    common = dict(model=model, dtype=str(host.dtype).removeprefix("torch."), host_layout=str(host.layout),
-                  layers=int(host.layer_num), page_size=int(host.page_size), tp_rank=config.tp_rank,
-                  tp_size=config.tp_size, pp_rank=config.pp_rank, pp_size=config.pp_size,
-                  cp_rank=config.attn_cp_rank, cp_size=config.attn_cp_size)
+    common = dict(
+        model=model,
+        dtype=str(host.dtype).removeprefix("torch."),
+        host_layout=str(host.layout),
+        layers=int(host.layer_num),
+        page_size=int(host.page_size),
+        tp_rank=config.tp_rank,
+        tp_size=config.tp_size,
+        pp_rank=config.pp_rank,
+        pp_size=config.pp_size,
+        cp_rank=config.attn_cp_rank,
+        cp_size=config.attn_cp_size,
+    )
     if isinstance(host, MLATokenToKVPoolHost):
         return PageShape(kind="mla", heads=1, head_dim=int(host.kv_cache_dim), **common)
     if isinstance(host, MHATokenToKVPoolHost):
-        return PageShape(kind="mha", heads=int(host.head_num), head_dim=int(host.head_dim),
-                         v_head_dim=int(host.v_head_dim), **common)
+        return PageShape(
+            kind="mha", heads=int(host.head_num), head_dim=int(host.head_dim), v_head_dim=int(host.v_head_dim), **common
+        )
     raise UsageError(f"kvpool stores SGLang's MHA and MLA host KV pools, not {type(host).__name__}")
 
 
@@ -340,11 +372,14 @@ def host_pages(host: Any, shape: PageShape) -> HostPages:
         UsageError: a layout whose pages SGLang cannot view or this backend cannot address.
     """
     if shape.kind == "mla":
+
         def view(start: int) -> tuple[torch.Tensor, ...]:
             return (host.get_data_page(start, flat=False),)
     else:
+
         def view(start: int) -> tuple[torch.Tensor, ...]:
             return tuple(host.get_data_page(start, flat=False).unbind(0))  # K, V
+
     try:
         return HostPages(host.kv_buffer, view, shape.page_size, int(host.size))
     except (ValueError, IndexError) as exc:

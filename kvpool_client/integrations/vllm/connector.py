@@ -161,8 +161,9 @@ def _attention_group(kv_cache_config: KVCacheConfig) -> Any:
     return groups[0]
 
 
-def cache_shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_id: str | None,
-                ranks: bool) -> CacheShape:
+def cache_shape(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_id: str | None, ranks: bool
+) -> CacheShape:
     """The shape of this engine's blocks; ``ranks``: this process's parallel ranks (else rank 0)."""
     group = _attention_group(kv_cache_config)
     spec = group.kv_cache_spec
@@ -173,10 +174,14 @@ def cache_shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_i
         dtype=str(spec.dtype).removeprefix("torch."),
         layout=vllm_config.cache_config.kv_cache_layout,  # resolved by vLLM's engine core by now
         kind="mla" if isinstance(spec, MLAAttentionSpec) else "mha",
-        layers=len(group.layer_names), kv_heads=spec.num_kv_heads, head_size=spec.head_size,
+        layers=len(group.layer_names),
+        kv_heads=spec.num_kv_heads,
+        head_size=spec.head_size,
         block_size=spec.block_size,
-        tp_rank=tp_rank, tp_size=parallel.tensor_parallel_size,
-        pp_rank=pp_rank, pp_size=parallel.pipeline_parallel_size,
+        tp_rank=tp_rank,
+        tp_size=parallel.tensor_parallel_size,
+        pp_rank=pp_rank,
+        pp_size=parallel.pipeline_parallel_size,
     )
 
 
@@ -192,11 +197,20 @@ def _ranks() -> tuple[int, int]:
 
 def _scheduled(output: SchedulerOutput) -> list[ScheduledRequest]:
     counts = output.num_scheduled_tokens
-    steps = [ScheduledRequest(r.req_id, r.num_computed_tokens, counts.get(r.req_id, 0), tuple(r.block_ids[0]), True)
-             for r in output.scheduled_new_reqs]
+    steps = [
+        ScheduledRequest(r.req_id, r.num_computed_tokens, counts.get(r.req_id, 0), tuple(r.block_ids[0]), True)
+        for r in output.scheduled_new_reqs
+    ]
     cached = output.scheduled_cached_reqs
     for i, req_id in enumerate(cached.req_ids):
         new = cached.new_block_ids[i]
-        steps.append(ScheduledRequest(req_id, cached.num_computed_tokens[i], counts.get(req_id, 0),
-                                      tuple(new[0]) if new else (), req_id in cached.resumed_req_ids))
+        steps.append(
+            ScheduledRequest(
+                req_id,
+                cached.num_computed_tokens[i],
+                counts.get(req_id, 0),
+                tuple(new[0]) if new else (),
+                req_id in cached.resumed_req_ids,
+            )
+        )
     return steps

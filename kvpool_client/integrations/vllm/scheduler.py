@@ -109,8 +109,9 @@ class SchedulerPlan:
         block_size: tokens per vLLM block.
     """
 
-    def __init__(self, lookup: Callable[[list[BlockKey]], int], executor: Executor,
-                 namespace: Namespace, block_size: int) -> None:
+    def __init__(
+        self, lookup: Callable[[list[BlockKey]], int], executor: Executor, namespace: Namespace, block_size: int
+    ) -> None:
         self._lookup = lookup
         self._executor = executor
         self._namespace = namespace.id

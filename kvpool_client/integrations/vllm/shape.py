@@ -48,8 +48,10 @@ class CacheShape:
             UsageError: the model name cannot be a namespace field even after cleaning.
         """
         dtype = dtype_field(self.dtype)
-        layout = (f"vllm-{self.layout or 'default'}-{self.kind}-L{self.layers}-H{self.kv_heads}"
-                  f"-D{self.head_size}-T{self.block_size}-pp{self.pp_rank}of{self.pp_size}")
+        layout = (
+            f"vllm-{self.layout or 'default'}-{self.kind}-L{self.layers}-H{self.kv_heads}"
+            f"-D{self.head_size}-T{self.block_size}-pp{self.pp_rank}of{self.pp_size}"
+        )
         if self.kind == "mla":
             return Namespace(model_field(self.model), dtype, layout)
         return Namespace(model_field(self.model), dtype, layout, self.tp_rank, self.tp_size)

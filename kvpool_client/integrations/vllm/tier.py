@@ -65,10 +65,20 @@ class KVPoolTier(SecondaryTierManager):  # type: ignore[misc]
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
-    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
-                 backpressure_detector: Any = None, **settings: Any) -> None:
-        super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
-                         tier_type=tier_type, backpressure_detector=backpressure_detector)
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__(
+            offloading_spec=offloading_spec,
+            primary_kv_view=primary_kv_view,
+            tier_type=tier_type,
+            backpressure_detector=backpressure_detector,
+        )
         parsed = PoolSettings.parse(settings, "secondary_tiers[KVPoolTier]", ignore=("locality",))
         self.namespace = tier_namespace(offloading_spec.config, self.block_size_bytes, parsed.model_id)
         self._rows = primary_kv_view.cast("B")
@@ -174,7 +184,9 @@ def tier_namespace(config: Any, chunk_bytes: int, model_id: str | None) -> Names
     the engine's whole parallel layout goes into the layout field rather than a TP rank.
     """
     parallel = config.parallel
-    layout = (f"vllm-offload-{config.kv_cache_layout or 'default'}-B{chunk_bytes}"
-              f"-T{config.cache.tokens_per_hash * config.cache.blocks_per_chunk}"
-              f"-tp{parallel.tp_size}-pp{parallel.pp_size}-pcp{parallel.pcp_size}-dcp{parallel.dcp_size}")
+    layout = (
+        f"vllm-offload-{config.kv_cache_layout or 'default'}-B{chunk_bytes}"
+        f"-T{config.cache.tokens_per_hash * config.cache.blocks_per_chunk}"
+        f"-tp{parallel.tp_size}-pp{parallel.pp_size}-pcp{parallel.pcp_size}-dcp{parallel.dcp_size}"
+    )
     return Namespace(model_field(model_id or config.model.name), config.model.dtype, layout)

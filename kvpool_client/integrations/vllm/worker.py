@@ -115,8 +115,14 @@ class WorkerTransfers:
             if not direct:
                 self._staging.give_back(buffers)
         if arrived < len(keys):
-            log.info("kvpool load for %s: %d of %d blocks arrived (block %d: %s)", req_id, arrived,
-                     len(keys), arrived, result.statuses[arrived].name)
+            log.info(
+                "kvpool load for %s: %d of %d blocks arrived (block %d: %s)",
+                req_id,
+                arrived,
+                len(keys),
+                arrived,
+                result.statuses[arrived].name,
+            )
         return arrived
 
     def _save(self, job: TransferJob) -> None:

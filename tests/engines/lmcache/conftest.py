@@ -29,8 +29,13 @@ def engines() -> Iterator[EngineFactory]:
     LMCache engine from docs/lmcache.md's config; every one is closed at teardown."""
     made: list[StorageEngine] = []
 
-    def make(model: str = SHAPE.name, worker_id: int = 0, world_size: int = 1,
-             config: dict[str, Any] | None = None, **settings: Any) -> StorageEngine:
+    def make(
+        model: str = SHAPE.name,
+        worker_id: int = 0,
+        world_size: int = 1,
+        config: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> StorageEngine:
         shape = ModelShape(model, SHAPE.layers, SHAPE.kv_heads, SHAPE.head_size, CHUNK)
         engine = StorageEngine(config or plugin_config(CHUNK, **settings), shape, worker_id, world_size)
         made.append(engine)

@@ -13,8 +13,13 @@ from kvpool_client.integrations.lmcache.keys import ChunkFormat, ChunkKeys, chun
 QWEN = ChunkFormat.of(MemoryFormat.KV_2LTD, 256, [torch.Size([2, 24, 256, 128])], [torch.bfloat16])
 
 
-def key(chunk_hash: int, model: str = "Qwen/Qwen2.5-0.5B", worker: int = 0, world: int = 1,
-        configs: dict[str, str] | None = None) -> CacheEngineKey:
+def key(
+    chunk_hash: int,
+    model: str = "Qwen/Qwen2.5-0.5B",
+    worker: int = 0,
+    world: int = 1,
+    configs: dict[str, str] | None = None,
+) -> CacheEngineKey:
     return CacheEngineKey(model, world, worker, chunk_hash, torch.bfloat16, configs)
 
 
@@ -24,12 +29,15 @@ def test_a_chunk_key_maps_to_the_documented_namespace_and_hash() -> None:
     assert mapped.hash == bytes.fromhex("000000000000001234")
 
 
-@pytest.mark.parametrize(("chunk_hash", "encoded"), [
-    (0, "000000000000000000"),
-    (-1, "ffffffffffffffffff"),
-    (2**64 - 1, "00ffffffffffffffff"),
-    (-(2**63), "ff8000000000000000"),
-])
+@pytest.mark.parametrize(
+    ("chunk_hash", "encoded"),
+    [
+        (0, "000000000000000000"),
+        (-1, "ffffffffffffffffff"),
+        (2**64 - 1, "00ffffffffffffffff"),
+        (-(2**63), "ff8000000000000000"),
+    ],
+)
 def test_signed_and_unsigned_64_bit_hashes_stay_apart(chunk_hash: int, encoded: str) -> None:
     assert chunk_hash_bytes(chunk_hash).hex() == encoded
 

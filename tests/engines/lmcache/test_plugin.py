@@ -63,9 +63,7 @@ def on_loop(engine: StorageEngine, coroutine: Any) -> Any:
     return asyncio.run_coroutine_threadsafe(coroutine, engine.manager.loop).result(30)
 
 
-def test_a_second_engine_finds_and_reads_the_chunks_byte_exact(
-    daemon: DaemonProcess, engines: EngineFactory
-) -> None:
+def test_a_second_engine_finds_and_reads_the_chunks_byte_exact(daemon: DaemonProcess, engines: EngineFactory) -> None:
     a = engines(nodes=daemon.address)
     assert isinstance(a.connector, KVPoolConnector), "LMCache loaded the plugin from the doc's config"
     keys = stored(a, HASHES)
@@ -164,8 +162,10 @@ def test_models_and_workers_do_not_see_each_others_chunks(daemon: DaemonProcess,
     keys = stored(a, HASHES)
     same = engines(model="org/model-a", worker_id=0, world_size=2, nodes=daemon.address)
     assert same.contains(keys) == len(keys), "the same model and worker finds them"
-    for other in (engines(model="org/model-b", worker_id=0, world_size=2, nodes=daemon.address),
-                  engines(model="org/model-a", worker_id=1, world_size=2, nodes=daemon.address)):
+    for other in (
+        engines(model="org/model-b", worker_id=0, world_size=2, nodes=daemon.address),
+        engines(model="org/model-a", worker_id=1, world_size=2, nodes=daemon.address),
+    ):
         theirs = [other.key(h) for h in HASHES]
         assert other.contains(theirs) == 0
         assert other.get(theirs) == [None] * len(HASHES)
@@ -202,13 +202,17 @@ def test_partial_last_chunks_round_trip_where_lmcache_saves_them(daemon: DaemonP
     assert engines(nodes=daemon.address).get([a.key(55)]) == [None], "without save_unfull_chunk: a miss"
 
 
-@pytest.mark.parametrize(("settings", "names"), [
-    ({"nodes": None, "nodez": "127.0.0.1:1"}, "unknown key 'nodez' (did you mean 'nodes'?)"),
-    ({"nodes": None}, "extra_config remote_storage_plugin.kvpool.*"),
-    ({"transport": "carrier-pigeon"}, "transport"),
-    ({"lookup_threads": 2}, "remote_storage_plugin.kvpool.lookup_threads"),
-    ({"nodes": None, "etcd_endpoints": "127.0.0.1:2379"}, "remote_storage_plugin.kvpool.nodes"),
-], ids=["misspelt", "no-pool", "bad-value", "not-here", "etcd"])
+@pytest.mark.parametrize(
+    ("settings", "names"),
+    [
+        ({"nodes": None, "nodez": "127.0.0.1:1"}, "unknown key 'nodez' (did you mean 'nodes'?)"),
+        ({"nodes": None}, "extra_config remote_storage_plugin.kvpool.*"),
+        ({"transport": "carrier-pigeon"}, "transport"),
+        ({"lookup_threads": 2}, "remote_storage_plugin.kvpool.lookup_threads"),
+        ({"nodes": None, "etcd_endpoints": "127.0.0.1:2379"}, "remote_storage_plugin.kvpool.nodes"),
+    ],
+    ids=["misspelt", "no-pool", "bad-value", "not-here", "etcd"],
+)
 def test_a_bad_plugin_config_is_reported_naming_the_key(
     engines: EngineFactory, caplog: pytest.LogCaptureFixture, settings: dict[str, Any], names: str
 ) -> None:

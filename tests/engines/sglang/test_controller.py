@@ -45,11 +45,21 @@ def controller(daemon: DaemonProcess) -> Iterator[HiCacheController]:
     # No server published a parallel layout in this process: one rank, no PP, no DCP.
     get_parallel().override_permanently(attn_dcp_size=1, attn_dcp_rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
     extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config(
-        json.dumps(extra_config(daemon.address, prefetch_threshold=PAGE)))
+        json.dumps(extra_config(daemon.address, prefetch_threshold=PAGE))
+    )
     host = host_pool(TINY_MHA, "page_first", pages=32)
-    cc = HiCacheController(_Allocator(device_pool(TINY_MHA, 8 * PAGE)), host, PAGE, None, threading.Event(),
-                           write_policy="write_through", storage_backend="dynamic", prefetch_threshold=threshold,
-                           model_name="test/tiny-model", storage_backend_extra_config=extra)
+    cc = HiCacheController(
+        _Allocator(device_pool(TINY_MHA, 8 * PAGE)),
+        host,
+        PAGE,
+        None,
+        threading.Event(),
+        write_policy="write_through",
+        storage_backend="dynamic",
+        prefetch_threshold=threshold,
+        model_name="test/tiny-model",
+        storage_backend_extra_config=extra,
+    )
     try:
         yield cc
     finally:

@@ -53,8 +53,9 @@ def backends() -> Iterator[Callable[..., tuple[KVPoolStore, Any]]]:
     """Make (backend, host pool) pairs; every backend is closed at the end."""
     made: list[KVPoolStore] = []
 
-    def make(extra: dict[str, Any], shape: PoolShape = TINY_MHA, layout: str = "page_first",
-             **config: Any) -> tuple[KVPoolStore, Any]:
+    def make(
+        extra: dict[str, Any], shape: PoolShape = TINY_MHA, layout: str = "page_first", **config: Any
+    ) -> tuple[KVPoolStore, Any]:
         host = host_pool(shape, layout, pages=16)
         backend = attach(storage_config(shape, layout, extra, **config), host)
         assert isinstance(backend, KVPoolStore)
@@ -92,14 +93,27 @@ def test_the_documented_flags_build_the_backend_through_sglangs_factory(
     assert want[0].numel() == TINY_MHA.page_nbytes
 
 
-@pytest.mark.parametrize(("shape", "layout", "dense"), [
-    (TINY_MHA, "page_first", True), (TINY_MHA, "page_first_direct", True), (TINY_MHA, "page_head", True),
-    (TINY_MHA, "layer_first", False), (TINY_MLA, "page_first", True), (TINY_MLA, "layer_first", False),
-], ids=["mha-page_first", "mha-page_first_direct", "mha-page_head", "mha-layer_first", "mla-page_first",
-        "mla-layer_first"])
+@pytest.mark.parametrize(
+    ("shape", "layout", "dense"),
+    [
+        (TINY_MHA, "page_first", True),
+        (TINY_MHA, "page_first_direct", True),
+        (TINY_MHA, "page_head", True),
+        (TINY_MHA, "layer_first", False),
+        (TINY_MLA, "page_first", True),
+        (TINY_MLA, "layer_first", False),
+    ],
+    ids=[
+        "mha-page_first",
+        "mha-page_first_direct",
+        "mha-page_head",
+        "mha-layer_first",
+        "mla-page_first",
+        "mla-layer_first",
+    ],
+)
 def test_pages_round_trip_byte_exact_into_a_fresh_host_pool(
-    daemon: DaemonProcess, backends: Callable[..., tuple[KVPoolStore, Any]], shape: PoolShape, layout: str,
-    dense: bool
+    daemon: DaemonProcess, backends: Callable[..., tuple[KVPoolStore, Any]], shape: PoolShape, layout: str, dense: bool
 ) -> None:
     writer, source = backends(extra_config(daemon.address), shape, layout)
     assert writer._host().dense == dense
@@ -207,15 +221,17 @@ def test_mla_pages_are_written_by_rank_0_and_read_by_every_rank(
     assert rank0.batch_exists(fresh) == 0
 
 
-@pytest.mark.parametrize(("extra", "names"), [
-    ({"nodez": "127.0.0.1:1"}, "unknown key 'nodez' (did you mean 'nodes'?)"),
-    ({}, "hicache-storage-backend-extra-config"),
-    ({"nodes": "127.0.0.1:1", "transport": "pigeon"}, "transport"),
-    ({"nodes": "127.0.0.1:1", "model_id": ""}, "model_id"),
-])
+@pytest.mark.parametrize(
+    ("extra", "names"),
+    [
+        ({"nodez": "127.0.0.1:1"}, "unknown key 'nodez' (did you mean 'nodes'?)"),
+        ({}, "hicache-storage-backend-extra-config"),
+        ({"nodes": "127.0.0.1:1", "transport": "pigeon"}, "transport"),
+        ({"nodes": "127.0.0.1:1", "model_id": ""}, "model_id"),
+    ],
+)
 def test_a_bad_extra_config_stops_sglang_naming_the_key(
-    backends: Callable[..., tuple[KVPoolStore, Any]], monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any],
-    names: str
+    backends: Callable[..., tuple[KVPoolStore, Any]], monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], names: str
 ) -> None:
     for name in ("KVPOOL_NODES", "KVPOOL_ETCD_ENDPOINTS"):
         monkeypatch.delenv(name, raising=False)

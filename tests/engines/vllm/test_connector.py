@@ -49,8 +49,9 @@ def compute(engine: Engine, req_id: str, tokens: list[int]) -> None:
     engine.run(engine.idle)
 
 
-def first_schedule(engine: Engine, req_id: str, tokens: list[int],
-                   after_forward: Callable[[Any], None] | None = None) -> tuple[int, int]:
+def first_schedule(
+    engine: Engine, req_id: str, tokens: list[int], after_forward: Callable[[Any], None] | None = None
+) -> tuple[int, int]:
     """Add a request and step until it is first computed: (tokens it starts from, tokens computed)."""
     request = engine.add(req_id, tokens)
     seen: list[tuple[int, int]] = []
@@ -70,8 +71,11 @@ def first_schedule(engine: Engine, req_id: str, tokens: list[int],
     return seen[0]
 
 
-@pytest.mark.parametrize(("layout", "mla"), [("LBNHC", False), ("BLHNC", False), ("LBNHC", True)],
-                         ids=["layer-major", "block-major-zero-copy", "mla"])
+@pytest.mark.parametrize(
+    ("layout", "mla"),
+    [("LBNHC", False), ("BLHNC", False), ("LBNHC", True)],
+    ids=["layer-major", "block-major-zero-copy", "mla"],
+)
 def test_a_shared_prefix_is_loaded_byte_exact_and_only_new_tokens_computed(
     daemon: DaemonProcess, engines: Callable[..., Engine], layout: str, mla: bool
 ) -> None:
@@ -163,11 +167,14 @@ def test_ranks_and_models_have_their_own_namespaces() -> None:
     assert mla[0].namespace() == mla[1].namespace(), "MLA's latent cache is the same on every TP rank"
 
 
-@pytest.mark.parametrize(("extra", "names"), [
-    ({"nodez": "127.0.0.1:1"}, "'nodes'"),
-    ({}, "kv_connector_extra_config"),
-    ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "lookup_threads"),
-])
+@pytest.mark.parametrize(
+    ("extra", "names"),
+    [
+        ({"nodez": "127.0.0.1:1"}, "'nodes'"),
+        ({}, "kv_connector_extra_config"),
+        ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "lookup_threads"),
+    ],
+)
 def test_a_wrong_pool_configuration_stops_vllm_at_start_naming_the_setting(
     engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], names: str
 ) -> None:
