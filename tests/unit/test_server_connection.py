@@ -239,3 +239,26 @@ def test_a_header_announcing_meta_over_the_limit_is_refused_before_reading_it() 
     machine.receive_data(bytes(header[:HEADER_SIZE]))
     event = machine.next_event()
     assert isinstance(event, Refusal) and event.close, event
+
+
+frames = st.one_of(
+    st.builds(lambda i: encode(GetRequest(i, "ns", [H[0]])), st.integers(0, 1 << 32)),
+    st.builds(lambda i: encode(PingRequest(i)), st.integers(0, 1 << 32)),
+    st.builds(lambda i, n: put(i, [b"x" * n]), st.integers(0, 1 << 32), st.integers(0, 300)),
+    st.builds(lambda tok: encode(HelloRequest(1, tok)), st.binary(max_size=40).filter(lambda b: b != TOKEN)),
+    st.binary(min_size=1, max_size=80),  # garbage
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=6), st.integers(1, 64))
+def test_without_the_token_no_stream_gets_past_hello(stream: list[bytes], piece: int) -> None:
+    machine = ServerConnection(LIMITS, TOKEN)
+    data = b"".join(stream)
+    seen = []
+    for start in range(0, len(data), piece):
+        machine.receive_data(data[start : start + piece])
+        while machine.state is State.HELLO and (event := machine.next_event()) is not NEED_DATA:
+            seen.append(event)
+    assert machine.state in (State.HELLO, State.CLOSED), (machine.state, seen)
+    assert all(isinstance(e, Refusal) and e.close for e in seen) and len(seen) <= 1, seen

@@ -179,6 +179,8 @@ class ServerConnection:
                 raise ProtocolError("a client sent a response frame")
             message = decode_message(header, meta, self._limits)
         except ProtocolError as exc:
+            if self.state is State.HELLO:  # an unproven peer gets no second frame
+                return self._refuse_stream(header.request_id, header.request_op, exc)
             self._start_payload(header.payload_len)
             return Refusal(header.request_id, header.request_op, exc, close=False)
         if isinstance(message, HelloRequest):
