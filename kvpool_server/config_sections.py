@@ -250,6 +250,12 @@ class DramSection:
 
         return entries_for(self.shared_index_entries, self.capacity)
 
+    def arena_extra_bytes(self) -> int:
+        """Bytes the arena file holds past the blocks: their generations and the shared index."""
+        from kvpool_server.tiers.shared_index import extra_bytes
+
+        return extra_bytes(self.capacity, self.index_entries())
+
     def arena(self, name: str) -> SharedArena:
         """A new arena file ``name`` in ``shm_dir``: the blocks, their generations and the shared index.
 
@@ -257,9 +263,8 @@ class DramSection:
             OSError: the file cannot be created or sized.
         """
         from kvpool_server.alloc.arena import SharedArena
-        from kvpool_server.tiers.shared_index import extra_bytes
 
-        extra = extra_bytes(self.capacity, self.index_entries())
+        extra = self.arena_extra_bytes()
         return SharedArena(self.shm_dir, name, self.capacity, prefault=self.prefault_arena, extra=extra)
 
     def policy(self) -> Callable[[], EvictionPolicy]:

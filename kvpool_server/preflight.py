@@ -14,7 +14,6 @@ import socket
 import stat
 
 from kvpool_server.config import ServerConfig, format_byte_size
-from kvpool_server.tiers.shared_index import entries_for, extra_bytes
 
 
 def check(config: ServerConfig) -> list[str]:
@@ -48,8 +47,7 @@ def _check_ports(config: ServerConfig) -> None:
 
 
 def _check_shm(config: ServerConfig) -> None:
-    entries = entries_for(config.shared_index_entries, config.dram_capacity)
-    need = config.dram_capacity + extra_bytes(config.dram_capacity, entries)  # blocks, generations, shared index
+    need = config.dram_capacity + config.dram.arena_extra_bytes()  # blocks, generations, shared index
     free = shutil.disk_usage(config.shm_dir).free
     if free < need:
         raise OSError(
