@@ -277,33 +277,7 @@ def copy_known(
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
-    verify = verify or arena.info.verify_checksums
-    if len(known) == 1:
-        return _copy_one_known(namespace, hashes[0], known[0], targets[0], arena, verify)
-    return _copy_known(namespace, hashes, known, targets, arena, verify)
-
-
-def _copy_one_known(
-    namespace: str,
-    block: bytes,
-    known: tuple[SlotLocation, int],
-    target: memoryview | None,
-    arena: MappedArena,
-    verify: bool,
-) -> tuple[list[int], list[memoryview | None]] | None:
-    """:func:`_copy_known` for one block, the usual same-node get, without its lists."""
-    location, checksum = known
-    target = memoryview(bytearray(location.length)) if target is None else target
-    if len(target) != location.length:
-        return None  # the node's answer reports it
-    if not arena.unchanged(location):  # gone already: no copy, and a miss leaves the target as it was
-        arena.known.forget(namespace, block)
-        return None
-    arena.copy_into(location, target)
-    if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
-        arena.known.forget(namespace, block)
-        return None
-    return [int(ErrorCode.OK)], [target]
+    return _copy_known(namespace, hashes, known, targets, arena, verify or arena.info.verify_checksums)
 
 
 def _copy_known(
@@ -316,35 +290,23 @@ def _copy_known(
 ) -> tuple[list[int], list[memoryview | None]] | None:
     """Every block copied from its known location into its target; None when one is no longer there.
 
-    Generations are read before the copies too: a block gone already costs no copy.
+    Each block's generation is read before its copy (a block gone already costs no copy, and
+    its target stays as it was) and after it (the slot was not reused meanwhile).
     """
-    if not _still_there(namespace, hashes, known, arena):
-        return None
-    filled: list[memoryview] = []
-    for (location, _), target in zip(known, targets, strict=True):
+    filled: list[memoryview | None] = []
+    for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
         target = memoryview(bytearray(location.length)) if target is None else target
         if len(target) != location.length:
             return None  # the node's answer reports it
+        if not arena.unchanged(location):
+            arena.known.forget(namespace, block)
+            return None
         arena.copy_into(location, target)
+        if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
+            arena.known.forget(namespace, block)
+            return None
         filled.append(target)
-    if not _still_there(namespace, hashes, known, arena):
-        return None
-    if verify:
-        for block, (_, checksum), view in zip(hashes, known, filled, strict=True):
-            if xxhash.xxh3_64_intdigest(view) != checksum:
-                arena.known.forget(namespace, block)
-                return None
-    return [int(ErrorCode.OK)] * len(filled), list(filled)
-
-
-def _still_there(
-    namespace: str, hashes: Sequence[bytes], known: list[tuple[SlotLocation, int]], arena: MappedArena
-) -> bool:
-    """Whether every known block's slot is in the generation it was located in (forgets those that are not)."""
-    gone = [block for block, (location, _) in zip(hashes, known, strict=True) if not arena.unchanged(location)]
-    for block in gone:
-        arena.known.forget(namespace, block)
-    return not gone
+    return [int(ErrorCode.OK)] * len(filled), filled
 
 
 def _copy_located(
