@@ -56,7 +56,7 @@ class NodeTiers:
             OSError: the arena or the SSD directory cannot be made or read.
         """
         with contextlib.ExitStack() as undo:  # unwound in reverse: the index before the arena
-            arena = _map_arena(dram)
+            arena = await asyncio.to_thread(_map_arena, dram)  # prefaulting takes seconds per GiB
             undo.callback(_unmap, arena)
             arena_id = int.from_bytes(os.urandom(8), "little") or 1  # tells this arena from a restarted daemon's
             generations = SlotGenerations(arena.extra, dram.capacity, arena_id)
