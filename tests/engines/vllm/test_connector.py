@@ -20,7 +20,7 @@ from bench.vllm.harness import Engine, attention_spec, block_bytes, model_dir, v
 from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.vllm.shape import CacheShape
-from tests.engines.vllm.readme import connector_config
+from tests.engines.vllm.doc_configs import connector_config
 from tests.support.daemon import DaemonProcess
 
 BLOCK = 16

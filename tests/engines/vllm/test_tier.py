@@ -18,7 +18,7 @@ import pytest
 
 from bench.vllm.harness import block_bytes, model_dir
 from bench.vllm.offloading import TieredEngine
-from tests.engines.vllm.readme import tier_config
+from tests.engines.vllm.doc_configs import tier_config
 from tests.support.daemon import DaemonProcess
 
 PROMPT = list(range(3000, 3100))  # 6 full blocks
