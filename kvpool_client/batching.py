@@ -199,14 +199,24 @@ class RequestFactory:
         """A same-node get served from the node's arena with no connection at all, when every
         block's location is known here (:func:`exchange.copy_known`) and the node's heartbeat
         vouches for it; None: run :meth:`get`."""
-        try:
-            arena = self._arena_of(job.member) if self._arena_of is not None else None
-        except SharedArenaUnavailable:
-            return None  # get() reports it
-        if arena is None or not arena.vouched_for():
+        arena = self._vouched_arena(job.member)
+        if arena is None:
             return None
         mine = list(map(targets.__getitem__, job.indices))
         return exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
+
+    def copy_shared_one(self, member: Member, namespace: str, block: bytes, target: memoryview) -> bool:
+        """:meth:`copy_shared` of one block into its target: whether it was copied."""
+        arena = self._vouched_arena(member)
+        return arena is not None and exchange.copy_known_one(namespace, block, target, arena, self._verify)
+
+    def _vouched_arena(self, member: Member) -> MappedArena | None:
+        """The member's arena, mapped here and vouched for by its heartbeat; None: ask the node."""
+        try:
+            arena = self._arena_of(member) if self._arena_of is not None else None
+        except SharedArenaUnavailable:
+            return None  # get() reports it
+        return arena if arena is not None and arena.vouched_for() else None
 
     def exists(self, job: Job, limits: WireLimits, prefix: bool) -> exchange.Exchange[list[int]]:
         return exchange.exists(ExistsRequest(next(self._ids), job.namespace, job.hashes, prefix), limits)

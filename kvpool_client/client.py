@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
+from kvpool_client.buffers import byte_view
 from kvpool_client.core.channels.tcp import TcpConnection, parse_address
 from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
@@ -197,11 +198,13 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
-        batching.check_keys(keys)
-        targets = batching.target_views(keys, into)
-        result = self._direct_get(keys, targets)
-        if result is None:
-            result = self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        if len(keys) == 1 and into is not None and len(into) == 1:  # a layer's load: no batch to plan
+            result = self._get_one(keys[0], into[0])
+        else:
+            batching.check_keys(keys)
+            targets = batching.target_views(keys, into)
+            found = self._direct_get(keys, targets)
+            result = self._planned_get(keys, targets) if found is None else found
         self._counters.got(result)
         return result
 
@@ -301,6 +304,24 @@ class KVPoolClient:
             return operations.get_result(job, copied)
         fetch = self._requests.get(job, targets, limits)
         return operations.get_result(job, self._exchange(self._node(job.member), fetch))
+
+    def _get_one(self, key: BlockKey, into: Any) -> GetResult:
+        """A get of one key into one buffer: :meth:`_direct_get` without a batch's lists and views."""
+        if not isinstance(key, BlockKey):
+            batching.check_keys((key,))  # raises
+        target = byte_view(into, writable=True)
+        found = self._direct_job((key,), None)
+        if found is None:
+            return self._planned_get((key,), [target])
+        job, limits = found
+        if self._requests.copy_shared_one(job.member, key.namespace, key.hash, target):
+            return GetResult((ErrorCode.OK,), buffers=(target,))
+        fetch = self._requests.get(job, [target], limits)
+        return operations.get_result(job, self._exchange(self._node(job.member), fetch))
+
+    def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
+        """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""
+        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
 
     def _direct_job(
         self, keys: Sequence[BlockKey], sizes: Sequence[int] | None

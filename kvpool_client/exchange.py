@@ -277,36 +277,48 @@ def copy_known(
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
-    return _copy_known(namespace, hashes, known, targets, arena, verify or arena.info.verify_checksums)
+    verify = verify or arena.info.verify_checksums
+    filled: list[memoryview | None] = []
+    for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
+        target = memoryview(bytearray(location.length)) if target is None else target
+        if not _copy_known(namespace, block, location, checksum, target, arena, verify):
+            return None
+        filled.append(target)
+    return [int(ErrorCode.OK)] * len(filled), filled
+
+
+def copy_known_one(namespace: str, block: bytes, target: memoryview, arena: MappedArena, verify: bool) -> bool:
+    """:func:`copy_known` of one block into a given target, without its lists: whether it was copied."""
+    known = arena.known.find(namespace, block)
+    if known is None:
+        return False
+    return _copy_known(namespace, block, *known, target, arena, verify or arena.info.verify_checksums)
 
 
 def _copy_known(
     namespace: str,
-    hashes: Sequence[bytes],
-    known: list[tuple[SlotLocation, int]],
-    targets: Sequence[memoryview | None],
+    block: bytes,
+    location: SlotLocation,
+    checksum: int,
+    target: memoryview,
     arena: MappedArena,
     verify: bool,
-) -> tuple[list[int], list[memoryview | None]] | None:
-    """Every block copied from its known location into its target; None when one is no longer there.
+) -> bool:
+    """Copy a block from its known location into ``target``; False when it is no longer there.
 
-    Each block's generation is read before its copy (a block gone already costs no copy, and
-    its target stays as it was) and after it (the slot was not reused meanwhile).
+    Its generation is read before the copy (a block gone already costs no copy, and the
+    target stays as it was) and after it (the slot was not reused meanwhile).
     """
-    filled: list[memoryview | None] = []
-    for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
-        target = memoryview(bytearray(location.length)) if target is None else target
-        if len(target) != location.length:
-            return None  # the node's answer reports it
-        if not arena.unchanged(location):
-            arena.known.forget(namespace, block)
-            return None
-        arena.copy_into(location, target)
-        if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
-            arena.known.forget(namespace, block)
-            return None
-        filled.append(target)
-    return [int(ErrorCode.OK)] * len(filled), filled
+    if len(target) != location.length:
+        return False  # the node's answer reports it
+    if not arena.unchanged(location):
+        arena.known.forget(namespace, block)
+        return False
+    arena.copy_into(location, target)
+    if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
+        arena.known.forget(namespace, block)
+        return False
+    return True
 
 
 def _copy_located(

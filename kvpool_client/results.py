@@ -96,7 +96,7 @@ class PutResult(BatchResult):
 
 @dataclass(frozen=True, slots=True)
 class GetResult(BatchResult):
-    """Per-key outcome of a get; ``buffers[i]`` holds block ``i`` when its status is OK.
+    """Per-key outcome of a get; ``buffers[i]`` holds block ``i`` when its status is OK, else None.
 
     NOT_FOUND is a miss, not an error: :attr:`ok` is True only if every key hit.
     """

@@ -101,19 +101,21 @@ class KnownLocations:
 
     def lookup(self, namespace: str, hashes: Sequence[bytes]) -> list[tuple[SlotLocation, int]] | None:
         """(location, checksum) of every block, if all are known and fresh or published; else None."""
-        if not self._ttl and self._published is None:
-            return None
-        now, found, published = self._clock(), [], self._published
+        found = []
         for block in hashes:
-            known = self._entries.get((namespace, block)) if self._ttl else None
-            if known is not None and known[2] >= now:
-                found.append((known[0], known[1]))
-                continue
-            hit = None if published is None else published(namespace, block)
+            hit = self.find(namespace, block)
             if hit is None:
                 return None
             found.append(hit)
         return found
+
+    def find(self, namespace: str, block: bytes) -> tuple[SlotLocation, int] | None:
+        """(location, checksum) of one block, if known and fresh or published; else None."""
+        if self._ttl:
+            known = self._entries.get((namespace, block))
+            if known is not None and known[2] >= self._clock():
+                return known[0], known[1]
+        return None if self._published is None else self._published(namespace, block)
 
     def remember(
         self, namespace: str, block: bytes, location: SlotLocation, checksum: int, until: float | None = None

@@ -59,6 +59,15 @@ SCRIPT = (
     Step("put", lambda _: (KEYS[8:10], BLOCKS[8:10])),
     Step("flush_model", lambda _: (NS.model,)),
     Step("namespaces", lambda address: (address,)),
+    # One key into one buffer: the blocking client's own lane (no batch planned).
+    Step("put", lambda _: (KEYS[:1], BLOCKS[:1])),
+    Step("get", lambda _: (KEYS[:1],), lambda: {"into": [bytearray(4096)]}),
+    Step("get", lambda _: (KEYS[1:2],), lambda: {"into": [bytearray(4096)]}),  # NOT_FOUND
+    Step("get", lambda _: (KEYS[:1],), lambda: {"into": [bytearray(100)]}),  # SIZE_MISMATCH
+    Step("get", lambda _: (["not a key"],), lambda: {"into": [bytearray(4096)]}),  # UsageError
+    Step("get", lambda _: (KEYS[:1],), lambda: {"into": [bytes(4096)]}),  # read-only: UsageError
+    Step("counters", lambda _: ()),
+    Step("delete", lambda _: (KEYS[:1],)),  # the node as the script found it, for the next client
 )
 
 
@@ -139,6 +148,9 @@ def test_both_clients_answer_the_script_alike(daemon: DaemonProcess) -> None:
     assert (by_step["15:flush_namespace"], by_step["17:flush_model"], by_step["18:namespaces"]) == (2, 2, []), (
         "keys 0 and 1 outlive the delete; the model flush takes the two put after"
     )
+    one_key = [by_step[f"{i}:get"] for i in range(20, 25)]
+    assert one_key[:3] == [(["OK"], [BLOCKS[0]]), (["NOT_FOUND"], [None]), (["SIZE_MISMATCH"], [None])], one_key
+    assert one_key[3:] == [("UsageError", "INVALID_ARGUMENT")] * 2, one_key
 
 
 def test_both_clients_fail_alike_with_a_node_down(daemon: DaemonProcess) -> None:
@@ -153,6 +165,8 @@ def test_both_clients_fail_alike_with_a_node_down(daemon: DaemonProcess) -> None
         Step("delete", lambda _: (KEYS,)),
         Step("counters", lambda _: ()),
         Step("flush_namespace", lambda _: (NS,)),
+        *(Step("get", lambda _, i=i: (KEYS[i : i + 1],), lambda: {"into": [bytearray(4096)]}) for i in range(10)),
+        Step("counters", lambda _: ()),
     )
     by_step = run_both((daemon.address, down), script)
     statuses = by_step["0:put"][0]
@@ -160,3 +174,5 @@ def test_both_clients_fail_alike_with_a_node_down(daemon: DaemonProcess) -> None
     assert by_step["4:delete"][0] == "NodeUnavailable", by_step["4:delete"]
     assert by_step["5:counters"][1] == {down: {"UNAVAILABLE": 1}}, by_step["5:counters"]
     assert by_step["6:flush_namespace"][0] == "NodeUnavailable", by_step["6:flush_namespace"]
+    one_key = [by_step[f"{i}:get"][0] for i in range(7, 17)]
+    assert ["UNAVAILABLE"] in one_key and ["NOT_FOUND"] in one_key, f"one key at a time, on each node: {one_key}"

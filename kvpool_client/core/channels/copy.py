@@ -13,7 +13,7 @@ glibc keeps another copy routine callable: ``memcpy@GLIBC_2.2.5``, the symbol it
 for programs linked before 2.14, is its SSE2 ``memmove`` entry that never takes the
 ``rep movsb`` path (unaligned loads, aligned stores). Where ``rep movsb`` is fast it
 is the slower of the two (0.5-0.8x memcpy on that VM), so a process measures both
-once, on its first misaligned copy (:func:`measure_route`, ~0.3 ms), and sends the
+once, on its first large copy (:func:`measure_route`, ~0.3 ms), and sends the
 relatively misaligned copies of :data:`VECTOR_FROM` bytes or more through that entry
 only where memcpy is clearly slower. Every other copy is a memoryview assignment
 (memcpy). ``bench/copies.py`` measures these against the alternatives (numpy, torch,
@@ -66,8 +66,8 @@ class Copier:
 
     Args:
         candidate: a memmove that avoids ``rep movsb``; None: memcpy for every copy.
-        measure: find out on the first misaligned copy whether ``candidate`` is faster
-            here (:func:`measure_route`); False: use it without measuring.
+        measure: find out on the first copy of :data:`VECTOR_FROM` bytes or more whether
+            ``candidate`` is faster here (:func:`measure_route`); False: use it without measuring.
     """
 
     __slots__ = ("_candidate", "_misaligned", "_measured")
@@ -98,7 +98,7 @@ class Copier:
         n = src.nbytes
         if dst.nbytes != n:
             raise ValueError(f"cannot copy {n} bytes into {dst.nbytes}")
-        if n < VECTOR_FROM or self._candidate is None or (self._measured and self._misaligned is None):
+        if n < VECTOR_FROM or self.route() is None:  # where memcpy is fast whatever the alignment: no address needed
             dst[:] = src
             return
         to = ctypes.addressof(ctypes.c_char.from_buffer(dst))
