@@ -310,14 +310,16 @@ class KVPoolClient:
         if not isinstance(key, BlockKey):
             batching.check_keys((key,))  # raises
         target = byte_view(into, writable=True)
-        found = self._direct_job((key,), None)
-        if found is None:
+        found = operations.sole_reader(key, self._source.current(), self._cached_limits)
+        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
+        if found is None or not self.breaker.allow(found[0].node_id):  # the plan reports an open circuit
             return self._planned_get((key,), [target])
-        job, limits = found
-        if self._requests.copy_shared_one(job.member, key.namespace, key.hash, target):
+        member, limits = found
+        if self._requests.copy_shared_one(member, key.namespace, key.hash, target):
             return GetResult((ErrorCode.OK,), buffers=(target,))
+        job = batching.Job(member, key.namespace, [0], [key.hash], [key.depth])
         fetch = self._requests.get(job, [target], limits)
-        return operations.get_result(job, self._exchange(self._node(job.member), fetch))
+        return operations.get_result(job, self._exchange(self._node(member), fetch))
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""

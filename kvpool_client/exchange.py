@@ -311,11 +311,7 @@ def _copy_known(
     """
     if len(target) != location.length:
         return False  # the node's answer reports it
-    if not arena.unchanged(location):
-        arena.known.forget(namespace, block)
-        return False
-    arena.copy_into(location, target)
-    if not arena.unchanged(location) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
+    if not arena.copy_held(location, target) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
         arena.known.forget(namespace, block)
         return False
     return True

@@ -120,10 +120,10 @@ def direct_job(
     """
     if len(keys) == 1:  # a scheduler's lookup or a layer's load: nothing to group, and one key fits any frame
         key = keys[0]
-        order = placement.router.placement(key).read_order
-        if len(order) != 1 or (limits := cached_limits(order[0])) is None:
+        found = sole_reader(key, placement, cached_limits)
+        if found is None:
             return None
-        return batching.Job(order[0], key.namespace, [0], [key.hash], [key.depth]), limits
+        return batching.Job(found[0], key.namespace, [0], [key.hash], [key.depth]), found[1]
     member: Member | None = None
     for key in keys:
         order = placement.router.placement(key).read_order
@@ -136,6 +136,17 @@ def direct_job(
     if job is None or len(batching.chunk(job, limits, sizes)) != 1:
         return None  # several namespaces or hash sizes, or over the frame limits
     return job, limits
+
+
+def sole_reader(
+    key: BlockKey, placement: Placement, cached_limits: Callable[[Member], WireLimits | None]
+) -> tuple[Member, WireLimits] | None:
+    """The one node that reads ``key`` and its known limits; None: replicas to fail over between,
+    or a node whose limits were not read yet (the plan does both)."""
+    order = placement.router.placement(key).read_order
+    if len(order) != 1 or (limits := cached_limits(order[0])) is None:
+        return None
+    return order[0], limits
 
 
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:

@@ -177,6 +177,20 @@ class MappedArena:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
         copy_into(target, self._view[location.offset : end], self._address + location.offset)
 
+    def copy_held(self, location: SlotLocation, target: memoryview) -> bool:
+        """Copy the located block into ``target`` if its slot's generation holds before the copy
+        and after it: whether it did (False: the block was removed or its slot reused, and
+        ``target`` holds nothing usable).
+
+        Raises:
+            ProtocolError: the location is not a slot of the arena (the node lied).
+        """
+        generations, index = self._generations, self._slot_index(location.offset)
+        if generations[index] != location.generation:
+            return False  # gone already: no copy, the target as it was
+        self.copy_into(location, target)
+        return generations[index] == location.generation
+
     def vouched_for(self) -> bool:
         """Whether the node's heartbeat vouches for it now: what a read that takes no connection
         (and so no liveness check of one) needs. A node killed or hung stops beating, and within
@@ -209,11 +223,13 @@ class MappedArena:
 
     def unchanged(self, location: SlotLocation) -> bool:
         """Whether the block's slot is still in the generation it was located in."""
+        return int(self._generations[self._slot_index(location.offset)]) == location.generation
+
+    def _slot_index(self, offset: int) -> int:
         try:
-            index = self.header.index(location.offset)
+            return self.header.index(offset)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from exc
-        return int(self._generations[index]) == location.generation
 
 
 def open_shared_arena(info: SharedArenaInfo | None, transport: str, location_ttl_s: float = 0.0) -> MappedArena | None:
