@@ -19,17 +19,27 @@ PYTHON="${PYTHON:-python3}"
 ensure_venv() {
   local stamp="$VENV/.kvpool-installed"
   local want
-  want=$(cat pyproject.toml deploy/constraints.txt | sha256sum | cut -c1-16)
+  want=$(cat pyproject.toml deploy/constraints.txt "$READER_C" | sha256sum | cut -c1-16)
   if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
   fi
-  # Reinstall only when the dependencies changed.
-  if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  # Reinstall only when the dependencies or the compiled reader changed, or its build is gone.
+  if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]] || ! compgen -G "${READER_C%.c}*.so" >/dev/null; then
+    ensure_build_tools
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     # The constraints pin torch to the CPU build; anything looser pulls a CUDA build.
     "$VENV/bin/python" -m pip install --quiet -c deploy/constraints.txt -e ".[dev,bench]"
     echo "$want" > "$stamp"
   fi
+}
+
+# The same-node reader's compiled hot path builds with the package (pip install -e): a C
+# compiler and the interpreter's headers. Without them the package installs without it.
+READER_C=kvpool_client/transport/_arena_reader.c
+ensure_build_tools() {
+  command -v gcc >/dev/null || ensure_debian_packages gcc
+  "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' ||
+    ensure_debian_packages python3-dev
 }
 
 # ruff's lint and mypy (strict on the packages), as pyproject.toml configures them; the first that

@@ -288,11 +288,16 @@ def copy_known(
 
 
 def copy_known_one(namespace: str, block: bytes, target: memoryview, arena: MappedArena, verify: bool) -> bool:
-    """:func:`copy_known` of one block into a given target, without its lists: whether it was copied."""
+    """:func:`copy_known` of one block into a given target, without its lists: whether it was copied.
+
+    The compiled reader serves it in one call where it can (:meth:`MappedArena.read_published`).
+    """
+    verify = verify or arena.info.verify_checksums
+    copied = arena.read_published(namespace, block, target, verify)
+    if copied is not None:
+        return copied
     known = arena.known.find(namespace, block)
-    if known is None:
-        return False
-    return _copy_known(namespace, block, *known, target, arena, verify or arena.info.verify_checksums)
+    return known is not None and _copy_known(namespace, block, *known, target, arena, verify)
 
 
 def _copy_known(

@@ -30,6 +30,10 @@ mapping stale, so the node's next arena is mapped; one whose heartbeat stopped (
 node was killed, or hangs) is not read: the client asks, and a restarted node's
 answer names its new arena, which marks the mapping stale too.
 
+A one-key get through the published index runs in one call of a compiled reader
+(``_arena_reader.c``, :meth:`MappedArena.read_published`) where the package was built
+with a C compiler; the Python reads here are its reference and its fallback.
+
 Which transport a node gets is negotiated from its server info
 (:func:`open_shared_arena`); puts, lookups and deletes always go over TCP.
 """
@@ -43,11 +47,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import xxhash
+
 from kvpool_client.core.channels.copy import address, copy_into
 from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError
 from kvpool_client.core.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
 from kvpool_client.core.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
+
+try:
+    from kvpool_client.transport import _arena_reader
+except ImportError:  # not compiled where this was installed: the pure-Python reads serve alone
+    _arena_reader = None  # type: ignore[assignment]
 
 _ORDERED_LOADS = ("x86_64", "amd64")  # CPUs that never reorder a load before an earlier one
 
@@ -146,7 +157,7 @@ class MappedArena:
             arena ``info`` names (another daemon's file at the same path).
     """
 
-    def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0) -> None:
+    def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0, compiled: bool = True) -> None:
         self.info = info
         try:
             self._map = _map_readonly(info.arena_path)
@@ -161,6 +172,7 @@ class MappedArena:
         # ttl 0 asks the node on every get (a client that wants a hung node noticed at once)
         self.published = _open_published(self._view, info) if location_ttl_s else None
         self.known = KnownLocations(location_ttl_s, published=self._find if self.published is not None else None)
+        self._compiled = _compiled_reader(self.published, self._generations, self.header.granule, self._view, compiled)
 
     @property
     def arena_id(self) -> int:
@@ -190,6 +202,29 @@ class MappedArena:
             return False  # gone already: no copy, the target as it was
         self.copy_into(location, target)
         return generations[index] == location.generation
+
+    def read_published(self, namespace: str, block: bytes, target: memoryview, verify: bool) -> bool | None:
+        """A block read through the published index in one compiled call: found, its generation
+        checked before and after its copy into ``target``, its read marked. Whether it was copied
+        (False: removed, its slot reused, or ``target`` not its length; ask the node); None: no
+        compiled reader here, or the block is not in the table (try :attr:`known`, then the node).
+
+        For a caller the node's heartbeat vouches for (:meth:`vouched_for`).
+
+        Raises:
+            ProtocolError: the table names a place that is not a slot of the arena.
+        """
+        if self._compiled is None:
+            return None
+        assert self.published is not None
+        low, high = self.published[0].digest(namespace, block)
+        try:
+            found = self._compiled.read(low, high, target, time.monotonic_ns() >> MARK_SHIFT)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+        if found is None:
+            return None
+        return found[5] and (not verify or xxhash.xxh3_64_intdigest(target) == found[3])
 
     def vouched_for(self) -> bool:
         """Whether the node's heartbeat vouches for it now: what a read that takes no connection
@@ -281,6 +316,23 @@ def _open_published(arena: memoryview, info: SharedArenaInfo) -> tuple[Published
         return reader, MarkWriter(memoryview(marks), reader.header.entries)
     except (OSError, ValueError):
         return None
+
+
+def _compiled_reader(
+    published: tuple[PublishedReader, MarkWriter] | None,
+    generations: memoryview,
+    granule: int,
+    arena: memoryview,
+    wanted: bool,
+) -> _arena_reader.ArenaReader | None:
+    """The compiled reader of the node's published index, where it was built and is ``wanted``."""
+    if _arena_reader is None or published is None or not wanted:
+        return None
+    reader, marks = published
+    entries, probe_limit = reader.header.entries, reader.header.probe_limit
+    return _arena_reader.ArenaReader(
+        reader.words, generations, arena, marks.words, entries, probe_limit, granule, marks.first, marks.shift
+    )
 
 
 def _map_readonly(path: str) -> mmap.mmap:

@@ -19,6 +19,7 @@ import pytest
 
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.wire.published import BEAT_LIMIT_NS
+from kvpool_client.transport import shm
 from tests.integration.test_transports import connect, new_keys, pattern
 from tests.support.daemon import DaemonProcess, start_daemon
 from tests.support.waiting import wait_until
@@ -80,13 +81,19 @@ def test_reads_through_the_index_keep_a_block_from_eviction(daemon_factory: Call
         assert alive[0] and not alive[1] and all(alive[2:]), f"expected only keys[1] evicted: {alive}"
 
 
+@pytest.mark.parametrize("reads", ["compiled", "python"])
 def test_readers_racing_eviction_reuse_and_delete_never_get_a_wrong_byte(
-    daemon_factory: Callable[..., DaemonProcess],
+    daemon_factory: Callable[..., DaemonProcess], reads: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A writer keeps the tiny arena evicting (so slots are reused at once) and deletes blocks, while
     readers fetch, one at a time and mostly through the published index, the oldest blocks: the
     ones the next put evicts. (With the generation check after the copy switched off, this read
-    wrong bytes dozens of times in 15 s.)"""
+    wrong bytes dozens of times in 15 s.) Both readers of the index race: the compiled one
+    (``ArenaReader``) and the pure-Python one it falls back to where it is not built."""
+    if reads == "python":
+        monkeypatch.setattr(shm, "_arena_reader", None)
+    else:
+        assert shm._arena_reader is not None, "deploy/dev.sh builds the compiled reader with the package"
     daemon = daemon_factory(*SMALL)
     written: list[BlockKey] = []
     stop = threading.Event()

@@ -161,7 +161,7 @@ class PublishedReader:
         self.header = decode_header(table)
         if len(table) < self.header.nbytes:
             raise ValueError(f"published index needs {self.header.nbytes} bytes, {len(table)} mapped")
-        self._words = table[: self.header.nbytes].cast("Q")
+        self.words = table[: self.header.nbytes].cast("Q")  # the compiled reader reads it too
         self._mask = self.header.entries - 1
         self._probes = range(self.header.probe_limit)
         self._namespaces: dict[str, bytes] = {}
@@ -169,24 +169,19 @@ class PublishedReader:
     @property
     def live(self) -> bool:
         """Whether the daemon still serves this table (False once it shut down)."""
-        return self._words[STATE_WORD] == LIVE
+        return self.words[STATE_WORD] == LIVE
 
     def trusted_until(self) -> int:
         """When (monotonic nanoseconds) the table stops being trusted unless the daemon beats again."""
-        return self._words[HEARTBEAT_WORD] + BEAT_LIMIT_NS
+        return self.words[HEARTBEAT_WORD] + BEAT_LIMIT_NS
 
     def find(self, namespace: str, block_hash: bytes) -> PublishedEntry | None:
         """The block's live entry, read consistently; None: not published, being rewritten, or withdrawn.
 
-        (One function, the digest inline: it runs on every same-node get.)
+        (One function: it runs on every same-node get the compiled reader does not serve.)
         """
-        prefix = self._namespaces.get(namespace)
-        if prefix is None:
-            raw = namespace.encode()
-            prefix = self._namespaces[namespace] = bytes((len(raw),)) + raw
-        value = xxhash.xxh3_128_intdigest(prefix + block_hash) or 1
-        low, high = value & _MASK64, value >> 64
-        words, mask = self._words, self._mask
+        low, high = self.digest(namespace, block_hash)
+        words, mask = self.words, self._mask
         for step in self._probes:
             index = (low + step) & mask
             base = HEADER_WORDS + index * ENTRY_WORDS
@@ -204,9 +199,18 @@ class PublishedReader:
                 return PublishedEntry(index, offset, length, checksum, generation)
         return None
 
+    def digest(self, namespace: str, block_hash: bytes) -> tuple[int, int]:
+        """:func:`key_digest` of the key, each namespace's prefix made once."""
+        prefix = self._namespaces.get(namespace)
+        if prefix is None:
+            raw = namespace.encode()
+            prefix = self._namespaces[namespace] = bytes((len(raw),)) + raw
+        value = xxhash.xxh3_128_intdigest(prefix + block_hash) or 1
+        return value & _MASK64, value >> 64
+
     def release(self) -> None:
         """Let go of the table's memory (so its mapping can be closed)."""
-        self._words.release()
+        self.words.release()
 
 
 class MarkWriter:
@@ -223,11 +227,11 @@ class MarkWriter:
     def __init__(self, region: memoryview, entries: int) -> None:
         if len(region) < marks_bytes(entries):
             raise ValueError(f"hit marks of {entries} entries need {marks_bytes(entries)} bytes, {len(region)} mapped")
-        self._words = region[: marks_bytes(entries)].cast("Q")
-        self._first = dirty_words(entries)
-        self._shift = (entries // self._first).bit_length() - 1
+        self.words = region[: marks_bytes(entries)].cast("Q")  # the compiled reader marks in it too
+        self.first = dirty_words(entries)  # where the marks start, after the dirty words
+        self.shift = (entries // self.first).bit_length() - 1  # entry >> shift: its dirty word
 
     def mark(self, index: int, tick: int) -> None:
         """Entry ``index`` was read at ``tick``: the mark first, then its chunk's dirty word."""
-        self._words[self._first + index] = tick
-        self._words[index >> self._shift] = 1
+        self.words[self.first + index] = tick
+        self.words[index >> self.shift] = 1

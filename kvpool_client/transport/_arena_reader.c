@@ -1,0 +1,215 @@
+/* A same-node read of one published block in one call: the compiled form of
+ * kvpool_client.transport.shm's pure-Python path (PublishedReader.find, MappedArena.copy_held,
+ * MarkWriter.mark), which stays the reference and the fallback where this does not build.
+ *
+ * The table, generations and marks layouts are those of kvpool_client.core.wire.published and
+ * kvpool_client.core.wire.generations. A reader of a table entry (a seqlock: even seq, fields,
+ * the same seq again) and of a slot generation (before the copy and after it) needs its loads
+ * in program order, which x86-64 gives (the only platform the shm transport runs on); the
+ * acquire loads below keep the compiler from moving them, and the copy, across each other.
+ *
+ * Copies whose source and destination differ modulo 64 bytes go through a loop of unaligned
+ * 16-byte loads and aligned stores: glibc's memcpy takes `rep movsb` for them on some CPUs,
+ * about ten times slower (kvpool_client.core.channels.copy says more). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#define HEADER_WORDS 8
+#define ENTRY_WORDS 8
+enum { SEQ, DIGEST_LO, DIGEST_HI, OFFSET, LENGTH, CHECKSUM, GENERATION };
+#define RELEASE_GIL_FROM (256 * 1024) /* bytes: below this, letting the GIL go costs more than it frees */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer table;       /* header and entries, u64 words, read-only */
+    Py_buffer generations; /* one u64 per granule */
+    Py_buffer arena;       /* the blocks */
+    Py_buffer marks;       /* dirty words, then one mark per entry; writable */
+    int held;              /* which buffers are held, for dealloc */
+    uint64_t mask, probe_limit, granule, slots, mark_first, mark_shift;
+} ArenaReader;
+
+static inline uint64_t load(const uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+static void copy_block(char *dst, const char *src, size_t n) {
+#if defined(__x86_64__)
+    if ((((uintptr_t)dst - (uintptr_t)src) & 63) != 0 && n >= 4096) {
+        size_t head = (size_t)(-(uintptr_t)dst & 15); /* up to the destination's 16-byte boundary */
+        memcpy(dst, src, head);
+        dst += head, src += head, n -= head;
+        for (; n >= 64; dst += 64, src += 64, n -= 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+            _mm_store_si128((__m128i *)dst, a), _mm_store_si128((__m128i *)(dst + 16), b);
+            _mm_store_si128((__m128i *)(dst + 32), c), _mm_store_si128((__m128i *)(dst + 48), d);
+        }
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* The entry of the key whose digest is (low, high), read consistently; -1: none (not published,
+ * being rewritten, or withdrawn). */
+static Py_ssize_t find(const ArenaReader *self, uint64_t low, uint64_t high, uint64_t fields[7]) {
+    const uint64_t *words = (const uint64_t *)self->table.buf;
+    for (uint64_t step = 0; step < self->probe_limit; step++) {
+        uint64_t index = (low + step) & self->mask;
+        const uint64_t *entry = words + HEADER_WORDS + index * ENTRY_WORDS;
+        uint64_t seq = load(entry + SEQ), found = load(entry + DIGEST_LO);
+        if (!found) return -1; /* empty: the key lies in no later entry */
+        if (found != low || load(entry + DIGEST_HI) != high) continue; /* another key, or a tombstone */
+        for (int i = OFFSET; i <= GENERATION; i++) fields[i] = load(entry + i);
+        if ((seq & 1) || load(entry + SEQ) != seq) return -1; /* the writer is at this entry */
+        if (fields[LENGTH]) return (Py_ssize_t)index;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(read_doc,
+    "read(low, high, target, tick) -> (slot, offset, length, checksum, generation, copied) | None\n\n"
+    "Find the key whose digest is (low, high) in the table and, when its slot's generation holds\n"
+    "before and after, copy its block into target (exactly its length) and mark the read at tick.\n"
+    "copied is False when the generation moved or target's length differs; None: not published.\n"
+    "Raises ValueError for an entry that is not a slot of the arena.");
+
+static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "read() takes low, high, target and tick");
+        return NULL;
+    }
+    uint64_t low = PyLong_AsUnsignedLongLong(args[0]), high = PyLong_AsUnsignedLongLong(args[1]);
+    uint64_t tick = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t fields[7];
+    Py_ssize_t slot = find(self, low, high, fields);
+    if (slot < 0) Py_RETURN_NONE;
+    uint64_t offset = fields[OFFSET], length = fields[LENGTH], generation = fields[GENERATION];
+    if (offset % self->granule || offset / self->granule >= self->slots || length > (uint64_t)self->arena.len ||
+        offset > (uint64_t)self->arena.len - length) {
+        PyErr_Format(PyExc_ValueError, "block at %llu+%llu is not a slot of the arena", (unsigned long long)offset,
+                     (unsigned long long)length);
+        return NULL;
+    }
+    Py_buffer target;
+    if (PyObject_GetBuffer(args[2], &target, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const uint64_t *held = (const uint64_t *)self->generations.buf + offset / self->granule;
+    int copied = 0;
+    if ((uint64_t)target.len == length && load(held) == generation) {
+        const char *src = (const char *)self->arena.buf + offset;
+        if (length >= RELEASE_GIL_FROM) {
+            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length);
+            Py_END_ALLOW_THREADS
+        } else {
+            copy_block(target.buf, src, length);
+        }
+        copied = load(held) == generation;
+    }
+    PyBuffer_Release(&target);
+    if (copied) { /* the mark first, then its chunk's dirty word */
+        uint64_t *marks = (uint64_t *)self->marks.buf;
+        __atomic_store_n(marks + self->mark_first + slot, tick, __ATOMIC_RELEASE);
+        __atomic_store_n(marks + ((uint64_t)slot >> self->mark_shift), 1, __ATOMIC_RELEASE);
+    }
+    return Py_BuildValue("(nKKKKO)", slot, (unsigned long long)offset, (unsigned long long)length,
+                         (unsigned long long)fields[CHECKSUM], (unsigned long long)generation,
+                         copied ? Py_True : Py_False);
+}
+
+static int get_words(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t need, const char *what) {
+    if (PyObject_GetBuffer(obj, view, flags | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->len < need || ((uintptr_t)view->buf & 7)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes at %p, need %zd, 8-byte aligned", what, view->len, view->buf,
+                     need);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static void release_all(ArenaReader *self) {
+    Py_buffer *views[] = {&self->table, &self->generations, &self->arena, &self->marks};
+    for (int i = 0; i < self->held; i++) PyBuffer_Release(views[i]);
+    self->held = 0;
+}
+
+/* ArenaReader(table, generations, arena, marks, entries, probe_limit, granule, mark_first, mark_shift) */
+static int ArenaReader_init(ArenaReader *self, PyObject *args, PyObject *kwargs) {
+    PyObject *table, *generations, *arena, *marks;
+    unsigned long long entries, probe_limit, granule, mark_first, mark_shift;
+    static char *names[] = {"table", "generations", "arena", "marks", "entries", "probe_limit", "granule",
+                            "mark_first", "mark_shift", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOKKKKK", names, &table, &generations, &arena, &marks,
+                                     &entries, &probe_limit, &granule, &mark_first, &mark_shift))
+        return -1;
+    release_all(self);
+    if (!entries || (entries & (entries - 1)) || !probe_limit || probe_limit > entries || !granule || mark_shift > 63) {
+        PyErr_SetString(PyExc_ValueError, "entries must be a power of two, with a probe limit in 1..entries");
+        return -1;
+    }
+    Py_ssize_t table_bytes = (Py_ssize_t)(8 * (HEADER_WORDS + entries * ENTRY_WORDS));
+    if (get_words(table, &self->table, PyBUF_SIMPLE, table_bytes, "table") < 0) return -1;
+    self->held = 1;
+    if (get_words(generations, &self->generations, PyBUF_SIMPLE, 8, "generations") < 0) return -1;
+    self->held = 2;
+    if (PyObject_GetBuffer(arena, &self->arena, PyBUF_SIMPLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    self->held = 3;
+    Py_ssize_t marks_bytes = (Py_ssize_t)(8 * (mark_first + entries));
+    if (get_words(marks, &self->marks, PyBUF_WRITABLE, marks_bytes, "marks") < 0) return -1;
+    self->held = 4;
+    self->mask = entries - 1, self->probe_limit = probe_limit, self->granule = granule;
+    self->slots = (uint64_t)self->generations.len / 8, self->mark_first = mark_first, self->mark_shift = mark_shift;
+    return 0;
+}
+
+static PyObject *ArenaReader_release(ArenaReader *self, PyObject *Py_UNUSED(ignored)) {
+    release_all(self);
+    Py_RETURN_NONE;
+}
+
+static void ArenaReader_dealloc(ArenaReader *self) {
+    release_all(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef ArenaReader_methods[] = {
+    {"read", (PyCFunction)(void (*)(void))ArenaReader_read, METH_FASTCALL, read_doc},
+    {"release", (PyCFunction)ArenaReader_release, METH_NOARGS, "Let go of the buffers (so their mappings can close)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ArenaReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvpool_client.transport._arena_reader.ArenaReader",
+    .tp_basicsize = sizeof(ArenaReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reads published blocks out of a daemon's arena (see read()).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ArenaReader_init,
+    .tp_dealloc = (destructor)ArenaReader_dealloc,
+    .tp_methods = ArenaReader_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_arena_reader",
+    .m_doc = "Same-node reads of published blocks.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__arena_reader(void) {
+    if (PyType_Ready(&ArenaReaderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "ArenaReader", (PyObject *)&ArenaReaderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
