@@ -9,8 +9,9 @@
  * acquire loads below keep the compiler from moving them, and the copy, across each other.
  *
  * Copies whose source and destination differ modulo 64 bytes go through a loop of unaligned
- * 16-byte loads and aligned stores: glibc's memcpy takes `rep movsb` for them on some CPUs,
- * about ten times slower (kvpool_client.core.channels.copy says more). */
+ * 16-byte loads and aligned stores where the process measured memcpy clearly slower for them
+ * (glibc's memcpy takes `rep movsb` for them, about ten times slower on some CPUs;
+ * kvpool_client.core.channels.copy measures, and says more); every other copy is a memcpy. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,14 +34,15 @@ typedef struct {
     Py_buffer arena;       /* the blocks */
     Py_buffer marks;       /* dirty words, then one mark per entry; writable */
     int held;              /* which buffers are held, for dealloc */
+    int vector_misaligned; /* copy relatively misaligned blocks with the vector loop (else memcpy) */
     uint64_t mask, probe_limit, granule, slots, mark_first, mark_shift;
 } ArenaReader;
 
 static inline uint64_t load(const uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 
-static void copy_block(char *dst, const char *src, size_t n) {
+static void copy_block(char *dst, const char *src, size_t n, int vector_misaligned) {
 #if defined(__x86_64__)
-    if ((((uintptr_t)dst - (uintptr_t)src) & 63) != 0 && n >= 4096) {
+    if (vector_misaligned && (((uintptr_t)dst - (uintptr_t)src) & 63) != 0 && n >= 4096) {
         size_t head = (size_t)(-(uintptr_t)dst & 15); /* up to the destination's 16-byte boundary */
         memcpy(dst, src, head);
         dst += head, src += head, n -= head;
@@ -104,10 +106,10 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
     if ((uint64_t)target.len == length && load(held) == generation) {
         const char *src = (const char *)self->arena.buf + offset;
         if (length >= RELEASE_GIL_FROM) {
-            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length);
+            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length, self->vector_misaligned);
             Py_END_ALLOW_THREADS
         } else {
-            copy_block(target.buf, src, length);
+            copy_block(target.buf, src, length, self->vector_misaligned);
         }
         copied = load(held) == generation;
     }
@@ -139,14 +141,16 @@ static void release_all(ArenaReader *self) {
     self->held = 0;
 }
 
-/* ArenaReader(table, generations, arena, marks, entries, probe_limit, granule, mark_first, mark_shift) */
+/* ArenaReader(table, generations, arena, marks, entries, probe_limit, granule, mark_first, mark_shift,
+ *             vector_misaligned) */
 static int ArenaReader_init(ArenaReader *self, PyObject *args, PyObject *kwargs) {
     PyObject *table, *generations, *arena, *marks;
     unsigned long long entries, probe_limit, granule, mark_first, mark_shift;
+    int vector_misaligned;
     static char *names[] = {"table", "generations", "arena", "marks", "entries", "probe_limit", "granule",
-                            "mark_first", "mark_shift", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOKKKKK", names, &table, &generations, &arena, &marks,
-                                     &entries, &probe_limit, &granule, &mark_first, &mark_shift))
+                            "mark_first", "mark_shift", "vector_misaligned", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOKKKKKp", names, &table, &generations, &arena, &marks,
+                                     &entries, &probe_limit, &granule, &mark_first, &mark_shift, &vector_misaligned))
         return -1;
     release_all(self);
     if (!entries || (entries & (entries - 1)) || !probe_limit || probe_limit > entries || !granule || mark_shift > 63) {
@@ -165,6 +169,7 @@ static int ArenaReader_init(ArenaReader *self, PyObject *args, PyObject *kwargs)
     self->held = 4;
     self->mask = entries - 1, self->probe_limit = probe_limit, self->granule = granule;
     self->slots = (uint64_t)self->generations.len / 8, self->mark_first = mark_first, self->mark_shift = mark_shift;
+    self->vector_misaligned = vector_misaligned;
     return 0;
 }
 

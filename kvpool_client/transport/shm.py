@@ -50,6 +50,7 @@ from typing import NamedTuple
 import xxhash
 
 from kvpool_client.core.channels.copy import address, copy_into
+from kvpool_client.core.channels.copy import route as copy_route
 from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError
 from kvpool_client.core.wire.generations import HEADER_BYTES, GenerationsHeader, decode_header
@@ -329,9 +330,9 @@ def _compiled_reader(
     if _arena_reader is None or published is None or not wanted:
         return None
     reader, marks = published
-    entries, probe_limit = reader.header.entries, reader.header.probe_limit
+    entries, probe_limit, vector = reader.header.entries, reader.header.probe_limit, copy_route() is not None
     return _arena_reader.ArenaReader(
-        reader.words, generations, arena, marks.words, entries, probe_limit, granule, marks.first, marks.shift
+        reader.words, generations, arena, marks.words, entries, probe_limit, granule, marks.first, marks.shift, vector
     )
 
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from kvpool_client.core.channels.copy import address
 from kvpool_client.core.wire.generations import GRANULE
@@ -46,7 +46,7 @@ def test_the_compiled_reader_is_what_the_client_uses() -> None:
 class Node:
     """A table, an arena and its generations as a daemon keeps them, and both readers of them."""
 
-    def __init__(self, arena_bytes: int = SLOTS * SLOT_GRANULES * GRANULE) -> None:
+    def __init__(self, arena_bytes: int = SLOTS * SLOT_GRANULES * GRANULE, vector_misaligned: bool = True) -> None:
         self.table = memoryview(bytearray(table_bytes(ENTRIES)))
         self.writer = PublishedIndex(self.table, ENTRIES, arena_id=0xA1, probe_limit=PROBES)
         self.arena = bytearray(arena_bytes)
@@ -57,7 +57,7 @@ class Node:
         marks = self.compiled_marks
         self.compiled = compiled.ArenaReader(
             self.reader.words, self.generations, memoryview(self.arena), marks.words, ENTRIES, PROBES, GRANULE,
-            marks.first, marks.shift,
+            marks.first, marks.shift, vector_misaligned,
         )  # fmt: skip
 
     def python_read(self, key: StoreKey, target: memoryview, tick: int) -> Read:
@@ -86,10 +86,16 @@ def destination(length: int, misalign: int) -> memoryview:
 
 
 class ReaderMachine(RuleBasedStateMachine):
+    node: Node
+
     def __init__(self) -> None:
         super().__init__()
-        self.node = Node()
         self.tick = 0
+
+    @initialize(vector_misaligned=st.booleans())
+    def open_node(self, vector_misaligned: bool) -> None:
+        """Either copy route for relatively misaligned blocks: the vector loop or memcpy."""
+        self.node = Node(vector_misaligned=vector_misaligned)
 
     @rule(i=st.integers(0, len(KEYS) - 1), slot=st.integers(0, SLOTS - 1), length=st.integers(1, 8192))
     def publish(self, i: int, slot: int, length: int) -> None:
@@ -202,7 +208,9 @@ def test_buffers_too_small_for_their_layout_are_refused() -> None:
     marks = node.compiled_marks
     with pytest.raises(ValueError, match="table"):
         compiled.ArenaReader(
-            node.reader.words[:8], node.generations, node.arena, marks.words, ENTRIES, PROBES, GRANULE, 1, 4
+            node.reader.words[:8], node.generations, node.arena, marks.words, ENTRIES, PROBES, GRANULE, 1, 4, True
         )
     with pytest.raises(ValueError, match="power of two"):
-        compiled.ArenaReader(node.reader.words, node.generations, node.arena, marks.words, 12, PROBES, GRANULE, 1, 4)
+        compiled.ArenaReader(
+            node.reader.words, node.generations, node.arena, marks.words, 12, PROBES, GRANULE, 1, 4, True
+        )
