@@ -208,9 +208,8 @@ class MappedArena:
         """A block read through the published index in one compiled call: found, its generation
         checked before and after its copy into ``target``, its read marked. Whether it was copied
         (False: removed, its slot reused, or ``target`` not its length; ask the node); None: no
-        compiled reader here, or the block is not in the table (try :attr:`known`, then the node).
-
-        For a caller the node's heartbeat vouches for (:meth:`vouched_for`).
+        compiled reader here, the block is not in the table, or the table is not trusted now, as
+        for :meth:`_find` (try :attr:`known`, then the node).
 
         Raises:
             ProtocolError: the table names a place that is not a slot of the arena.
@@ -218,9 +217,16 @@ class MappedArena:
         if self._compiled is None:
             return None
         assert self.published is not None
-        low, high = self.published[0].digest(namespace, block)
+        reader = self.published[0]
+        if not reader.live:  # the node shut down: its next arena is another file
+            self.stale = True
+            return None
+        now = time.monotonic_ns()
+        if now >= reader.trusted_until():  # killed (or hung): its answer says which arena it serves now
+            return None
+        low, high = reader.digest(namespace, block)
         try:
-            found = self._compiled.read(low, high, target, time.monotonic_ns() >> MARK_SHIFT)
+            found = self._compiled.read(low, high, target, now >> MARK_SHIFT)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from exc
         if found is None:
