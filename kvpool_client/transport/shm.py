@@ -158,7 +158,7 @@ class MappedArena:
             arena ``info`` names (another daemon's file at the same path).
     """
 
-    def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0, compiled: bool = True) -> None:
+    def __init__(self, info: SharedArenaInfo, location_ttl_s: float = 0.0) -> None:
         self.info = info
         try:
             self._map = _map_readonly(info.arena_path)
@@ -173,7 +173,7 @@ class MappedArena:
         # ttl 0 asks the node on every get (a client that wants a hung node noticed at once)
         self.published = _open_published(self._view, info) if location_ttl_s else None
         self.known = KnownLocations(location_ttl_s, published=self._find if self.published is not None else None)
-        self._compiled = _compiled_reader(self.published, self._generations, self.header.granule, self._view, compiled)
+        self._compiled = _compiled_reader(self.published, self._generations, self.header.granule, self._view)
 
     @property
     def arena_id(self) -> int:
@@ -330,10 +330,9 @@ def _compiled_reader(
     generations: memoryview,
     granule: int,
     arena: memoryview,
-    wanted: bool,
 ) -> _arena_reader.ArenaReader | None:
-    """The compiled reader of the node's published index, where it was built and is ``wanted``."""
-    if _arena_reader is None or published is None or not wanted:
+    """The compiled reader of the node's published index, where it was built."""
+    if _arena_reader is None or published is None:
         return None
     reader, marks = published
     entries, probe_limit, vector = reader.header.entries, reader.header.probe_limit, copy_route() is not None
