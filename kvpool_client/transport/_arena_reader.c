@@ -86,6 +86,10 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_TypeError, "read() takes low, high, target and tick");
         return NULL;
     }
+    if (self->held != 4) {
+        PyErr_SetString(PyExc_ValueError, "the reader holds no buffers (never initialized, or released)");
+        return NULL;
+    }
     uint64_t low = PyLong_AsUnsignedLongLong(args[0]), high = PyLong_AsUnsignedLongLong(args[1]);
     uint64_t tick = PyLong_AsUnsignedLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;

@@ -214,3 +214,13 @@ def test_buffers_too_small_for_their_layout_are_refused() -> None:
         compiled.ArenaReader(
             node.reader.words, node.generations, node.arena, marks.words, 12, PROBES, GRANULE, 1, 4, True
         )
+
+
+def test_a_released_reader_reads_nothing() -> None:
+    node = Node()
+    node.writer.publish(0, node.writer.digest(KEYS[0]), 0, 100, 0, 0)
+    node.compiled.release()
+    with pytest.raises(ValueError, match="holds no buffers"):
+        node.compiled_read(KEYS[0], memoryview(bytearray(100)), 1)
+    with pytest.raises(ValueError, match="holds no buffers"):
+        compiled.ArenaReader.__new__(compiled.ArenaReader).read(1, 2, bytearray(1), 3)
