@@ -176,6 +176,11 @@ class MappedArena:
         self._compiled = _compiled_reader(self.published, self._generations, self.header.granule, self._view)
 
     @property
+    def compiled(self) -> bool:
+        """Whether reads through the published index run in the compiled reader here."""
+        return self._compiled is not None
+
+    @property
     def arena_id(self) -> int:
         return self.header.arena_id
 

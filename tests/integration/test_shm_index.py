@@ -81,13 +81,13 @@ def test_reads_through_the_index_keep_a_block_from_eviction(daemon_factory: Call
         assert alive[0] and not alive[1] and all(alive[2:]), f"expected only keys[1] evicted: {alive}"
 
 
-@pytest.mark.parametrize("reads", ["compiled", "python"])
+@pytest.mark.parametrize(("reads", "batch"), [("compiled", 1), ("compiled", 2), ("python", 1), ("python", 2)])
 def test_readers_racing_eviction_reuse_and_delete_never_get_a_wrong_byte(
-    daemon_factory: Callable[..., DaemonProcess], reads: str, monkeypatch: pytest.MonkeyPatch
+    daemon_factory: Callable[..., DaemonProcess], reads: str, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A writer keeps the tiny arena evicting (so slots are reused at once) and deletes blocks, while
-    readers fetch, one at a time and mostly through the published index, the oldest blocks: the
-    ones the next put evicts. (With the generation check after the copy switched off, this read
+    readers fetch, ``batch`` at a time and mostly through the published index, the oldest blocks:
+    the ones the next put evicts. (With the generation check after the copy switched off, this read
     wrong bytes dozens of times in 15 s.) Both readers of the index race: the compiled one
     (``ArenaReader``) and the pure-Python one it falls back to where it is not built."""
     if reads == "python":
@@ -111,16 +111,18 @@ def test_readers_racing_eviction_reuse_and_delete_never_get_a_wrong_byte(
 
     def reader(lag: int) -> None:
         with connect(daemon, "shm") as c:
-            target = bytearray(64 * KiB)
+            targets = [bytearray(64 * KiB) for _ in range(batch)]
             while not stop.is_set():
                 if len(written) < 70:
                     time.sleep(0.001)
                     continue
-                key = written[-64 + lag]  # the least recent block still held, or the next one
-                got = c.get([key], [target])
-                if got.statuses == (OK,) and bytes(target) != pattern(key, 64 * KiB):
-                    wrong.append(key.hash.hex())
-                seen["ok" if got.statuses == (OK,) else "missing"] += 1
+                start = len(written) - 64 + lag  # the least recent block still held, or the next one
+                keys = written[start : start + batch]
+                got = c.get(keys, targets)
+                for key, status, target in zip(keys, got.statuses, targets, strict=True):
+                    if status is OK and bytes(target) != pattern(key, 64 * KiB):
+                        wrong.append(key.hash.hex())
+                    seen["ok" if status is OK else "missing"] += 1
 
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader, args=(lag,)) for lag in (0, 1)]
     with connect(daemon, "tcp") as observer:
