@@ -3,8 +3,10 @@
 The property under test: for any sequence of publishes, withdrawals, slot frees (eviction,
 reuse) and writers stopped mid-entry, ``ArenaReader.read`` finds what ``PublishedReader.find``
 finds, copies exactly when the slot's generation holds before and after (as
-``MappedArena.copy_held``), whatever the destination's alignment, and marks the read where
-``MarkWriter.mark`` would. No files: the daemon's writer fills in-memory buffers.
+``MappedArena.copy_held``), whatever the destination's alignment, and marks each kept read as
+``MarkWriter.mark`` would. (The Python reader marks at the find, before its copy: a mark of a
+read that then fails refreshes a slot the daemon freed already, which changes nothing.) No
+files: the daemon's writer fills in-memory buffers.
 """
 
 from __future__ import annotations
