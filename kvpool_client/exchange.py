@@ -277,17 +277,17 @@ def copy_known(
     a block missing midway, whose batch is then asked for whole, is rare; the Python reader finds
     every block before it copies any.
     """
-    filled: list[memoryview | None] = [t for t in targets if t is not None] if arena.compiled else []
-    if filled and len(filled) == len(targets):
-        for block, view in zip(hashes, filled, strict=True):
-            if view is None or not copy_known_one(namespace, block, view, arena, verify):
+    given = [t for t in targets if t is not None] if arena.compiled else []
+    if given and len(given) == len(targets):
+        for block, view in zip(hashes, given, strict=True):
+            if not copy_known_one(namespace, block, view, arena, verify):
                 return None
-        return [int(ErrorCode.OK)] * len(filled), filled
+        return [int(ErrorCode.OK)] * len(given), list[memoryview | None](given)
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
     verify = verify or arena.info.verify_checksums
-    filled = []
+    filled: list[memoryview | None] = []
     for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
         target = memoryview(bytearray(location.length)) if target is None else target
         if not _copy_known(namespace, block, location, checksum, target, arena, verify):

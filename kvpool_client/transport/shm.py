@@ -213,8 +213,8 @@ class MappedArena:
         """A block read through the published index in one compiled call: found, its generation
         checked before and after its copy into ``target``, its read marked. Whether it was copied
         (False: removed, its slot reused, or ``target`` not its length; ask the node); None: no
-        compiled reader here, the block is not in the table, or the table is not trusted now, as
-        for :meth:`_find` (try :attr:`known`, then the node).
+        compiled reader here, the block is not in the table, or the table is not trusted now
+        (try :attr:`known`, then the node).
 
         Raises:
             ProtocolError: the table names a place that is not a slot of the arena.
@@ -223,11 +223,8 @@ class MappedArena:
             return None
         assert self.published is not None
         reader = self.published[0]
-        if not reader.live:  # the node shut down: its next arena is another file
-            self.stale = True
-            return None
-        now = time.monotonic_ns()
-        if now >= reader.trusted_until():  # killed (or hung): its answer says which arena it serves now
+        now = self._trusted_now(reader)
+        if now is None:
             return None
         low, high = reader.digest(namespace, block)
         try:
@@ -254,19 +251,24 @@ class MappedArena:
         entry = reader.find(namespace, block)
         if entry is None:
             return None
-        if not reader.live:  # the node shut down: its next arena is another file
-            self.stale = True
-            return None
-        now, trusted = time.monotonic_ns(), reader.trusted_until()
-        if now >= trusted:  # killed (or hung): its answer says which arena it serves now
+        now = self._trusted_now(reader)
+        if now is None:
             return None
         index, offset, length, checksum, generation = entry
         marks.mark(index, now >> MARK_SHIFT)
         location = SlotLocation(offset, length, generation)
         # Kept like an answer of the node: re-reads within the ttl are cheaper still (the node hears of
         # them as of one read a ttl, as when it is asked once a ttl), but not past the table's trust.
-        self.known.remember(namespace, block, location, checksum, until=trusted / 1e9)
+        self.known.remember(namespace, block, location, checksum, until=reader.trusted_until() / 1e9)
         return location, checksum
+
+    def _trusted_now(self, reader: PublishedReader) -> int | None:
+        """Now (monotonic nanoseconds) when the table may be read; None: ask the node."""
+        if not reader.live:  # the node shut down: its next arena is another file
+            self.stale = True
+            return None
+        now = time.monotonic_ns()
+        return now if now < reader.trusted_until() else None  # past it: killed or hung, its answer says more
 
     def unchanged(self, location: SlotLocation) -> bool:
         """Whether the block's slot is still in the generation it was located in."""
