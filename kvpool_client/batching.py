@@ -182,7 +182,7 @@ class RequestFactory:
 
     def get(
         self, job: Job, targets: Sequence[memoryview | None], limits: WireLimits
-    ) -> exchange.Exchange[tuple[list[int], list[memoryview | None]]]:
+    ) -> exchange.Exchange[exchange.GetAnswer]:
         mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
         try:
             arena = self._arena_of(job.member) if self._arena_of is not None else None
@@ -193,9 +193,20 @@ class RequestFactory:
             return exchange.get_shared(located, mine, limits, self._verify, arena)
         return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
 
-    def copy_shared(
-        self, job: Job, targets: Sequence[memoryview | None]
-    ) -> tuple[list[int], list[memoryview | None]] | None:
+    def get_single(
+        self, member: Member, namespace: str, block: bytes, target: memoryview, limits: WireLimits
+    ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer]:
+        """:meth:`get` of one key into one buffer: over the wire, a :class:`~exchange.SingleGet`."""
+        try:
+            arena = self._arena_of(member) if self._arena_of is not None else None
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        if arena is not None:
+            located = LocateRequest(next(self._ids), namespace, [block])
+            return exchange.get_shared(located, [target], limits, self._verify, arena)
+        return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
+
+    def copy_shared(self, job: Job, targets: Sequence[memoryview | None]) -> exchange.GetAnswer | None:
         """A same-node get served from the node's arena with no connection at all, when every
         block's location is known here (:func:`exchange.copy_known`) and the node's heartbeat
         vouches for it; None: run :meth:`get`."""
@@ -251,9 +262,7 @@ def statuses_of(job: Job, outcome: list[int] | KVPoolError) -> list[int]:
     return outcome
 
 
-def get_answer(
-    job: Job, outcome: tuple[list[int], list[memoryview | None]] | KVPoolError
-) -> tuple[list[int], list[memoryview | None]]:
+def get_answer(job: Job, outcome: exchange.GetAnswer | KVPoolError) -> exchange.GetAnswer:
     """A get job's per-key statuses and filled buffers (none when the node failed)."""
     if isinstance(outcome, KVPoolError):
         return [failure_code(outcome)] * len(job.indices), [None] * len(job.indices)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
@@ -31,7 +31,7 @@ from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.routing import Member, Router
 from kvpool_client.core.wire import HelloRequest, WireLimits
 from kvpool_client.counters import ClientCounters, ClientStats
-from kvpool_client.exchange import Exchange, run_sync
+from kvpool_client.exchange import Exchange, GetAnswer, SingleGet, run_sync
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
@@ -126,6 +126,13 @@ class _Node(NodeHandle[DataConnection]):
     def close(self) -> None:
         self.forget()
         self.control.close()
+
+
+def _perform(connection: DataConnection, exchange: Exchange[T] | SingleGet) -> T | GetAnswer:
+    """Run ``exchange`` on ``connection``: UCX runs its steps itself, a socket runs a single get in line."""
+    if isinstance(connection, UcxConnection):
+        return connection.run(exchange.steps()) if isinstance(exchange, SingleGet) else connection.run(exchange)
+    return exchange.run_sync(connection) if isinstance(exchange, SingleGet) else run_sync(connection, exchange)
 
 
 class KVPoolClient:
@@ -318,7 +325,7 @@ class KVPoolClient:
         if self._requests.copy_shared_one(member, key.namespace, key.hash, target):
             return GetResult((ErrorCode.OK,), buffers=(target,))
         job = batching.Job(member, key.namespace, [0], [key.hash], [key.depth])
-        fetch = self._requests.get(job, [target], limits)
+        fetch = self._requests.get_single(member, key.namespace, key.hash, target, limits)
         return operations.get_result(job, self._exchange(self._node(member), fetch))
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
@@ -391,17 +398,19 @@ class KVPoolClient:
             results.append((piece, outcome))
         return results
 
-    def _exchange(self, node: _Node, exchange: Exchange[T]) -> T | KVPoolError:
+    @overload
+    def _exchange(self, node: _Node, exchange: SingleGet) -> GetAnswer | KVPoolError: ...
+
+    @overload
+    def _exchange(self, node: _Node, exchange: Exchange[T]) -> T | KVPoolError: ...
+
+    def _exchange(self, node: _Node, exchange: Exchange[T] | SingleGet) -> T | GetAnswer | KVPoolError:
         """Run one exchange on a pooled connection; a failure is returned, and reported to the breaker."""
         try:
             connection = node.acquire()
             connection.start_request()
             try:
-                result = (
-                    connection.run(exchange)
-                    if isinstance(connection, UcxConnection)
-                    else run_sync(connection, exchange)
-                )
+                result = _perform(connection, exchange)
             except BaseException:
                 connection.close()
                 raise

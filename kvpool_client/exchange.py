@@ -39,7 +39,12 @@ from kvpool_client.core.wire import (
     decode_message,
     encode,
 )
-from kvpool_client.core.wire.codec import answer_meta_size, decode_get_one, encode_get_one_request
+from kvpool_client.core.wire.codec import (
+    GET_ONE_ANSWER_SIZE,
+    answer_meta_size,
+    decode_get_one,
+    encode_get_one_request,
+)
 from kvpool_client.transport.shm import MappedArena, SlotLocation
 
 T = TypeVar("T")
@@ -71,6 +76,7 @@ class ReceiveInto:
 
 Step = Send | Receive | ReceiveUpTo | ReceiveInto
 Exchange = Generator[Step, Any, T]
+GetAnswer = tuple[list[int], list[memoryview | None]]  # per-key statuses, filled buffers (None where not OK)
 
 
 class SyncConnection(Protocol):
@@ -149,7 +155,7 @@ def get(
     targets: Sequence[memoryview | None],
     limits: WireLimits,
     verify: bool,
-) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+) -> Exchange[GetAnswer]:
     """Fetch blocks into ``targets``; a ``None`` target gets a new buffer of the stored size.
 
     Returns:
@@ -164,12 +170,20 @@ def get(
             else encode(request)
         ]
     )
-    expected_meta = answer_meta_size(Op.GET, len(hashes))
-    head: bytes = yield ReceiveUpTo(HEADER_SIZE + expected_meta)
-    one = decode_get_one(head, request.request_id, limits) if len(targets) == 1 else None
+    head: bytes = yield ReceiveUpTo(HEADER_SIZE + answer_meta_size(Op.GET, len(hashes)))
+    return (yield from _get_answer(head, request.request_id, targets, limits, verify))
+
+
+def _get_answer(
+    head: bytes, request_id: int, targets: Sequence[memoryview | None], limits: WireLimits, verify: bool
+) -> Exchange[GetAnswer]:
+    """The rest of :func:`get` once ``head``, the answer's first bytes (up to its header and
+    meta), is here."""
+    one = decode_get_one(head, request_id, limits) if len(targets) == 1 else None
     if one is not None:
         return (yield from _get_one(*one, targets[0], verify))
-    response = yield from _response(request.request_id, Op.GET, limits, expected_meta, head)
+    expected_meta = answer_meta_size(Op.GET, len(targets))
+    response = yield from _response(request_id, Op.GET, limits, expected_meta, head)
     if not isinstance(response, GetResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} GET results, got {response!r}")
     statuses = list(response.statuses)
@@ -196,9 +210,7 @@ def get(
     return statuses, filled
 
 
-def _get_one(
-    status: int, length: int, checksum: int, target: memoryview | None, verify: bool
-) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+def _get_one(status: int, length: int, checksum: int, target: memoryview | None, verify: bool) -> Exchange[GetAnswer]:
     """The rest of :func:`get` for one key whose answer :func:`decode_get_one` read: what the
     general path returns for it, without its per-key lists."""
     if status != ErrorCode.OK:
@@ -214,13 +226,47 @@ def _get_one(
     return [status], [target]
 
 
+@dataclass(slots=True)
+class SingleGet:
+    """A get of one key into one buffer, the most common request of all.
+
+    Over a transport that runs exchanges (ucx, asyncio) it is :meth:`steps`, the :func:`get`
+    exchange. Over a blocking socket, :meth:`run_sync` performs the usual answer (the block,
+    of the target's size) in line, without the exchange's generator and steps, which cost a
+    third of a cache-cold single get; any other answer is read by :func:`get`'s own code from
+    where :meth:`run_sync` stopped. Both return what :func:`get` returns.
+    """
+
+    request_id: int
+    namespace: str
+    block: bytes
+    target: memoryview
+    limits: WireLimits
+    verify: bool
+
+    def steps(self) -> Exchange[GetAnswer]:
+        return get(GetRequest(self.request_id, self.namespace, [self.block]), [self.target], self.limits, self.verify)
+
+    def run_sync(self, connection: SyncConnection) -> GetAnswer:
+        request_id, target = self.request_id, self.target
+        connection.send([encode_get_one_request(request_id, self.namespace, self.block)])
+        head = connection.recv_upto(GET_ONE_ANSWER_SIZE)
+        one = decode_get_one(head, request_id, self.limits)
+        if one is None or one[0] != ErrorCode.OK or one[1] != len(target):  # a miss, an error, another size
+            return run_sync(connection, _get_answer(head, request_id, [target], self.limits, self.verify))
+        connection.recv_into([target])
+        if self.verify and xxhash.xxh3_64_intdigest(target) != one[2]:
+            return [int(ErrorCode.CHECKSUM_MISMATCH)], [None]
+        return [int(ErrorCode.OK)], [target]
+
+
 def get_shared(
     request: LocateRequest,
     targets: Sequence[memoryview | None],
     limits: WireLimits,
     verify: bool,
     arena: MappedArena,
-) -> Exchange[tuple[list[int], list[memoryview | None]]]:
+) -> Exchange[GetAnswer]:
     """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire.
 
     The node says where each block lies (LOCATE); each is copied into its target
@@ -268,7 +314,7 @@ def copy_known(
     targets: Sequence[memoryview | None],
     arena: MappedArena,
     verify: bool,
-) -> tuple[list[int], list[memoryview | None]] | None:
+) -> GetAnswer | None:
     """The blocks copied out of ``arena`` without asking the node, when every one's location is
     known (an earlier answer, or the node's published index) and holds; None: ask the node.
 

@@ -8,10 +8,12 @@ exchanges through run_sync/run_async over an in-memory byte pipe that replays a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import pytest
 import xxhash
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from kvpool_client import exchange
 from kvpool_client.core.errors import (
@@ -365,7 +367,7 @@ class ScriptedConnection:
         return bytearray(self._take(nbytes))
 
     def recv_upto(self, nbytes: int) -> bytes:
-        return bytes(self._take(min(nbytes, len(self._incoming) - self._pos)))
+        return bytes(self._take(min(nbytes, max(self.unread, 1))))  # at least a byte, as a socket's
 
     def recv_into(self, targets: list[memoryview]) -> None:
         for target in targets:
@@ -483,3 +485,60 @@ def test_run_async_get() -> None:
     )
     assert statuses == [OK] and bytes(filled[0]) == b"hello", (statuses, filled)
     assert conn.sync.sent == [encode(GetRequest(4, NS, H[:1]))] and conn.sync.unread == 0
+
+
+# -- a single get run in line against the same get run as steps ---------------------------
+
+
+def _answer(kind: str, data: bytes, code: ErrorCode) -> bytes:
+    """What a node may answer a one-key GET of request 7 (``kind``): its block ``data``, the block
+    with a wrong checksum, a miss, an error frame, an answer to another request, a batch's answer."""
+    if kind == "block":
+        return encode(GetResponse(7, [OK], [len(data)], [xxh(data)])) + data
+    if kind == "bad checksum":
+        return encode(GetResponse(7, [OK], [len(data)], [xxh(data) ^ 1])) + data
+    if kind == "miss":
+        return encode(GetResponse(7, [code], [0], [0]))
+    if kind == "error":
+        return encode(ErrorResponse(7, Op.GET, code, "no"))
+    if kind == "another request":
+        return encode(GetResponse(8, [OK], [len(data)], [xxh(data)])) + data
+    return encode(GetResponse(7, [OK, OK], [len(data)] * 2, [xxh(data)] * 2)) + data * 2
+
+
+def _outcome(run: Callable[[ScriptedConnection], object], frame: bytes) -> tuple[object, list[bytes], int]:
+    """What ``run`` returned (or the type and message it raised), what it sent, and the bytes it left unread."""
+    connection = ScriptedConnection(frame)
+    try:
+        returned: object = run(connection)
+    except (KVPoolError, EOFError) as exc:
+        returned = (type(exc), str(exc))
+    if isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], list):
+        returned = (returned[0], [None if v is None else bytes(v) for v in returned[1]])
+    return returned, connection.sent, connection.unread
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["block", "block", "block", "bad checksum", "miss", "error", "another request", "two"]),
+    data=st.binary(max_size=64),
+    code=st.sampled_from(list(ErrorCode)[1:]),
+    size=st.one_of(st.none(), st.integers(0, 64)),  # None: the block's own size
+    cut=st.one_of(st.none(), st.integers(0, 80)),  # the connection ends after this many bytes
+    verify=st.booleans(),
+)
+def test_a_single_get_run_in_line_answers_as_its_steps_do(
+    kind: str, data: bytes, code: ErrorCode, size: int | None, cut: int | None, verify: bool
+) -> None:
+    frame = _answer(kind, data, code)[:cut]
+    size = len(data) if size is None else size
+
+    def single(target: bytearray) -> exchange.SingleGet:
+        return exchange.SingleGet(7, NS, H[0], memoryview(target), LIMITS, verify)
+
+    in_line, as_steps = bytearray(size), bytearray(size)
+    fused = _outcome(lambda c: single(in_line).run_sync(c), frame)
+    stepped = _outcome(lambda c: run_sync(c, single(as_steps).steps()), frame)
+    event(f"{fused[0][0].__name__} raised" if isinstance(fused[0][0], type) else f"status {fused[0][0]}")  # type: ignore[index]
+    assert fused == stepped, f"in line {fused}, as steps {stepped}"
+    assert in_line == as_steps, (bytes(in_line), bytes(as_steps))
