@@ -8,10 +8,11 @@
  * in program order, which x86-64 gives (the only platform the shm transport runs on); the
  * acquire loads below keep the compiler from moving them, and the copy, across each other.
  *
- * Copies whose source and destination differ modulo 64 bytes go through a loop of unaligned
- * 16-byte loads and aligned stores where the process measured memcpy clearly slower for them
- * (glibc's memcpy takes `rep movsb` for them, about ten times slower on some CPUs;
- * kvpool_client.core.channels.copy measures, and says more); every other copy is a memcpy. */
+ * Copies whose destination lies a few bytes past the source modulo a page (a page-aligned slot
+ * into a large numpy array, at a page plus 16) go through a loop of unaligned 16-byte loads and
+ * aligned stores where the process measured memcpy clearly slower for them (glibc's memcpy takes
+ * `rep movsb` for them, five to ten times slower on some CPUs; kvpool_client.core.channels.copy
+ * measures, and says more); every other copy is a memcpy. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +26,8 @@
 #define HEADER_WORDS 8
 #define ENTRY_WORDS 8
 enum { SEQ, DIGEST_LO, DIGEST_HI, OFFSET, LENGTH, CHECKSUM, GENERATION };
+#define PAGE 4096
+#define SHORT_DISTANCE 64 /* copy.SHORT_DISTANCE */
 #define RELEASE_GIL_FROM (256 * 1024) /* bytes: below this, letting the GIL go costs more than it frees */
 
 typedef struct {
@@ -42,7 +45,8 @@ static inline uint64_t load(const uint64_t *word) { return __atomic_load_n(word,
 
 static void copy_block(char *dst, const char *src, size_t n, int vector_misaligned) {
 #if defined(__x86_64__)
-    if (vector_misaligned && (((uintptr_t)dst - (uintptr_t)src) & 63) != 0 && n >= 4096) {
+    size_t distance = ((uintptr_t)dst - (uintptr_t)src) & (PAGE - 1); /* copy.short_page_distance */
+    if (vector_misaligned && distance != 0 && distance < SHORT_DISTANCE && n >= 4096) {
         size_t head = (size_t)(-(uintptr_t)dst & 15); /* up to the destination's 16-byte boundary */
         memcpy(dst, src, head);
         dst += head, src += head, n -= head;

@@ -2,36 +2,40 @@
 
 glibc's x86-64 memcpy copies the sizes between its ``rep_movsb_threshold`` (about 2 KiB)
 and its ``rep_movsb_stop_threshold`` (the L2 size on AMD, far more on Intel) with
-``rep movsb``. On some CPUs (an AMD EPYC host under Debian's glibc 2.36; not the Zen 5
-VM kvpool is developed on) that instruction is about ten times slower when source and
-destination differ modulo 64 bytes: a 384 KiB copy into a buffer 16 bytes past a 64-byte
-boundary took 205-250 us against 18-21 us equally aligned. The arena's blocks are
-page-aligned and torch tensors 64-byte aligned, but numpy arrays and bytearrays are
-16-byte aligned and a batch's views lie at any offset, and nobody can ask an engine's users to set ``GLIBC_TUNABLES``.
+``rep movsb``. On some CPUs (AMD EPYC hosts under Debian's glibc 2.36, the VM kvpool is
+developed on included, some days) that instruction runs five to ten times slower when
+the destination lies a few bytes past the source modulo a page: measured, 0 < (dst - src)
+mod 4096 < 32 (a 256 KiB copy 104 us against 10-13 us at every other distance). That is
+exactly a page-aligned arena slot copied into a large numpy array (malloc maps those and
+returns the page's address plus 16), and nobody can ask an engine's users to set
+``GLIBC_TUNABLES``. Torch tensors (64-byte aligned, from their own allocator) rarely are.
 
 glibc keeps another copy routine callable: ``memcpy@GLIBC_2.2.5``, the symbol it keeps
 for programs linked before 2.14, is its SSE2 ``memmove`` entry that never takes the
 ``rep movsb`` path (unaligned loads, aligned stores). Where ``rep movsb`` is fast it
-is the slower of the two (0.5-0.8x memcpy on that VM), so a process measures both
-once, on its first large copy (:func:`measure_route`, ~0.3 ms), and sends the
-relatively misaligned copies of :data:`VECTOR_FROM` bytes or more through that entry
-only where memcpy is clearly slower. Every other copy is a memoryview assignment
-(memcpy). ``bench/copies.py`` measures these against the alternatives (numpy, torch,
-chunked and split copies).
+is the slower of the two (0.5-0.8x memcpy), so a process measures both once, on its
+first large copy (:func:`measure_route`, ~0.3 ms), and sends copies of
+:data:`VECTOR_FROM` bytes or more at a short page distance (:func:`short_page_distance`)
+through that entry only where memcpy is clearly slower for them. Every other copy is a
+memoryview assignment (memcpy). ``bench/copies.py`` measures these against the
+alternatives (numpy, torch, chunked and split copies).
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
 import platform
 import time
 from collections.abc import Callable
 
-CACHE_LINE = 64
+PAGE = 4096
+SHORT_DISTANCE = 64  # page distances below this (but 0) take the candidate; 1-31 measured slow, the rest for margin
 # Below ~2 KiB glibc copies with vector loops anyway; up to here a slow rep movsb costs
 # less than the ctypes call (~0.3 us) that avoids it.
 VECTOR_FROM = 4 << 10
 PROBE_BYTES = 256 << 10  # inside every CPU's rep movsb range, inside L2: measures the instruction, not DRAM
+PROBE_DISTANCE = 16  # the probe's destination lies this far past its source modulo a page, as a numpy array's data
 PROBE_ROUNDS = 5
 CLEARLY_SLOWER = 1.5  # memcpy must be this much slower before misaligned copies leave it
 
@@ -61,8 +65,8 @@ SSE2_MEMMOVE = _sse2_memmove()
 
 
 class Copier:
-    """Copies buffers, sending relatively misaligned copies of :data:`VECTOR_FROM` bytes or
-    more through ``candidate`` where it is the faster route.
+    """Copies buffers, sending copies of :data:`VECTOR_FROM` bytes or more at a short page
+    distance through ``candidate`` where it is the faster route.
 
     Args:
         candidate: a memmove that avoids ``rep movsb``; None: memcpy for every copy.
@@ -78,7 +82,7 @@ class Copier:
         self._measured = not measure or candidate is None
 
     def route(self) -> Memmove | None:
-        """What relatively misaligned copies go through; None: memcpy."""
+        """What copies at a short page distance go through; None: memcpy."""
         if not self._measured:
             self._misaligned, self._measured = measure_route(self._candidate), True
         return self._misaligned
@@ -98,16 +102,22 @@ class Copier:
         n = src.nbytes
         if dst.nbytes != n:
             raise ValueError(f"cannot copy {n} bytes into {dst.nbytes}")
-        if n < VECTOR_FROM or self.route() is None:  # where memcpy is fast whatever the alignment: no address needed
+        route = self.route() if n >= VECTOR_FROM else None
+        if route is None:  # memcpy is fast here whatever the distance: no address needed
             dst[:] = src
             return
         to = ctypes.addressof(ctypes.c_char.from_buffer(dst))
         start = src_address if src_address is not None else address(src)
-        misaligned = None if (to - start) % CACHE_LINE == 0 else self.route()
-        if misaligned is None:
-            dst[:] = src
+        if short_page_distance(to - start):
+            route(to, start, n)
         else:
-            misaligned(to, start, n)
+            dst[:] = src
+
+
+def short_page_distance(distance: int) -> bool:
+    """Whether a copy ``distance`` bytes ahead of its source (modulo a page) is one that
+    ``rep movsb`` may copy slowly (see the module's doc)."""
+    return 0 < distance % PAGE < SHORT_DISTANCE
 
 
 _PROCESS = Copier(SSE2_MEMMOVE)
@@ -116,27 +126,30 @@ route = _PROCESS.route
 
 
 def measure_route(candidate: Memmove | None) -> Memmove | None:
-    """``candidate`` if it copies a misaligned buffer clearly faster than memcpy here, else None.
+    """``candidate`` if it copies at a short page distance clearly faster than memcpy here, else None.
 
-    Both copy :data:`PROBE_BYTES` into a destination 16 bytes past where the source's
-    alignment would put it, interleaved, best of :data:`PROBE_ROUNDS` each; a pause of
-    the process can only make one look slower, which the margin absorbs.
+    Both copy :data:`PROBE_BYTES` from the start of a page of one mapping to
+    :data:`PROBE_DISTANCE` bytes past a page of another, interleaved, best of
+    :data:`PROBE_ROUNDS` each; a pause of the process can only make one look slower,
+    which the margin absorbs. The pages are written first: unwritten ones all map the
+    kernel's one zero page, which no real copy reads from.
     """
     if candidate is None:
         return None
-    src, dst = bytearray(PROBE_BYTES + CACHE_LINE), bytearray(PROBE_BYTES + 2 * CACHE_LINE)
-    src_at, dst_at = address(memoryview(src)), address(memoryview(dst))
-    s = -src_at % CACHE_LINE
-    d = -dst_at % CACHE_LINE + 16
-    source, target = memoryview(src)[s : s + PROBE_BYTES], memoryview(dst)[d : d + PROBE_BYTES]
-    best_memcpy = best_candidate = float("inf")
-    for _ in range(PROBE_ROUNDS):
-        started = time.perf_counter()
-        target[:] = source
-        middle = time.perf_counter()
-        candidate(dst_at + d, src_at + s, PROBE_BYTES)
-        ended = time.perf_counter()
-        best_memcpy, best_candidate = min(best_memcpy, middle - started), min(best_candidate, ended - middle)
+    with mmap.mmap(-1, PROBE_BYTES) as src, mmap.mmap(-1, PROBE_BYTES + PAGE) as dst:
+        src.write(bytes(range(256)) * (PROBE_BYTES // 256))
+        source, target = memoryview(src), memoryview(dst)[PROBE_DISTANCE : PROBE_DISTANCE + PROBE_BYTES]
+        src_at, dst_at = address(source), address(target)
+        target[:] = source  # faults the destination's pages in
+        best_memcpy = best_candidate = float("inf")
+        for _ in range(PROBE_ROUNDS):
+            started = time.perf_counter()
+            target[:] = source
+            middle = time.perf_counter()
+            candidate(dst_at, src_at, PROBE_BYTES)
+            ended = time.perf_counter()
+            best_memcpy, best_candidate = min(best_memcpy, middle - started), min(best_candidate, ended - middle)
+        del source, target  # the mappings close only once no view is left
     return candidate if best_memcpy > CLEARLY_SLOWER * best_candidate else None
 
 
