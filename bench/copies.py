@@ -16,8 +16,8 @@ aligned), numpy arrays and bytearrays (16-byte aligned), by each candidate metho
 - ``ufunc``: ``numpy.bitwise_or(src, 0, out=dst)``, a SIMD loop that never calls memcpy;
 - ``sse2``: glibc's ``memcpy@GLIBC_2.2.5`` through ctypes, its SSE2 memmove without ``rep movsb``;
 - ``copy_into``: :func:`kvpool_client.core.channels.copy.copy_into`, what the client uses: memcpy,
-  or ``sse2`` for relatively misaligned copies where this process measured memcpy clearly
-  slower (the route it took is in the header).
+  or ``sse2`` for copies a few bytes past the source modulo a page where this process measured
+  memcpy clearly slower (the route it took is in the header).
 
 Hot: the same source and destination again and again (both in cache). Cold: every copy
 reads and writes memory not touched for 256 MiB of copies (the L3 is 32 MiB). Rounds are
@@ -55,7 +55,7 @@ import numpy as np
 
 from bench.workload import KiB, MiB
 from kvpool_client.core.channels import copy as client_copy
-from kvpool_client.core.channels.copy import SSE2_MEMMOVE, address, copy_into
+from kvpool_client.core.channels.copy import PAGE, SSE2_MEMMOVE, address, copy_into, short_page_distance
 
 try:
     import torch
@@ -90,7 +90,7 @@ class Cell:
     temperature: str
     destination: str
     method: str
-    relative_alignment: str  # (dst - src) mod 64: of the slot hot copies use; cold: those seen
+    relative_alignment: str  # (dst - src) mod 4096 of the slot hot copies use; cold: how many slots are short
     round_us: list[float] = field(default_factory=list)  # median copy time per round
     round_ratios: list[float] = field(default_factory=list)
 
@@ -181,8 +181,8 @@ def destinations(size: int) -> list[Destination]:
     for dest in found:  # fault every page in now: a first touch inside a timed copy costs more than the copy
         for view in dest.slots:
             np.frombuffer(view, np.uint8).fill(1)
-        # Hot copies use the first slot: make it a 64-byte misaligned one where the allocator gave any.
-        dest.slots.sort(key=lambda view: address(view) % 64 == 0)
+        # Hot copies use the first slot: make it one at a short page distance where the allocator gave any.
+        dest.slots.sort(key=lambda view: not short_page_distance(address(view)))
     return found
 
 
@@ -222,11 +222,12 @@ def check(copy: Copy, name: str, dest: Destination, src: memoryview, src_at: int
 
 
 def relative_alignment(dest: Destination, src_at: int, cold: bool) -> str:
-    """(dst - src) mod 64 of the hot slot, or every value among the slots (the source's slots
-    are page-aligned, so each destination slot has one)."""
+    """(dst - src) mod 4096 of the hot slot; cold, how many of the slots lie at a short page
+    distance (the source's slots are page-aligned, so each destination slot has one distance)."""
     if not cold:
-        return str((address(dest.slots[0]) - src_at) % 64)
-    return "/".join(str(v) for v in sorted({(address(view) - src_at) % 64 for view in dest.slots}))
+        return str((address(dest.slots[0]) - src_at) % PAGE)
+    short = sum(short_page_distance(address(view) - src_at) for view in dest.slots)
+    return f"{short}/{len(dest.slots)} short"
 
 
 def measure_size(size: int, src: memoryview, src_at: int, rounds: int, methods: list[str]) -> list[Cell]:
@@ -281,7 +282,7 @@ def markdown(cells: list[Cell], methods: list[str], meta: dict[str, Any]) -> str
         f"# Copies ({meta['started']}, {meta['cpu']}, glibc {meta['glibc']}, rep movsb {meta['rep_movsb']}, "
         f"copy_into's misaligned route: {meta['copy_into_route']})",
         "",
-        "GB/s (ratio to memcpy of equally aligned buffers, same rounds); d-s: (dst - src) mod 64.",
+        "GB/s (ratio to memcpy of equally aligned buffers, same rounds); d-s: (dst - src) mod 4096.",
         "",
     ]
     for size in dict.fromkeys(c.size for c in cells):

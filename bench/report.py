@@ -239,8 +239,8 @@ CEILING_NOTE = (
 
 ALIGNMENT_NOTE = (
     "Gets into destinations 16 and 64 bytes past a page, beside the page-aligned ones above (ratio to "
-    "those): sources (the arena, memcpy's region) are page-aligned, so +16 is a copy between buffers "
-    "that differ modulo 64 bytes, as into numpy arrays and bytearrays."
+    "those): sources (the arena, memcpy's region) are page-aligned, so +16 puts the destination 16 bytes "
+    "past the source modulo a page, as a large numpy array or bytearray lies (malloc maps those: a page plus 16)."
 )
 
 
