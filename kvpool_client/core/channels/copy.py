@@ -37,7 +37,7 @@ VECTOR_FROM = 4 << 10
 PROBE_BYTES = 256 << 10  # inside every CPU's rep movsb range, inside L2: measures the instruction, not DRAM
 PROBE_DISTANCE = 16  # the probe's destination lies this far past its source modulo a page, as a numpy array's data
 PROBE_ROUNDS = 5
-CLEARLY_SLOWER = 1.5  # memcpy must be this much slower before misaligned copies leave it
+CLEARLY_SLOWER = 1.5  # memcpy must be this much slower before copies at a short page distance leave it
 
 Memmove = Callable[[int, int, int], object]  # (dst address, src address, bytes)
 
@@ -74,18 +74,18 @@ class Copier:
             ``candidate`` is faster here (:func:`measure_route`); False: use it without measuring.
     """
 
-    __slots__ = ("_candidate", "_misaligned", "_measured")
+    __slots__ = ("_candidate", "_route", "_measured")
 
     def __init__(self, candidate: Memmove | None, measure: bool = True) -> None:
         self._candidate = candidate
-        self._misaligned = candidate
+        self._route = candidate
         self._measured = not measure or candidate is None
 
     def route(self) -> Memmove | None:
         """What copies at a short page distance go through; None: memcpy."""
         if not self._measured:
-            self._misaligned, self._measured = measure_route(self._candidate), True
-        return self._misaligned
+            self._route, self._measured = measure_route(self._candidate), True
+        return self._route
 
     def copy_into(self, dst: memoryview, src: memoryview, src_address: int | None = None) -> None:
         """Copy every byte of ``src`` into ``dst``.
