@@ -15,7 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool_client.core.channels import copy
-from kvpool_client.core.channels.copy import SSE2_MEMMOVE, VECTOR_FROM, Copier, address, measure_route
+from kvpool_client.core.channels.copy import (
+    PAGE,
+    SHORT_DISTANCE,
+    SSE2_MEMMOVE,
+    VECTOR_FROM,
+    Copier,
+    address,
+    measure_route,
+)
 
 KiB = 1024
 GUARD = 64  # bytes either side of the destination window that a copy must leave alone
@@ -43,26 +51,25 @@ def source_map(size: int) -> mmap.mmap:
     route=st.sampled_from(sorted(ROUTES)),
     size=SIZES,
     src_offset=st.integers(0, 127),
-    dst_offset=st.integers(0, 127),
+    distance=st.one_of(st.integers(1, SHORT_DISTANCE - 1), st.integers(0, PAGE - 1)),  # 1-63: the candidate's
     read_only=st.booleans(),
     hinted=st.booleans(),
 )
 def test_every_byte_lands_and_nothing_around_it_changes(
-    route: str, size: int, src_offset: int, dst_offset: int, read_only: bool, hinted: bool
+    route: str, size: int, src_offset: int, distance: int, read_only: bool, hinted: bool
 ) -> None:
     whole = bytearray(os.urandom(src_offset + size))
     src = memoryview(bytes(whole) if read_only else whole)[src_offset:]
-    before = os.urandom(dst_offset + size + 2 * GUARD)
+    src_at = address(src) if size else 0
+    before = os.urandom(GUARD + PAGE + size + GUARD)
     target = bytearray(before)
-    dst = memoryview(target)[GUARD + dst_offset : GUARD + dst_offset + size]
-    at = address(src) if hinted and size else None
-    ROUTES[route].copy_into(dst, src, at)
+    start = GUARD + (src_at + distance - address(memoryview(target)) - GUARD) % PAGE  # dst - src = distance mod a page
+    dst = memoryview(target)[start : start + size]
+    ROUTES[route].copy_into(dst, src, src_at if hinted and size else None)
     seen = bytes(target)
-    assert seen[GUARD + dst_offset : GUARD + dst_offset + size] == bytes(src), (
-        f"{route}: {size} bytes from +{src_offset} into +{dst_offset} differ"
-    )
-    assert seen[: GUARD + dst_offset] == before[: GUARD + dst_offset], f"{route}: bytes before the window changed"
-    assert seen[GUARD + dst_offset + size :] == before[GUARD + dst_offset + size :], f"{route}: bytes after it changed"
+    assert seen[start : start + size] == bytes(src), f"{route}: {size} bytes {distance} past the source differ"
+    assert seen[:start] == before[:start], f"{route}: bytes before the window changed"
+    assert seen[start + size :] == before[start + size :], f"{route}: bytes after it changed"
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
