@@ -37,16 +37,16 @@ typedef struct {
     Py_buffer arena;       /* the blocks */
     Py_buffer marks;       /* dirty words, then one mark per entry; writable */
     int held;              /* which buffers are held, for dealloc */
-    int vector_misaligned; /* copy relatively misaligned blocks with the vector loop (else memcpy) */
+    int vector_near; /* copy blocks a few bytes past their slot modulo a page with the vector loop (else memcpy) */
     uint64_t mask, probe_limit, granule, slots, mark_first, mark_shift;
 } ArenaReader;
 
 static inline uint64_t load(const uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 
-static void copy_block(char *dst, const char *src, size_t n, int vector_misaligned) {
+static void copy_block(char *dst, const char *src, size_t n, int vector_near) {
 #if defined(__x86_64__)
     size_t distance = ((uintptr_t)dst - (uintptr_t)src) & (PAGE - 1); /* copy.short_page_distance */
-    if (vector_misaligned && distance != 0 && distance < SHORT_DISTANCE && n >= 4096) {
+    if (vector_near && distance != 0 && distance < SHORT_DISTANCE && n >= 4096) {
         size_t head = (size_t)(-(uintptr_t)dst & 15); /* up to the destination's 16-byte boundary */
         memcpy(dst, src, head);
         dst += head, src += head, n -= head;
@@ -114,10 +114,10 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
     if ((uint64_t)target.len == length && load(held) == generation) {
         const char *src = (const char *)self->arena.buf + offset;
         if (length >= RELEASE_GIL_FROM) {
-            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length, self->vector_misaligned);
+            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length, self->vector_near);
             Py_END_ALLOW_THREADS
         } else {
-            copy_block(target.buf, src, length, self->vector_misaligned);
+            copy_block(target.buf, src, length, self->vector_near);
         }
         copied = load(held) == generation;
     }
@@ -150,15 +150,15 @@ static void release_all(ArenaReader *self) {
 }
 
 /* ArenaReader(table, generations, arena, marks, entries, probe_limit, granule, mark_first, mark_shift,
- *             vector_misaligned) */
+ *             vector_near) */
 static int ArenaReader_init(ArenaReader *self, PyObject *args, PyObject *kwargs) {
     PyObject *table, *generations, *arena, *marks;
     unsigned long long entries, probe_limit, granule, mark_first, mark_shift;
-    int vector_misaligned;
+    int vector_near;
     static char *names[] = {"table", "generations", "arena", "marks", "entries", "probe_limit", "granule",
-                            "mark_first", "mark_shift", "vector_misaligned", NULL};
+                            "mark_first", "mark_shift", "vector_near", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOKKKKKp", names, &table, &generations, &arena, &marks,
-                                     &entries, &probe_limit, &granule, &mark_first, &mark_shift, &vector_misaligned))
+                                     &entries, &probe_limit, &granule, &mark_first, &mark_shift, &vector_near))
         return -1;
     release_all(self);
     if (!entries || (entries & (entries - 1)) || !probe_limit || probe_limit > entries || !granule || mark_shift > 63) {
@@ -177,7 +177,7 @@ static int ArenaReader_init(ArenaReader *self, PyObject *args, PyObject *kwargs)
     self->held = 4;
     self->mask = entries - 1, self->probe_limit = probe_limit, self->granule = granule;
     self->slots = (uint64_t)self->generations.len / 8, self->mark_first = mark_first, self->mark_shift = mark_shift;
-    self->vector_misaligned = vector_misaligned;
+    self->vector_near = vector_near;
     return 0;
 }
 

@@ -12,7 +12,7 @@ class ArenaReader:
         granule: int,
         mark_first: int,
         mark_shift: int,
-        vector_misaligned: bool,
+        vector_near: bool,
     ) -> None: ...
     def read(
         self, low: int, high: int, target: memoryview, tick: int, /

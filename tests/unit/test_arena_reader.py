@@ -48,7 +48,7 @@ def test_the_compiled_reader_is_what_the_client_uses() -> None:
 class Node:
     """A table, an arena and its generations as a daemon keeps them, and both readers of them."""
 
-    def __init__(self, arena_bytes: int = SLOTS * SLOT_GRANULES * GRANULE, vector_misaligned: bool = True) -> None:
+    def __init__(self, arena_bytes: int = SLOTS * SLOT_GRANULES * GRANULE, vector_near: bool = True) -> None:
         self.table = memoryview(bytearray(table_bytes(ENTRIES)))
         self.writer = PublishedIndex(self.table, ENTRIES, arena_id=0xA1, probe_limit=PROBES)
         self.arena = bytearray(arena_bytes)
@@ -56,11 +56,11 @@ class Node:
         self.reader = PublishedReader(self.table)
         self.python_marks = MarkWriter(memoryview(bytearray(marks_bytes(ENTRIES))), ENTRIES)
         self.compiled_marks = MarkWriter(memoryview(bytearray(marks_bytes(ENTRIES))), ENTRIES)
-        self.vector_misaligned = vector_misaligned
+        self.vector_near = vector_near
         marks = self.compiled_marks
         self.compiled = compiled.ArenaReader(
             self.reader.words, self.generations, memoryview(self.arena), marks.words, ENTRIES, PROBES, GRANULE,
-            marks.first, marks.shift, vector_misaligned,
+            marks.first, marks.shift, vector_near,
         )  # fmt: skip
 
     def python_read(self, key: StoreKey, target: memoryview, tick: int) -> Read:
@@ -96,10 +96,10 @@ class ReaderMachine(RuleBasedStateMachine):
         super().__init__()
         self.tick = 0
 
-    @initialize(vector_misaligned=st.booleans())
-    def open_node(self, vector_misaligned: bool) -> None:
-        """Either copy route for relatively misaligned blocks: the vector loop or memcpy."""
-        self.node = Node(vector_misaligned=vector_misaligned)
+    @initialize(vector_near=st.booleans())
+    def open_node(self, vector_near: bool) -> None:
+        """Either copy route for blocks at a short page distance: the vector loop or memcpy."""
+        self.node = Node(vector_near=vector_near)
 
     @rule(
         i=st.integers(0, len(KEYS) - 1),
@@ -146,7 +146,7 @@ class ReaderMachine(RuleBasedStateMachine):
         assert got == expected, f"key {i}: compiled read {got}, Python read {expected}"
         event("not published" if got is None else "copied" if got[5] else "not copied (generation or length)")
         if got is not None and got[5] and length >= VECTOR_FROM:
-            vector = node.vector_misaligned and short_page_distance(distance)
+            vector = node.vector_near and short_page_distance(distance)
             event("a block copied by the vector loop" if vector else "a block copied by memcpy")
         if got is not None and got[5]:
             assert bytes(ours) == bytes(theirs), f"key {i}: the copies differ ({distance} bytes past the source)"
@@ -161,8 +161,8 @@ TestReaderMachine = settings(max_examples=60, stateful_step_count=40, deadline=N
 @pytest.mark.parametrize("length", [VECTOR_FROM - 1, VECTOR_FROM, VECTOR_FROM + 77, 8192])
 def test_every_copy_route_copies_every_byte(vector: bool, distance: int, length: int) -> None:
     """Each distance from the slot, modulo a page, on either route: the vector loop takes 1-63
-    (the state machine above draws them too, but seldom together with the loop on)."""
-    node = Node(vector_misaligned=vector)
+    (the state machine above draws them too, but few of its reads copy a block of 4 KiB or more)."""
+    node = Node(vector_near=vector)
     offset = SLOT_GRANULES * GRANULE
     block = random.Random(length + distance).randbytes(length)
     node.arena[offset : offset + length] = block
