@@ -280,7 +280,7 @@ def cpu_model() -> str:
 def markdown(cells: list[Cell], methods: list[str], meta: dict[str, Any]) -> str:
     lines = [
         f"# Copies ({meta['started']}, {meta['cpu']}, glibc {meta['glibc']}, rep movsb {meta['rep_movsb']}, "
-        f"copy_into's misaligned route: {meta['copy_into_route']})",
+        f"copy_into's short-distance route: {meta['copy_into_route']})",
         "",
         "GB/s (ratio to memcpy of equally aligned buffers, same rounds); d-s: (dst - src) mod 4096.",
         "",

@@ -184,27 +184,32 @@ class RequestFactory:
         self, job: Job, targets: Sequence[memoryview | None], limits: WireLimits
     ) -> exchange.Exchange[exchange.GetAnswer]:
         mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
-        try:
-            arena = self._arena_of(job.member) if self._arena_of is not None else None
-        except SharedArenaUnavailable as exc:
-            return exchange.fail(exc)
-        if arena is not None:
-            located = LocateRequest(next(self._ids), job.namespace, job.hashes)
-            return exchange.get_shared(located, mine, limits, self._verify, arena)
+        shared = self._shared_get(job.member, job.namespace, job.hashes, mine, limits)
+        if shared is not None:
+            return shared
         return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
 
     def get_single(
         self, member: Member, namespace: str, block: bytes, target: memoryview, limits: WireLimits
     ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer]:
         """:meth:`get` of one key into one buffer: over the wire, a :class:`~exchange.SingleGet`."""
+        shared = self._shared_get(member, namespace, [block], [target], limits)
+        if shared is not None:
+            return shared
+        return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
+
+    def _shared_get(
+        self, member: Member, namespace: str, hashes: list[bytes], targets: list[memoryview | None], limits: WireLimits
+    ) -> exchange.Exchange[exchange.GetAnswer] | None:
+        """The get out of the member's arena mapped here (or the failure to map a required one); None: over the wire."""
         try:
             arena = self._arena_of(member) if self._arena_of is not None else None
         except SharedArenaUnavailable as exc:
             return exchange.fail(exc)
-        if arena is not None:
-            located = LocateRequest(next(self._ids), namespace, [block])
-            return exchange.get_shared(located, [target], limits, self._verify, arena)
-        return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
+        if arena is None:
+            return None
+        located = LocateRequest(next(self._ids), namespace, hashes)
+        return exchange.get_shared(located, targets, limits, self._verify, arena)
 
     def copy_shared(self, job: Job, targets: Sequence[memoryview | None]) -> exchange.GetAnswer | None:
         """A same-node get served from the node's arena with no connection at all, when every
