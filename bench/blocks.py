@@ -268,7 +268,7 @@ def write_outputs(out: Path, cells: list[Cell], meta: dict[str, Any], rounds: li
     if rounds:
         print(f"\nRatios over {len(rounds)} interleaved rounds of only the cells they compare (median):")
         print(report.ratio_lines(report.round_ratios(rounds, meta["cpus"])))
-    print(report.CEILING_NOTE)
+    print(report.CEILING_NOTE, report.SCALING_NOTE)
     if alignment := report.alignment_lines(cells):
         print(f"\nDestinations at offsets from a page (ratio to page+0):\n{alignment}")
     print(f"\nWrote {out / 'blocks.json'}, {out / 'blocks.md'}, " + ", ".join(str(p) for p in plots))

@@ -44,7 +44,8 @@ class Driver(Protocol):
 
 
 class KvpoolDriver:
-    """kvpool's blocking client: one pooled data connection per worker process.
+    """kvpool's blocking client, one per worker process, with its pooled data connections (two
+    at once for a batch of 8 MiB and more: ``streams_per_node``).
 
     ``transport`` is ``tcp`` (the baselines are sockets) or ``shm``: gets copied out
     of the daemon's arena, as an engine on the daemon's node reads them.

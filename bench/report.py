@@ -23,14 +23,21 @@ class Ratio:
     target: float | None  # None: a reference, measured beside the targets (e.g. the machine's ceiling)
     rounds: tuple[float, ...] = ()  # one value per interleaved round, when measured so
     ceiling: float | None = None  # a scaling ratio's CPU ceiling (see cpu_ceiling); over rounds, their median
+    of_ceiling: bool = False  # the target is a fraction of the CPU ceiling, not a ratio
+
+    @property
+    def fraction(self) -> float | None:
+        """A scaling ratio's share of its CPU ceiling; None without both."""
+        return _div(self.value, self.ceiling)
 
     @property
     def verdict(self) -> str:
-        if self.value is None:
+        judged = self.fraction if self.of_ceiling else self.value
+        if judged is None:
             return "n/a"
         if self.target is None:
             return "(reference)"
-        return "ok" if self.value >= self.target else "BELOW TARGET"
+        return "ok" if judged >= self.target else "BELOW TARGET"
 
 
 Shape = tuple[
@@ -44,6 +51,7 @@ class RatioSpec:
     top: Shape
     bottom: Shape
     target: float | None  # None: a reference
+    of_ceiling: bool = False  # ``target`` is the fraction of its CPU ceiling a scaling ratio must reach
 
     @property
     def scaling(self) -> bool:
@@ -51,21 +59,29 @@ class RatioSpec:
         return self.top[:2] == self.bottom[:2] and self.bottom[2] == 1
 
 
-# The targets the daemon and client are tuned against.
+# The targets the daemon and client are tuned against. A scaling target is a fraction of the
+# ratio's CPU ceiling: four clients cannot beat what the cores allow, only come close to it.
+SCALING_TARGET = 0.9
+
+
+def _scaling(name: str, system: str, batch: int) -> RatioSpec:
+    return RatioSpec(name, (system, batch, 4), (system, batch, 1), SCALING_TARGET, of_ceiling=True)
+
+
 RATIO_SPECS = (
-    RatioSpec("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.3),
+    RatioSpec("384 KiB get, 1 client: kvpool single / Redis GET", ("kvpool", 1, 1), ("redis", 1, 1), 1.5),
     RatioSpec(
-        "384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.7
+        "384 KiB get, 1 client: kvpool batch-32 / raw socket batch-32", ("kvpool", 32, 1), ("socket", 32, 1), 0.9
     ),
-    RatioSpec("384 KiB kvpool single get: 4 clients / 1 client", ("kvpool", 1, 4), ("kvpool", 1, 1), 1.5),
-    RatioSpec("384 KiB kvpool batch-32 get: 4 clients / 1 client", ("kvpool", 32, 4), ("kvpool", 32, 1), 1.5),
+    _scaling("384 KiB kvpool single get: 4 clients / 1 client", "kvpool", 1),
+    _scaling("384 KiB kvpool batch-32 get: 4 clients / 1 client", "kvpool", 32),
     # The same daemon read the way a client on its node reads it (the DaemonSet case).
     RatioSpec("384 KiB get, 1 client: kvpool-shm single / Redis GET", ("kvpool-shm", 1, 1), ("redis", 1, 1), 1.3),
-    RatioSpec("384 KiB kvpool-shm single get: 4 clients / 1 client", ("kvpool-shm", 1, 4), ("kvpool-shm", 1, 1), 1.5),
-    RatioSpec(
-        "384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", ("kvpool-shm", 32, 4), ("kvpool-shm", 32, 1), 1.5
-    ),
-    # What two cores leave four clients with no kvpool in the way: the ceiling of the scaling targets.
+    RatioSpec("384 KiB get, 1 client: kvpool-shm single / memcpy", ("kvpool-shm", 1, 1), ("memcpy", 1, 1), 0.5),
+    _scaling("384 KiB kvpool-shm single get: 4 clients / 1 client", "kvpool-shm", 1),
+    _scaling("384 KiB kvpool-shm batch-32 get: 4 clients / 1 client", "kvpool-shm", 32),
+    # What two cores leave four clients with no kvpool in the way: the reach of the scaling targets.
+    # The raw socket's fraction of its own CPU ceiling is what this machine lets the simplest server reach.
     RatioSpec("384 KiB raw socket batch-32: 4 clients / 1 client", ("socket", 32, 4), ("socket", 32, 1), None),
     RatioSpec("384 KiB memcpy batch-32: 4 clients / 1 client", ("memcpy", 32, 4), ("memcpy", 32, 1), None),
     # Mooncake Store, the system users compare kvpool with: its bytes and zero-copy APIs over TCP, and
@@ -130,7 +146,13 @@ def ratios(cells: Sequence[Cell], cpus: int) -> list[Ratio]:
         return cpu_ceiling(cell(spec.bottom), spec.top[2], cpus) if spec.scaling else None
 
     return [
-        Ratio(spec.name, _div(gbps(spec.top), gbps(spec.bottom)), spec.target, ceiling=ceiling(spec))
+        Ratio(
+            spec.name,
+            _div(gbps(spec.top), gbps(spec.bottom)),
+            spec.target,
+            ceiling=ceiling(spec),
+            of_ceiling=spec.of_ceiling,
+        )
         for spec in RATIO_SPECS
     ]
 
@@ -167,7 +189,8 @@ def round_ratios(rounds: Sequence[Sequence[Cell]], cpus: int) -> list[Ratio]:
         values = tuple(v for r in per_round if (v := r[i].value) is not None)
         ceilings = [c for r in per_round if (c := r[i].ceiling) is not None]
         median = statistics.median(values) if values else None
-        merged.append(Ratio(spec.name, median, spec.target, values, statistics.median(ceilings) if ceilings else None))
+        ceiling = statistics.median(ceilings) if ceilings else None
+        merged.append(Ratio(spec.name, median, spec.target, values, ceiling, spec.of_ceiling))
     return merged
 
 
@@ -235,6 +258,10 @@ CEILING_NOTE = (
     "CPU ceiling: the scaling the machine's cores allow if every op costs the CPU (client and server) "
     "it cost with one client; a target above it needs cheaper ops, not more parallelism."
 )
+SCALING_NOTE = (
+    f"The block benchmark's scaling targets are {SCALING_TARGET} of that ceiling; the raw socket's own "
+    "fraction of its ceiling is what this machine lets the simplest server reach."
+)
 
 
 ALIGNMENT_NOTE = (
@@ -248,10 +275,11 @@ def ratio_lines(values: Sequence[Ratio]) -> str:
     lines = []
     for r in values:
         rounds = f" (rounds: {', '.join(f'{v:.2f}' for v in r.rounds)})" if r.rounds else ""
-        goal = f" (target >= {r.target})" if r.target is not None else ""
-        ceiling = f"; CPU ceiling {r.ceiling:.2f}" if r.ceiling is not None else ""
+        of = " of its CPU ceiling" if r.of_ceiling else ""
+        goal = f" (target >= {r.target}{of})" if r.target is not None else ""
+        ceiling = f"; CPU ceiling {r.ceiling:.2f}, {_num(r.fraction, 2)} of it" if r.ceiling is not None else ""
         value = _num(r.value, 2) if r.value is not None else "n/a"
-        lines.append(f"- {r.name}: {value}{rounds}{goal} {r.verdict}{ceiling}")
+        lines.append(f"- {r.name}: {value}{rounds}{ceiling}{goal} {r.verdict}")
     return "\n".join(lines)
 
 
@@ -299,7 +327,7 @@ def write_markdown(
         "",
         ratio_lines(ratios(cells, meta["cpus"])),
         "",
-        CEILING_NOTE,
+        f"{CEILING_NOTE} {SCALING_NOTE}",
     ]
     if rounds:
         text += ["", f"Over {len(rounds)} rounds of only the cells they compare, interleaved (median):", ""]

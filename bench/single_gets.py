@@ -9,9 +9,10 @@ every block verified): kvpool's blocking client over TCP, redis-py with hiredis
 measures every (system, size) once, every other round in reverse order, so a noisy
 stretch of the machine falls on every system. Prints, per cell, the medians over
 the rounds of GB/s and of the client's and the server's CPU per get (microseconds,
-user + kernel), then per size kvpool's ratios to Redis: GB/s (the median of the
-per-round ratios) and CPU per get, client + server. Writes ``single_gets.json``
-to ``--out``.
+user + kernel), then per size kvpool's ratios to Redis with their targets: GB/s
+(the median of the per-round ratios; >= 1.5) and CPU per get, client + server
+(below Redis's), and the raw socket's GB/s over Redis's for reference (Python at
+both ends, no protocol). Writes ``single_gets.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from datetime import UTC, datetime
 from bench import blocks
 from bench.cells import Cell
 from bench.harness import Pools
+from bench.report import Ratio
 from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
 from bench.workload import CellSpec, KiB, MiB
 
 SYSTEMS = ("kvpool", "redis", "socket")
+GBPS_TARGET = 1.5  # kvpool's single gets over TCP against Redis's, at every size
 _UNITS = {"KiB": KiB, "MiB": MiB}
 
 
@@ -115,14 +118,27 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
         ours, theirs = cells.get(("kvpool", size)), cells.get(("redis", size))
         if not ours or not theirs:
             continue
-        per_round = [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
+        per_round = _per_round(ours, theirs)
         cpu = [_cpu(c) for c in (ours, theirs)]
-        cpu_ratio = f"{cpu[0] / cpu[1]:.2f}" if None not in cpu and cpu[1] else "n/a"
+        cpu_ratio = cpu[0] / cpu[1] if cpu[0] is not None and cpu[1] else None
+        speed = Ratio("GB/s", _mid(per_round), GBPS_TARGET)
         lines.append(
-            f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(_mid(per_round), 2)} "
-            f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}); CPU per get (client + server) {cpu_ratio}"
+            f"{size // KiB} KiB single get, kvpool / Redis: GB/s {_fmt(speed.value, 2)} "
+            f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}; target >= {GBPS_TARGET}: {speed.verdict}); "
+            f"CPU per get (client + server) {_fmt(cpu_ratio, 2)} (target < 1: {_below_one(cpu_ratio)})"
         )
+        if socket := cells.get(("socket", size)):  # Python at both ends with no protocol: a reference
+            lines.append(f"{size // KiB} KiB, raw socket / Redis: GB/s {_fmt(_mid(_per_round(socket, theirs)), 2)}")
     return lines
+
+
+def _per_round(ours: list[Cell], theirs: list[Cell]) -> list[float]:
+    """Ratios of GB/s of the cells measured in the same round, where both measured one."""
+    return [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
+
+
+def _below_one(ratio: float | None) -> str:
+    return "n/a" if ratio is None else "ok" if ratio < 1 else "ABOVE TARGET"
 
 
 def _cpu(runs: list[Cell]) -> float | None:

@@ -147,7 +147,8 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        streams = self.config.streams_per_node
+        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate, streams))
         self._counters.put(result)
         return result
 
@@ -157,7 +158,8 @@ class AsyncKVPoolClient:
         targets = batching.target_views(keys, into)
         result = await self._direct_get(keys, targets)
         if result is None:
-            result = await self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+            streams = self.config.streams_per_node
+            result = await self._run(operations.get(keys, targets, self._requests, self.breaker.gate, streams))
         self._counters.got(result)
         return result
 
@@ -238,13 +240,19 @@ class AsyncKVPoolClient:
 
     async def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
-        found = await self._direct_job(keys, batching.expected_sizes(targets))
+        sizes = batching.expected_sizes(targets)
+        found = await self._direct_job(keys, sizes)
         if found is None:
             return None
         job, limits = found
         copied = self._requests.copy_shared(job, targets)
         if copied is not None:
             return operations.get_result(job, copied)
+        lanes = batching.streams(job, sizes, batching.read_streams(targets, self.config.streams_per_node))
+        if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
+            return operations.streamed_result(
+                len(keys), await self._run_round(lanes, self._requests.gets_into(targets), sizes)
+            )
         fetch = self._requests.get(job, targets, limits)
         return operations.get_result(job, await self._exchange(self._node(job.member), fetch))
 

@@ -191,7 +191,8 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        streams = self.config.streams_per_node
+        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate, streams))
         self._counters.put(result)
         return result
 
@@ -309,6 +310,11 @@ class KVPoolClient:
         copied = self._requests.copy_shared(job, targets)
         if copied is not None:
             return operations.get_result(job, copied)
+        lanes = batching.streams(job, sizes, batching.read_streams(targets, self.config.streams_per_node))
+        if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
+            return operations.streamed_result(
+                len(keys), self._run_round(lanes, self._requests.gets_into(targets), sizes)
+            )
         fetch = self._requests.get(job, targets, limits)
         return operations.get_result(job, self._exchange(self._node(job.member), fetch))
 
@@ -330,7 +336,8 @@ class KVPoolClient:
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""
-        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        streams = self.config.streams_per_node
+        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate, streams))
 
     def _direct_job(
         self, keys: Sequence[BlockKey], sizes: Sequence[int] | None

@@ -63,9 +63,10 @@ Operation = Generator[Step, Any, R]
 
 
 def put(
-    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate
+    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate, streams: int = 1
 ) -> Operation[PutResult]:
     """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
+    A node's share of 8 MiB and more goes out as up to ``streams`` frames at once (:func:`batching.streams`).
 
     Raises:
         UsageError: counts differ, a block is empty, too large, or not contiguous.
@@ -78,7 +79,9 @@ def put(
     batching.check_block_sizes(views, lambda i: batching.block_limit(placements[i].write_owners, known))
     plan = WritePlan(keys, placements, placement.write_quorum)
     sizes = [len(v) for v in views]
-    causes = yield from drive(plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes)
+    causes = yield from drive(
+        plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes, streams
+    )
     return PutResult(tuple(plan.statuses()), causes, stored_on=plan.stored_on())
 
 
@@ -87,9 +90,11 @@ def get(
     targets: Sequence[memoryview | None],
     requests: batching.RequestFactory,
     gate: Gate,
+    streams: int = 1,
 ) -> Operation[GetResult]:
     """Fetch blocks into ``targets`` (:func:`~kvpool_client.batching.target_views` of the caller's
-    buffers; ``None``: allocate per hit), falling back to replicas."""
+    buffers; ``None``: allocate per hit), falling back to replicas. A node's share of 8 MiB and
+    more goes out as up to ``streams`` frames at once, when every target's size is known."""
     batching.check_keys(keys)
     plan = ReadPlan(keys, (yield from read_orders(keys)))
     filled: list[memoryview | None] = [None] * len(keys)
@@ -100,7 +105,8 @@ def get(
         return codes
 
     sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
-    causes = yield from drive(plan, gate, lambda job, lim: requests.get(job, targets, lim), answer, sizes)
+    streams = batching.read_streams(targets, streams)
+    causes = yield from drive(plan, gate, requests.gets_into(targets), answer, sizes, streams)
     return GetResult(plan.statuses(), causes, buffers=tuple(filled))
 
 
@@ -156,6 +162,21 @@ def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
     return GetResult(to_codes(codes), causes, buffers=tuple(views))
 
 
+def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> GetResult:
+    """The result of a get of ``count`` keys that was the exchanges of a direct job's streams
+    (:func:`batching.streams`): :func:`get_result` of each piece, put back in the batch's order."""
+    codes: list[int] = [ErrorCode.UNAVAILABLE] * count
+    views: list[memoryview | None] = [None] * count
+    causes: dict[str, None] = {}
+    for piece, outcome in outcomes:
+        piece_codes, piece_views = batching.get_answer(piece, outcome)
+        batching.scatter(codes, piece, piece_codes)
+        batching.scatter(views, piece, piece_views)
+        if isinstance(outcome, KVPoolError):
+            causes[cause(piece.member, outcome)] = None
+    return GetResult(to_codes(codes), tuple(causes)[:MAX_CAUSES], buffers=tuple(views))
+
+
 def probe_result(job: batching.Job, outcome: Outcome, prefix: bool) -> tuple[ErrorCode, ...]:
     """What :func:`probe` returns for a probe that was the single exchange of ``job``."""
     codes = to_codes(batching.statuses_of(job, outcome))
@@ -207,9 +228,15 @@ def read_orders(keys: Sequence[BlockKey]) -> Operation[list[tuple[Member, ...]]]
 
 
 def drive(
-    plan: batching.RoundPlan, gate: Gate, build: Build, answer: Answer, sizes: Sequence[int] | None = None
+    plan: batching.RoundPlan,
+    gate: Gate,
+    build: Build,
+    answer: Answer,
+    sizes: Sequence[int] | None = None,
+    streams: int = 1,
 ) -> Operation[tuple[str, ...]]:
-    """Run ``plan`` round after round until it has nothing left to send.
+    """Run ``plan`` round after round until it has nothing left to send; each node's job of a
+    round as up to ``streams`` jobs the client runs at once (:func:`batching.streams`).
 
     Returns:
         Why nodes failed, one line per node and error, naming the node (at most
@@ -217,6 +244,8 @@ def drive(
     """
     causes: dict[str, None] = {}
     while jobs := plan.next_round(gate()):
+        if streams > 1:
+            jobs = [piece for job in jobs for piece in batching.streams(job, sizes, streams)]
         outcomes: list[tuple[batching.Job, Outcome]] = yield RunRound(jobs, build, sizes)
         for piece, outcome in outcomes:
             if isinstance(outcome, KVPoolError) and len(causes) < MAX_CAUSES:

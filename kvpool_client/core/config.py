@@ -43,6 +43,9 @@ class ClientSettings:
     verify_checksums: bool = setting(False, "check each received block against the node's checksum", env=False)
     max_idle_connections: int = setting(8, "idle data connections kept per node", env=False)
     io_threads: int = setting(8, "threads the blocking client uses to talk to several nodes at once", env=False)
+    streams_per_node: int = setting(
+        2, "connections one get or put of 8 MiB and more to a node uses at once, 4 MiB and more each", env=False
+    )
     auth_token_file: str = setting("", "file with the cluster's shared token, for nodes that require one")
     tls_ca_file: str = setting("", "PEM CA verifying the nodes' gRPC certificates: gRPC over TLS")
     tls_client_cert_file: str = setting("", "PEM client certificate for nodes that require one (mTLS)")
@@ -140,6 +143,9 @@ class ClientConfig:
         write_quorum: owners that must store a key for a put to succeed; None: the
             cluster config's in etcd, else 1. Clamped to the owners placed.
         io_threads: threads the blocking client uses to talk to several nodes at once.
+        streams_per_node: connections a large get or put to one node uses at once: its
+            keys are split into that many frames of at least 4 MiB each, sent together,
+            so the node's work on one overlaps the transfer of another (1: one frame).
         transport: how block bytes move: ``auto`` copies gets out of a node's
             shared-memory arena when the node runs on this machine (``shm``), else
             uses ``ucx`` when the node offers it and ucxx is installed, else
@@ -173,6 +179,7 @@ class ClientConfig:
     replicas: int | None = None
     write_quorum: int | None = None
     io_threads: int = _DEFAULTS.io_threads
+    streams_per_node: int = _DEFAULTS.streams_per_node
     transport: str = _DEFAULTS.transport
     location_ttl_s: float = _DEFAULTS.location_ttl_s
     auth_token: bytes | None = field(default=None, repr=False)
@@ -198,6 +205,8 @@ class ClientConfig:
             raise UsageError("max_idle_connections must be >= 0")
         if self.io_threads < 1:
             raise UsageError("io_threads must be >= 1")
+        if self.streams_per_node < 1:
+            raise UsageError("streams_per_node must be >= 1")
         if self.location_ttl_s < 0:
             raise UsageError("location_ttl_s must be >= 0")
         if self.transport not in TRANSPORTS:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool_client.batching import (
+    STREAM_BYTES,
     Job,
     RequestFactory,
     chunk,
@@ -16,8 +19,10 @@ from kvpool_client.batching import (
     leading_ok,
     one_frame_job,
     plan,
+    read_streams,
     scatter,
     source_views,
+    streams,
     target_views,
 )
 from kvpool_client.core.errors import ErrorCode, UsageError
@@ -294,3 +299,40 @@ def test_gets_are_chunked_by_what_the_answer_may_carry() -> None:
     job = Job(Member("n", "n:1"), "ns", [0, 1, 2], [b"a", b"b", b"c"], [None] * 3)
     pieces = chunk(job, WireLimits(max_keys=16, max_block_size=1 << 20, max_payload=600), [300, 300, 300])
     assert [p.indices for p in pieces] == [[0, 1], [2]], [p.indices for p in pieces]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 6 << 20), min_size=1, max_size=40),
+    st.integers(1, 5),
+)
+def test_streams_split_a_job_in_order_into_shares_of_at_least_the_stream_size(sizes: list[int], most: int) -> None:
+    job = Job(A, NS1, list(range(len(sizes))), [bytes([i]) for i in range(len(sizes))], [None] * len(sizes))
+    pieces = streams(job, sizes, most)
+    assert [i for p in pieces for i in p.indices] == job.indices, pieces  # every key once, in order
+    assert [h for p in pieces for h in p.hashes] == job.hashes
+    total = sum(sizes)
+    count = min(most, total // STREAM_BYTES, len(sizes))
+    assert len(pieces) <= max(1, count), (total, most, pieces)
+    if len(pieces) > 1:
+        shares = [sum(sizes[i] for i in p.indices) for p in pieces]
+        assert all(share >= STREAM_BYTES for share in shares), shares  # each worth its connection
+        reached = itertools.accumulate(shares[:-1])  # each run ends once the batch so far holds its shares
+        assert all(sent * len(pieces) >= total * k for k, sent in enumerate(reached, 1)), shares
+
+
+def test_streams_split_equal_blocks_evenly() -> None:
+    job = Job(A, NS1, list(range(32)), [bytes([i]) for i in range(32)], [None] * 32)
+    assert [len(p.indices) for p in streams(job, [384 << 10] * 32, 2)] == [16, 16]  # 12 MiB
+    assert [len(p.indices) for p in streams(job, [384 << 10] * 32, 4)] == [16, 16]  # three 4 MiB runs do not fit
+    assert [len(p.indices) for p in streams(job, [256 << 10] * 32, 2)] == [16, 16]  # 8 MiB: two of 4 MiB
+    assert [len(p.indices) for p in streams(job, [(256 << 10) - 1] * 32, 2)] == [32]
+
+
+def test_streams_leave_jobs_without_payload_or_with_unknown_sizes_whole() -> None:
+    job = Job(A, NS1, [0, 1, 2], [b"a", b"b", b"c"], [None] * 3)
+    assert streams(job, None, 4) == [job]  # an exists or a delete
+    assert streams(job, [STREAM_BYTES] * 3, 1) == [job]
+    assert len(streams(job, [STREAM_BYTES] * 3, 4)) == 3
+    assert read_streams([memoryview(b"x"), None], 4) == 1  # a None target's size is a bound
+    assert read_streams([memoryview(b"x")], 4) == 4

@@ -24,8 +24,20 @@ def test_the_gbps_ratio_is_the_median_of_the_rounds_and_cpu_the_ratio_of_the_med
     lines = summary(rounds, [64 * KiB])
     assert "| kvpool | 64 KiB | 1.20 | 40.0 | 30.0 | 70.0 |" in lines, lines
     assert lines[-1] == (
-        "64 KiB single get, kvpool / Redis: GB/s 1.00 (rounds 1.00, 3.00, 0.60); CPU per get (client + server) 1.17"
+        "64 KiB single get, kvpool / Redis: GB/s 1.00 (rounds 1.00, 3.00, 0.60; target >= 1.5: BELOW TARGET); "
+        "CPU per get (client + server) 1.17 (target < 1: ABOVE TARGET)"
     ), lines
+
+
+def test_targets_are_judged_and_the_raw_socket_is_a_reference() -> None:
+    rounds = {
+        ("kvpool", 64 * KiB): [cell("kvpool", g, 20.0, 20.0) for g in (2.0, 1.6)],
+        ("redis", 64 * KiB): [cell("redis", 1.0, 40.0, 20.0), cell("redis", 1.0, 40.0, 20.0)],
+        ("socket", 64 * KiB): [cell("socket", g, 10.0, 10.0) for g in (3.0, 2.0)],
+    }
+    lines = summary(rounds, [64 * KiB])
+    assert "target >= 1.5: ok" in lines[-2] and "(target < 1: ok)" in lines[-2], lines
+    assert lines[-1] == "64 KiB, raw socket / Redis: GB/s 2.50", lines
 
 
 def test_a_failed_cell_drops_out_of_its_round() -> None:
@@ -34,4 +46,4 @@ def test_a_failed_cell_drops_out_of_its_round() -> None:
         ("kvpool", 64 * KiB): [cell("kvpool", 1.0, 30.0, 30.0), cell("kvpool", 2.0, 30.0, 30.0)],
         ("redis", 64 * KiB): [failed, cell("redis", 1.0, 40.0, 20.0)],
     }
-    assert "GB/s 2.00 (rounds 2.00)" in summary(rounds, [64 * KiB])[-1]
+    assert "GB/s 2.00 (rounds 2.00;" in summary(rounds, [64 * KiB])[-1]

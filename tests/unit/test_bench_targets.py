@@ -95,3 +95,23 @@ def test_a_transport_scaling_target_carries_the_ceiling_of_its_one_client_cell()
     assert by_name["ucx / tcp, 2 MiB x32, 1 client"].ceiling is None  # not a scaling target
     assert by_name["shm: 4 clients / 1, 384 KiB x32"].ceiling is None  # not measured
     assert {r.name: r for r in medians}[tcp.name].ceiling == tcp.ceiling
+
+
+def test_a_scaling_target_is_judged_on_the_fraction_of_its_ceiling_it_reaches() -> None:
+    def cell(system: str, batch: int, clients: int, ops: float) -> BlockCell:
+        # 1000 ops/s x 1000 us = one core busy with one client: two cores allow four clients twice as much
+        return BlockCell(system, report.read_op(system), report.RATIO_BLOCK, batch, clients, gbps=ops / 1000,
+                         ops_per_s=ops, client_cpu_us=600, server_cpu_us=400)  # fmt: skip
+
+    measured = [cell("kvpool", 32, 1, 1000), cell("kvpool", 32, 4, 1700), cell("socket", 32, 1, 1000),
+                cell("socket", 32, 4, 1500)]  # fmt: skip
+    by_name = {r.name: r for r in report.ratios(measured, cpus=2)}
+    batch = by_name["384 KiB kvpool batch-32 get: 4 clients / 1 client"]
+    assert (batch.value, batch.ceiling, batch.fraction) == (1.7, 2.0, 0.85), batch
+    assert batch.verdict == "BELOW TARGET", batch  # 1.7 is over 1.5, but 0.85 of the ceiling is under 0.9
+    line = report.ratio_lines([batch])
+    assert "CPU ceiling 2.00, 0.85 of it (target >= 0.9 of its CPU ceiling) BELOW TARGET" in line, line
+    socket = by_name["384 KiB raw socket batch-32: 4 clients / 1 client"]
+    assert socket.verdict == "(reference)" and "0.75 of it" in report.ratio_lines([socket]), socket
+    unmeasured = report.Ratio("no CPU", 1.7, 0.9, of_ceiling=True)
+    assert unmeasured.verdict == "n/a", unmeasured  # no ceiling: nothing to judge the fraction by
