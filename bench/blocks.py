@@ -26,6 +26,7 @@ import platform
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -125,6 +126,26 @@ def _spec(
         return CellSpec(system, op, block, batch, clients, "", duration_s, os.urandom(8))
     return CellSpec(system, op, block, batch, clients, server.address, duration_s, os.urandom(8), server.pid,
                     also_server_pids=server.also)  # fmt: skip
+
+
+RoundShape = tuple[str, str, int, int, int]  # (system, op, block size, batch, clients)
+
+
+def run_rounds(
+    shapes: Sequence[RoundShape], endpoints: dict[str, Endpoint | None], pools: Pools, rounds: int, duration_s: float
+) -> dict[RoundShape, list[Cell]]:
+    """Each shape measured once per round, every other round in reverse order, so a noisy stretch
+    of the machine falls on every shape; shape -> its cells, round by round."""
+    cells: dict[RoundShape, list[Cell]] = {shape: [] for shape in shapes}
+    for index in range(rounds):
+        for shape in shapes[::-1] if index % 2 else shapes:
+            system, op, block, batch, clients = shape
+            server = endpoints.get(system)
+            cell = run_cell(_spec(server, system, op, block, batch, clients, duration_s), pools, server is not None)
+            cells[shape].append(cell)
+            line = progress_line(0, 0, cell, 0.0).split("] ", 1)[1]
+            print(f"round {index + 1}: {line}", file=sys.stderr, flush=True)
+    return cells
 
 
 def run_cell(spec: CellSpec, pools: Pools, available: bool) -> Cell:

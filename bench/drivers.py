@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,8 +54,12 @@ class KvpoolDriver:
 
     stores = True
 
-    def __init__(self, endpoint: str, transport: str = "tcp") -> None:
-        self._client = KVPoolClient(config=ClientConfig(nodes=(endpoint,), transport=transport))
+    def __init__(self, endpoint: str, transport: str = "tcp", streams: int | None = None) -> None:
+        # The rest of the settings from the KVPOOL_* environment, as an engine's client takes them.
+        config = ClientConfig.from_env(nodes=(endpoint,), transport=transport)
+        if streams is not None:
+            config = replace(config, streams_per_node=streams)
+        self._client = KVPoolClient(config=config)
         self._namespace = Namespace("bench", "u8", "raw").id
 
     def prepare(self, refs: list[BlockRef], block_size: int) -> Any:
@@ -191,6 +196,8 @@ def open_driver(system: str, endpoint: str, worker: int) -> Driver:
         return KvpoolDriver(endpoint)
     if system == "kvpool-shm":
         return KvpoolDriver(endpoint, transport="shm")
+    if system == "kvpool-one-stream":  # bench/streams.py's baseline: every batch in one frame
+        return KvpoolDriver(endpoint, streams=1)
     if system == "redis":
         return RedisDriver(endpoint)
     if system == "socket":

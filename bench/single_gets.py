@@ -36,7 +36,7 @@ from bench.cells import Cell
 from bench.harness import Pools
 from bench.report import Ratio
 from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
-from bench.workload import CellSpec, KiB, MiB
+from bench.workload import KiB, MiB
 
 SYSTEMS = ("kvpool", "redis", "socket")
 GBPS_TARGET = 1.5  # kvpool's single gets over TCP against Redis's, at every size
@@ -77,24 +77,12 @@ def start_servers(stack: ExitStack, args: argparse.Namespace, systems: list[str]
 
 def run_rounds(args: argparse.Namespace, systems: list[str], sizes: list[int]) -> dict[tuple[str, int], list[Cell]]:
     """Every (system, size) cell once per round; (system, size) -> its cells, round by round."""
-    shapes = [(system, size) for system in systems for size in sizes]
-    cells: dict[tuple[str, int], list[Cell]] = {shape: [] for shape in shapes}
     with ExitStack() as stack:
         pools = stack.enter_context(Pools((1,)))
         endpoints = start_servers(stack, args, systems)
-        for index in range(args.rounds):
-            for system, size in shapes[::-1] if index % 2 else shapes:
-                server = endpoints.get(system)
-                address, pid = (server.address, server.pid) if server else ("", None)
-                spec = CellSpec(system, "get", size, 1, 1, address, args.duration, os.urandom(8), pid)
-                cell = blocks.run_cell(spec, pools, server is not None)
-                cells[(system, size)].append(cell)
-                print(
-                    f"round {index + 1}: " + blocks.progress_line(0, 0, cell, 0.0).split("] ", 1)[1],
-                    file=sys.stderr,
-                    flush=True,
-                )
-    return cells
+        shapes = [(system, "get", size, 1, 1) for system in systems for size in sizes]
+        cells = blocks.run_rounds(shapes, endpoints, pools, args.rounds, args.duration)
+    return {(system, size): runs for (system, _, size, _, _), runs in cells.items()}
 
 
 def _median(cells: list[Cell], field: str) -> float | None:

@@ -43,9 +43,7 @@ class ClientSettings:
     verify_checksums: bool = setting(False, "check each received block against the node's checksum", env=False)
     max_idle_connections: int = setting(8, "idle data connections kept per node", env=False)
     io_threads: int = setting(8, "threads the blocking client uses to talk to several nodes at once", env=False)
-    streams_per_node: int = setting(
-        2, "connections one get or put of 8 MiB and more to a node uses at once, 4 MiB and more each", env=False
-    )
+    streams_per_node: int = setting(2, "connections one get or put of 8 MiB and more to a node uses at once")
     auth_token_file: str = setting("", "file with the cluster's shared token, for nodes that require one")
     tls_ca_file: str = setting("", "PEM CA verifying the nodes' gRPC certificates: gRPC over TLS")
     tls_client_cert_file: str = setting("", "PEM client certificate for nodes that require one (mTLS)")
