@@ -9,6 +9,7 @@ reports the speed of failing requests.
 
 from __future__ import annotations
 
+import itertools
 import socket
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,7 +20,8 @@ import redis
 
 from bench import mooncake_peer, sockio
 from bench.workload import REGION_BYTES, BlockRef, region
-from kvpool_client import BlockKey, ClientConfig, KVPoolClient, Namespace
+from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient, Namespace
+from kvpool_client.core.wire.codec import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one_request
 
 _DELETE_CHUNK = 1024
 
@@ -82,6 +84,52 @@ class KvpoolDriver:
 
     def close(self) -> None:
         self._client.close()
+
+
+class KvpoolWireDriver(KvpoolDriver):
+    """kvpool's one-key GET frames over a plain blocking socket, none of the SDK around them:
+    the most a Python client of the daemon gets out of it (single gets; puts go through the SDK).
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        info = self._client.server_info(endpoint)
+        host, _, port = info.data_endpoints["tcp"].rpartition(":")
+        self._address = (host, int(port))
+        self._sock: socket.socket | None = None
+        self._limits = info.limits
+        self._ids = itertools.count(1)
+
+    def get(self, request: Any, targets: Sequence[np.ndarray]) -> Sequence[Any]:
+        if len(request) != 1:
+            raise BenchError("kvpool-wire reads one key per get")
+        if self._sock is None:
+            self._sock = socket.create_connection(self._address)
+            sockio.tune(self._sock)
+        try:
+            self._get_one(self._sock, request[0], targets[0].data)
+        except BaseException:  # the stream is out of step: the next get opens another connection
+            self._sock.close()
+            self._sock = None
+            raise
+        return targets
+
+    def _get_one(self, sock: socket.socket, key: BlockKey, target: memoryview) -> None:
+        request_id = next(self._ids)
+        sock.sendall(encode_get_one_request(request_id, key.namespace, key.hash))
+        one = decode_get_one(sock.recv(GET_ONE_ANSWER_SIZE), request_id, self._limits)
+        if one is None or one[0] != ErrorCode.OK or one[1] != len(target):
+            raise BenchError(f"kvpool-wire expected a {len(target)}-byte block, got the answer {one}")
+        while target:
+            received = sock.recv_into(target, len(target), socket.MSG_WAITALL)
+            if not received:
+                raise BenchError("the daemon closed the connection mid-block")
+            target = target[received:]
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        super().close()
 
 
 class RedisDriver:
@@ -198,6 +246,8 @@ def open_driver(system: str, endpoint: str, worker: int) -> Driver:
         return KvpoolDriver(endpoint, transport="shm")
     if system == "kvpool-one-stream":  # bench/streams.py's baseline: every batch in one frame
         return KvpoolDriver(endpoint, streams=1)
+    if system == "kvpool-wire":  # bench/single_gets.py's reference: the frames without the SDK
+        return KvpoolWireDriver(endpoint)
     if system == "redis":
         return RedisDriver(endpoint)
     if system == "socket":

@@ -1,18 +1,20 @@
-"""Single-block gets over TCP, kvpool against Redis (and the raw socket), in interleaved rounds.
+"""Single-block gets over TCP, kvpool against Redis (and references), in interleaved rounds.
 
 Usage: ``.venv/bin/python bench/single_gets.py [--rounds 5] [--duration 1.5] [--sizes 64KiB,384KiB]``
 
 The cells are those of ``bench/blocks.py`` (same harness, servers, drivers and checks:
 one client process, one key per call, cache-cold blocks, page-aligned destinations,
 every block verified): kvpool's blocking client over TCP, redis-py with hiredis
-(GET, then a copy into the destination) and the raw socket stream. Each round
+(GET, then a copy into the destination), and the references below. Each round
 measures every (system, size) once, every other round in reverse order, so a noisy
 stretch of the machine falls on every system. Prints, per cell, the medians over
 the rounds of GB/s and of the client's and the server's CPU per get (microseconds,
 user + kernel), then per size kvpool's ratios to Redis with their targets: GB/s
 (the median of the per-round ratios; >= 1.5) and CPU per get, client + server
-(below Redis's), and the raw socket's GB/s over Redis's for reference (Python at
-both ends, no protocol). Writes ``single_gets.json`` to ``--out``.
+(below Redis's); for reference, the GB/s over Redis's of ``kvpool-wire`` (the same
+daemon read with its one-key frames over a plain socket, none of the SDK: what a Python
+client of it gets at most) and of the raw socket (Python at both ends, no protocol).
+Writes ``single_gets.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ from bench.report import Ratio
 from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
 from bench.workload import KiB, MiB
 
-SYSTEMS = ("kvpool", "redis", "socket")
+SYSTEMS = ("kvpool", "kvpool-wire", "redis", "socket")
+REFERENCES = {  # beside kvpool's ratio, what they show
+    "kvpool-wire": "the daemon read with its one-key frames over a plain socket, no SDK",
+    "socket": "Python at both ends, no protocol",
+}
 GBPS_TARGET = 1.5  # kvpool's single gets over TCP against Redis's, at every size
 _UNITS = {"KiB": KiB, "MiB": MiB}
 
@@ -65,8 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def start_servers(stack: ExitStack, args: argparse.Namespace, systems: list[str]) -> dict[str, Endpoint | None]:
     endpoints: dict[str, Endpoint | None] = {}
-    if "kvpool" in systems:
-        endpoints["kvpool"] = stack.enter_context(kvpool_daemon(args.dram_capacity, "4MiB"))
+    if {"kvpool", "kvpool-wire"} & set(systems):
+        daemon = stack.enter_context(kvpool_daemon(args.dram_capacity, "4MiB"))
+        endpoints["kvpool"] = endpoints["kvpool-wire"] = daemon
     if "redis" in systems:
         maxmemory = args.dram_capacity.lower().replace("ib", "b")
         endpoints["redis"] = stack.enter_context(redis_server(maxmemory, not args.no_install))
@@ -115,8 +122,10 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
             f"(rounds {', '.join(f'{r:.2f}' for r in per_round)}; target >= {GBPS_TARGET}: {speed.verdict}); "
             f"CPU per get (client + server) {_fmt(cpu_ratio, 2)} (target < 1: {_below_one(cpu_ratio)})"
         )
-        if socket := cells.get(("socket", size)):  # Python at both ends with no protocol: a reference
-            lines.append(f"{size // KiB} KiB, raw socket / Redis: GB/s {_fmt(_mid(_per_round(socket, theirs)), 2)}")
+        for system, what in REFERENCES.items():
+            if reference := cells.get((system, size)):
+                ratio = _fmt(_mid(_per_round(reference, theirs)), 2)
+                lines.append(f"{size // KiB} KiB, {system} / Redis: GB/s {ratio} ({what})")
     return lines
 
 

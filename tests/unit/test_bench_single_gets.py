@@ -37,7 +37,7 @@ def test_targets_are_judged_and_the_raw_socket_is_a_reference() -> None:
     }
     lines = summary(rounds, [64 * KiB])
     assert "target >= 1.5: ok" in lines[-2] and "(target < 1: ok)" in lines[-2], lines
-    assert lines[-1] == "64 KiB, raw socket / Redis: GB/s 2.50", lines
+    assert lines[-1] == "64 KiB, socket / Redis: GB/s 2.50 (Python at both ends, no protocol)", lines
 
 
 def test_a_failed_cell_drops_out_of_its_round() -> None:
