@@ -221,3 +221,33 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
             operations.probe(KEYS, prefix, requests, always_usable), place, lambda job, outcome=outcome: outcome
         )
         assert direct == planned, f"prefix={prefix}: direct {direct} != planned {planned}"
+
+
+def test_streams_of_a_direct_get_give_the_plans_result_and_a_planned_get_sends_them() -> None:
+    requests = batching.RequestFactory(verify_checksums=False)
+    place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
+    block = batching.STREAM_BYTES // 2  # six keys: 12 MiB, two streams of three keys
+    targets: list[memoryview | None] = [memoryview(bytearray(block)) for _ in KEYS]
+    sizes = [block] * len(KEYS)
+    sent: list[list[int]] = []
+
+    def node(job: batching.Job) -> Any:  # the second stream's node is down
+        sent.append(job.indices)
+        if job.indices[0] >= 3:
+            return NodeUnavailable("gone")
+        return [OK] * len(job.indices), [memoryview(b"v")] * len(job.indices)
+
+    found = operations.direct_job(KEYS, place, known(), sizes)
+    assert found is not None
+    lanes = batching.streams(found[0], sizes, 2)
+    assert [lane.indices for lane in lanes] == [[0, 1, 2], [3, 4, 5]], lanes
+    direct = operations.streamed_result(len(KEYS), [(lane, node(lane)) for lane in lanes])
+    assert list(direct.statuses) == [OK] * 3 + [ErrorCode.UNAVAILABLE] * 3, direct
+    assert len(direct.causes) == 1 and "gone" in direct.causes[0], direct.causes
+    sent.clear()
+    planned = run(operations.get(KEYS, targets, requests, always_usable, streams=2), place, node)
+    assert sent == [[0, 1, 2], [3, 4, 5]], f"the plan sent {sent}"
+    assert planned.statuses == direct.statuses and planned.causes == direct.causes, (planned, direct)
+    sent.clear()
+    run(operations.get(KEYS, [*targets[:-1], None], requests, always_usable, streams=2), place, node)
+    assert sent == [[0, 1, 2, 3, 4, 5]], f"a target left out keeps the batch one frame: {sent}"
