@@ -148,6 +148,11 @@ def run_rounds(
     return cells
 
 
+def paired_ratios(tops: Sequence[Cell], bottoms: Sequence[Cell]) -> list[float]:
+    """GB/s of each round's ``tops`` cell over its ``bottoms`` cell (:func:`run_rounds`), where both measured one."""
+    return [a.gbps / b.gbps for a, b in zip(tops, bottoms, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
+
+
 def run_cell(spec: CellSpec, pools: Pools, available: bool) -> Cell:
     if not available:
         return missing(spec, f"{spec.system} server unavailable")

@@ -120,11 +120,7 @@ class KvpoolWireDriver(KvpoolDriver):
         one = decode_get_one(sock.recv(GET_ONE_ANSWER_SIZE), request_id, self._limits)
         if one is None or one[0] != ErrorCode.OK or one[1] != len(target):
             raise BenchError(f"kvpool-wire expected a {len(target)}-byte block, got the answer {one}")
-        while target:
-            received = sock.recv_into(target, len(target), socket.MSG_WAITALL)
-            if not received:
-                raise BenchError("the daemon closed the connection mid-block")
-            target = target[received:]
+        sockio.recv_views(sock, [target])
 
     def close(self) -> None:
         if self._sock is not None:

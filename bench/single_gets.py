@@ -113,7 +113,7 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
         ours, theirs = cells.get(("kvpool", size)), cells.get(("redis", size))
         if not ours or not theirs:
             continue
-        per_round = _per_round(ours, theirs)
+        per_round = blocks.paired_ratios(ours, theirs)
         cpu = [_cpu(c) for c in (ours, theirs)]
         cpu_ratio = cpu[0] / cpu[1] if cpu[0] is not None and cpu[1] else None
         speed = Ratio("GB/s", _mid(per_round), GBPS_TARGET)
@@ -124,14 +124,9 @@ def summary(cells: dict[tuple[str, int], list[Cell]], sizes: list[int]) -> list[
         )
         for system, what in REFERENCES.items():
             if reference := cells.get((system, size)):
-                ratio = _fmt(_mid(_per_round(reference, theirs)), 2)
+                ratio = _fmt(_mid(blocks.paired_ratios(reference, theirs)), 2)
                 lines.append(f"{size // KiB} KiB, {system} / Redis: GB/s {ratio} ({what})")
     return lines
-
-
-def _per_round(ours: list[Cell], theirs: list[Cell]) -> list[float]:
-    """Ratios of GB/s of the cells measured in the same round, where both measured one."""
-    return [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and a.gbps and b.gbps]
 
 
 def _below_one(ratio: float | None) -> str:

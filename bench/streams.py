@@ -84,7 +84,7 @@ def summary(cells: dict[RoundShape, list[Cell]]) -> list[str]:
         for top, bottom in RATIOS:
             ours, theirs = cells.get((top, op, size, batch, clients)), cells.get((bottom, op, size, batch, clients))
             if ours and theirs:
-                rounds = [a.gbps / b.gbps for a, b in zip(ours, theirs, strict=True) if a.ok and b.ok and b.gbps]
+                rounds = blocks.paired_ratios(ours, theirs)
                 values = ", ".join(f"{r:.2f}" for r in rounds)
                 parts.append(f"{top} / {bottom} {_fmt(_median(rounds), 2)} (rounds {values})")
         lines.append(f"{op} {size // KiB} KiB x{batch}, {clients} client(s): " + "; ".join(parts))

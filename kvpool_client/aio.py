@@ -130,7 +130,9 @@ class AsyncKVPoolClient:
         self._failures = FailureLog()
         self._counters = ClientCounters()
         self._nodes: dict[str, _AsyncNode] = {}
-        self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
+        self._requests = batching.RequestFactory(
+            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node
+        )
         self._ucx = UcxEngine()  # starts with the first ucx connection
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)
@@ -147,8 +149,7 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        streams = self.config.streams_per_node
-        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate, streams))
+        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
         self._counters.put(result)
         return result
 
@@ -158,8 +159,7 @@ class AsyncKVPoolClient:
         targets = batching.target_views(keys, into)
         result = await self._direct_get(keys, targets)
         if result is None:
-            streams = self.config.streams_per_node
-            result = await self._run(operations.get(keys, targets, self._requests, self.breaker.gate, streams))
+            result = await self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
         self._counters.got(result)
         return result
 
@@ -248,7 +248,7 @@ class AsyncKVPoolClient:
         copied = self._requests.copy_shared(job, targets)
         if copied is not None:
             return operations.get_result(job, copied)
-        lanes = batching.streams(job, sizes, batching.read_streams(targets, self.config.streams_per_node))
+        lanes = batching.streams(job, sizes, batching.read_streams(targets, self._requests.streams))
         if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
             return operations.streamed_result(
                 len(keys), await self._run_round(lanes, self._requests.gets_into(targets), sizes)

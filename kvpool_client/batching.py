@@ -211,12 +211,14 @@ class RequestFactory:
         verify_checksums: check each block read against the node's checksum.
         arena_of: the member's shared arena, when gets may copy from it; may raise
             :class:`~kvpool_client.transport.shm.SharedArenaUnavailable` (shm required).
+        streams: how many frames a large job to one node may go out as at once (:func:`streams`).
     """
 
-    def __init__(self, verify_checksums: bool, arena_of: ArenaOf | None = None) -> None:
+    def __init__(self, verify_checksums: bool, arena_of: ArenaOf | None = None, streams: int = 1) -> None:
         self._ids = count(1)
         self._verify = verify_checksums
         self._arena_of = arena_of
+        self.streams = streams
 
     def put(self, job: Job, views: Sequence[memoryview], limits: WireLimits) -> exchange.Exchange[list[int]]:
         blocks = [views[i] for i in job.indices]

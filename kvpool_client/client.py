@@ -167,7 +167,9 @@ class KVPoolClient:
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ucx = UcxEngine()  # starts with the first ucx connection
-        self._requests = batching.RequestFactory(self.config.verify_checksums, self._shared_arena)
+        self._requests = batching.RequestFactory(
+            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node
+        )
         self._source: PlacementSource = (
             ThreadedMembershipSource(self.config)
             if self.config.uses_etcd and router is None
@@ -191,8 +193,7 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        streams = self.config.streams_per_node
-        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate, streams))
+        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
         self._counters.put(result)
         return result
 
@@ -310,7 +311,7 @@ class KVPoolClient:
         copied = self._requests.copy_shared(job, targets)
         if copied is not None:
             return operations.get_result(job, copied)
-        lanes = batching.streams(job, sizes, batching.read_streams(targets, self.config.streams_per_node))
+        lanes = batching.streams(job, sizes, batching.read_streams(targets, self._requests.streams))
         if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
             return operations.streamed_result(
                 len(keys), self._run_round(lanes, self._requests.gets_into(targets), sizes)
@@ -336,8 +337,7 @@ class KVPoolClient:
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""
-        streams = self.config.streams_per_node
-        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate, streams))
+        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
 
     def _direct_job(
         self, keys: Sequence[BlockKey], sizes: Sequence[int] | None

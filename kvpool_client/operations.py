@@ -63,10 +63,11 @@ Operation = Generator[Step, Any, R]
 
 
 def put(
-    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate, streams: int = 1
+    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate
 ) -> Operation[PutResult]:
     """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
-    A node's share of 8 MiB and more goes out as up to ``streams`` frames at once (:func:`batching.streams`).
+    A node's share of 8 MiB and more goes out as up to ``requests.streams`` frames at once
+    (:func:`batching.streams`).
 
     Raises:
         UsageError: counts differ, a block is empty, too large, or not contiguous.
@@ -80,7 +81,7 @@ def put(
     plan = WritePlan(keys, placements, placement.write_quorum)
     sizes = [len(v) for v in views]
     causes = yield from drive(
-        plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes, streams
+        plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes, requests.streams
     )
     return PutResult(tuple(plan.statuses()), causes, stored_on=plan.stored_on())
 
@@ -90,11 +91,10 @@ def get(
     targets: Sequence[memoryview | None],
     requests: batching.RequestFactory,
     gate: Gate,
-    streams: int = 1,
 ) -> Operation[GetResult]:
     """Fetch blocks into ``targets`` (:func:`~kvpool_client.batching.target_views` of the caller's
     buffers; ``None``: allocate per hit), falling back to replicas. A node's share of 8 MiB and
-    more goes out as up to ``streams`` frames at once, when every target's size is known."""
+    more goes out as up to ``requests.streams`` frames at once, when every target's size is known."""
     batching.check_keys(keys)
     plan = ReadPlan(keys, (yield from read_orders(keys)))
     filled: list[memoryview | None] = [None] * len(keys)
@@ -105,7 +105,7 @@ def get(
         return codes
 
     sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
-    streams = batching.read_streams(targets, streams)
+    streams = batching.read_streams(targets, requests.streams)
     causes = yield from drive(plan, gate, requests.gets_into(targets), answer, sizes, streams)
     return GetResult(plan.statuses(), causes, buffers=tuple(filled))
 

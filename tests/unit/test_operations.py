@@ -224,7 +224,7 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
 
 
 def test_streams_of_a_direct_get_give_the_plans_result_and_a_planned_get_sends_them() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = batching.RequestFactory(verify_checksums=False, streams=2)
     place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
     block = batching.STREAM_BYTES // 2  # six keys: 12 MiB, two streams of three keys
     targets: list[memoryview | None] = [memoryview(bytearray(block)) for _ in KEYS]
@@ -245,9 +245,9 @@ def test_streams_of_a_direct_get_give_the_plans_result_and_a_planned_get_sends_t
     assert list(direct.statuses) == [OK] * 3 + [ErrorCode.UNAVAILABLE] * 3, direct
     assert len(direct.causes) == 1 and "gone" in direct.causes[0], direct.causes
     sent.clear()
-    planned = run(operations.get(KEYS, targets, requests, always_usable, streams=2), place, node)
+    planned = run(operations.get(KEYS, targets, requests, always_usable), place, node)
     assert sent == [[0, 1, 2], [3, 4, 5]], f"the plan sent {sent}"
     assert planned.statuses == direct.statuses and planned.causes == direct.causes, (planned, direct)
     sent.clear()
-    run(operations.get(KEYS, [*targets[:-1], None], requests, always_usable, streams=2), place, node)
+    run(operations.get(KEYS, [*targets[:-1], None], requests, always_usable), place, node)
     assert sent == [[0, 1, 2, 3, 4, 5]], f"a target left out keeps the batch one frame: {sent}"
