@@ -241,14 +241,22 @@ class RequestFactory:
         """:meth:`get` of any job of a batch into its ``targets``: how a plan builds its requests."""
         return lambda job, limits: self.get(job, targets, limits)
 
-    def get_single(
+    def get_one(
         self, member: Member, namespace: str, block: bytes, target: memoryview, limits: WireLimits
-    ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer]:
-        """:meth:`get` of one key into one buffer: over the wire, a :class:`~exchange.SingleGet`."""
-        shared = self._shared_get(member, namespace, [block], [target], limits)
-        if shared is not None:
-            return shared
-        return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
+    ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer] | None:
+        """:meth:`get` of one key into one buffer, its node's arena looked up once: None when the block
+        was copied out of the arena with no connection (:meth:`copy_shared`); over the wire, a
+        :class:`~exchange.SingleGet`."""
+        try:
+            arena = self._arena_of(member) if self._arena_of is not None else None
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        if arena is None:
+            return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
+        if arena.vouched_for() and exchange.copy_known_one(namespace, block, target, arena, self._verify):
+            return None
+        located = LocateRequest(next(self._ids), namespace, [block])
+        return exchange.get_shared(located, [target], limits, self._verify, arena)
 
     def _shared_get(
         self, member: Member, namespace: str, hashes: list[bytes], targets: list[memoryview | None], limits: WireLimits
@@ -272,11 +280,6 @@ class RequestFactory:
             return None
         mine = list(map(targets.__getitem__, job.indices))
         return exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
-
-    def copy_shared_one(self, member: Member, namespace: str, block: bytes, target: memoryview) -> bool:
-        """:meth:`copy_shared` of one block into its target: whether it was copied."""
-        arena = self._vouched_arena(member)
-        return arena is not None and exchange.copy_known_one(namespace, block, target, arena, self._verify)
 
     def _vouched_arena(self, member: Member) -> MappedArena | None:
         """The member's arena, mapped here and vouched for by its heartbeat; None: ask the node."""

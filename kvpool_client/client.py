@@ -329,11 +329,10 @@ class KVPoolClient:
         if found is None or not self.breaker.allow(found[0].node_id):  # the plan reports an open circuit
             return self._planned_get((key,), [target])
         member, limits = found
-        if self._requests.copy_shared_one(member, key.namespace, key.hash, target):
-            return GetResult((ErrorCode.OK,), buffers=(target,))
-        job = batching.Job(member, key.namespace, [0], [key.hash], [key.depth])
-        fetch = self._requests.get_single(member, key.namespace, key.hash, target, limits)
-        return operations.get_result(job, self._exchange(self._node(member), fetch))
+        fetch = self._requests.get_one(member, key.namespace, key.hash, target, limits)
+        if fetch is None:  # copied out of the node's arena
+            return operations.one_result(member, ([ErrorCode.OK], [target]))
+        return operations.one_result(member, self._exchange(self._node(member), fetch))
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""

@@ -23,9 +23,10 @@ from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.failure_log import describe, node_label
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
-from kvpool_client.results import GetResult, PutResult, to_codes
+from kvpool_client.results import GetResult, PutResult, failure_code, to_codes
 
 R = TypeVar("R")
+_HIT = (ErrorCode.OK,)  # the statuses of a one-key get that hit
 Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
 Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
 Answer = Callable[[batching.Job, Outcome], list[int]]
@@ -160,6 +161,17 @@ def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
     codes, views = batching.get_answer(job, outcome)
     causes = (cause(job.member, outcome),) if isinstance(outcome, KVPoolError) else ()
     return GetResult(to_codes(codes), causes, buffers=tuple(views))
+
+
+def one_result(member: Member, outcome: Outcome) -> GetResult:
+    """:func:`get_result` of a get of one key from ``member``, without a job: the result of every
+    single-block load, made in as few steps as it can be."""
+    if isinstance(outcome, KVPoolError):
+        return GetResult((failure_code(outcome),), (cause(member, outcome),), buffers=(None,))
+    codes, views = outcome
+    if codes[0] == ErrorCode.OK:
+        return GetResult(_HIT, buffers=(views[0],))
+    return GetResult(to_codes(codes), buffers=(views[0],))
 
 
 def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> GetResult:

@@ -178,6 +178,23 @@ def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
 
 
 @pytest.mark.parametrize(
+    "outcome",
+    [
+        ([OK], [memoryview(b"v")]),
+        ([NOT_FOUND], [None]),
+        ([ErrorCode.CHECKSUM_MISMATCH], [None]),
+        ([250], [None]),  # a code this client does not know
+        NodeUnavailable("gone"),
+    ],
+    ids=["hit", "miss", "checksum", "unknown code", "node down"],
+)
+def test_a_one_key_result_is_the_result_of_its_one_key_job(outcome: Any) -> None:
+    job = batching.Job(MEMBERS[0], KEYS[0].namespace, [0], [KEYS[0].hash], [KEYS[0].depth])
+    one, general = operations.one_result(MEMBERS[0], outcome), operations.get_result(job, outcome)
+    assert one == general, f"one_result {one} != get_result {general}"
+
+
+@pytest.mark.parametrize(
     ("why", "keys", "place", "limits"),
     [
         ("replicas to fall back to", KEYS[:1], placement(replicas=2), WireLimits()),
