@@ -70,6 +70,7 @@ log = logging.getLogger("kvpool.data")
 # most this much of a block is copied once more on its way to its slot.
 HEAD_CHUNK = 512
 _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in OP_NAMES.items()}
+_GET = OP_NAMES[Op.GET]
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
 
 
@@ -240,8 +241,8 @@ class Session:
         """The socket has bytes: answer the requests they complete; hand the rest to :meth:`run`."""
         assert self._pollable is not None
         try:
-            self._connection.receive_data(self._chunk[: self._pollable.recv_now(self._chunk)])
-            handed = self._answer_buffered()
+            get = self._connection.receive_get_one(self._chunk[: self._pollable.recv_now(self._chunk)])
+            handed = self._answer_buffered(get)
         except NodeUnavailable as exc:
             if not self._connection.buffered:  # the peer left between frames
                 self._handover(exc)
@@ -263,13 +264,17 @@ class Session:
         else:
             self._turn.set_result(handed)
 
-    def _answer_buffered(self) -> Handover | Literal[False]:
-        """Answer every buffered request that needs no waiting.
+    def _answer_buffered(self, get: GetOne | None = None) -> Handover | Literal[False]:
+        """Answer ``get`` (a request taken off the socket whole), then every buffered request that needs no waiting.
 
         Returns:
             False when all are answered; else what :meth:`run` must take over.
         """
         assert self._pollable is not None
+        if get is not None:
+            begun = self._answer_get_one(get)
+            if begun is not None:
+                return begun
         while self._connection.buffered:
             event = self._connection.next_event()
             if isinstance(event, GetOne):  # the usual single-block get
@@ -311,7 +316,7 @@ class Session:
         if unsent:  # the rest goes out from run(); the answer is made only now, for speed
             return Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, [*unsent])
         self._store.release((held,))
-        self._latencies.observe(OP_NAMES[Op.GET], time.perf_counter() - started)
+        self._latencies.observe(_GET, time.perf_counter() - started)
         return None
 
     def _send_now(self, answer: Answer, reply: Reply) -> bool:

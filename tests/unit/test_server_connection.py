@@ -43,11 +43,17 @@ def put(request_id: int, blocks: list[bytes]) -> bytes:
     return encode(PutRequest(request_id, "ns", H[: len(blocks)], [len(b) for b in blocks])) + b"".join(blocks)
 
 
-def events_of(machine: ServerConnection, pieces: list[bytes]) -> list[object]:
-    """Feed ``pieces`` one at a time and collect every event, payload bytes included as bytes."""
+def events_of(machine: ServerConnection, pieces: list[bytes], *, take_gets: bool = False) -> list[object]:
+    """Feed ``pieces`` one at a time and collect every event, payload bytes included as bytes;
+    with ``take_gets``, through :meth:`~ServerConnection.receive_get_one`, as the daemon's callback does."""
     seen: list[object] = []
     for piece in pieces:
-        machine.receive_data(piece)
+        if take_gets and (get := machine.receive_get_one(memoryview(piece))) is not None:
+            seen.append(get)
+            assert not machine.buffered, f"a GET taken whole left {machine.buffered} bytes buffered"
+            continue
+        if not take_gets:
+            machine.receive_data(piece)
         while machine.state is not State.CLOSED:
             if machine.state is State.PAYLOAD:
                 target = bytearray(machine.payload_buffered)
@@ -74,18 +80,17 @@ def joined_payload(events: list[object]) -> list[object]:
     return merged
 
 
-STREAM = b"".join(
-    [
-        encode(GetRequest(1, "ns", [H[0]])),
-        put(2, [b"a" * 700, b"b" * 3]),
-        encode(GetRequest(3, "ns", H[:3])),
-        encode(LocateRequest(4, "ns", H[:2])),
-        encode(ExistsRequest(5, "ns", H[:2], prefix=True)),
-        encode(DeleteRequest(6, "ns", [H[1]])),
-        encode(PingRequest(7)),
-        put(8, [b"c" * 5]),
-    ]
-)
+FRAMES = [
+    encode(GetRequest(1, "ns", [H[0]])),
+    put(2, [b"a" * 700, b"b" * 3]),
+    encode(GetRequest(3, "ns", H[:3])),
+    encode(LocateRequest(4, "ns", H[:2])),
+    encode(ExistsRequest(5, "ns", H[:2], prefix=True)),
+    encode(DeleteRequest(6, "ns", [H[1]])),
+    encode(PingRequest(7)),
+    put(8, [b"c" * 5]),
+]
+STREAM = b"".join(FRAMES)
 EXPECTED = [
     GetOne(1, "ns", H[0]),
     PutRequest(2, "ns", H[:2], [700, 3]),
@@ -105,11 +110,28 @@ def test_a_stream_in_one_piece_gives_every_request_in_order() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=40))
-def test_any_split_of_the_stream_gives_the_same_events(cuts: list[int]) -> None:
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=40), st.booleans())
+def test_any_split_of_the_stream_gives_the_same_events(cuts: list[int], take_gets: bool) -> None:
     bounds = [0, *sorted(set(cuts)), len(STREAM)]
     pieces = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
-    assert joined_payload(events_of(ServerConnection(LIMITS), pieces)) == EXPECTED
+    assert joined_payload(events_of(ServerConnection(LIMITS), pieces, take_gets=take_gets)) == EXPECTED
+
+
+def test_a_one_key_get_arriving_alone_is_taken_whole_and_nothing_else_is() -> None:
+    machine = ServerConnection(LIMITS)
+    assert joined_payload(events_of(machine, FRAMES, take_gets=True)) == EXPECTED
+    assert machine.receive_get_one(FRAMES[0][:-1]) is None, "a GET missing its last byte was taken"
+    assert machine.receive_get_one(FRAMES[0][-1:]) is None, "with bytes buffered, a GET must come by next_event"
+    assert machine.next_event() == GetOne(1, "ns", H[0])
+    assert machine.receive_get_one(FRAMES[0] + FRAMES[0]) is None, "two GETs in one piece were taken as one"
+    assert [machine.next_event(), machine.next_event(), machine.buffered] == [EXPECTED[0], EXPECTED[0], 0]
+
+
+def test_a_one_key_get_before_the_hello_is_not_taken() -> None:
+    machine = ServerConnection(LIMITS, TOKEN)
+    assert machine.receive_get_one(FRAMES[0]) is None
+    refusal = machine.next_event()
+    assert isinstance(refusal, Refusal) and refusal.close, refusal
 
 
 def test_a_head_arriving_byte_by_byte_needs_data_until_whole() -> None:

@@ -12,7 +12,7 @@ import asyncio
 import socket
 from collections.abc import Callable, Sequence
 
-from kvpool_client.core.channels.iovec import IOV_MAX, advance
+from kvpool_client.core.channels.iovec import IOV_MAX, advance, byte_count, byte_views
 from kvpool_client.core.channels.liveness import reusable
 from kvpool_client.core.errors import NodeUnavailable
 
@@ -78,14 +78,11 @@ class AsyncSocketChannel:
         if len(buffers) == 1 and type(buffers[0]) is bytes:
             sent = self._send_now(buffers[0])
             return [] if sent == len(buffers[0]) else [memoryview(buffers[0])[sent:]]
-        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
-        try:
-            sent = self._sock.sendmsg(pending[:IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            return pending
-        except OSError as exc:
-            raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
-        return advance(pending, sent)
+        if len(buffers) <= IOV_MAX:  # the usual reply (a head and its blocks), sent whole: no views made
+            sent = self._sendmsg_now(buffers)
+            return [] if sent == byte_count(buffers) else advance(byte_views(buffers), sent)
+        pending = byte_views(buffers)
+        return advance(pending, self._sendmsg_now(pending[:IOV_MAX]))
 
     async def send(self, buffers: Sequence[Buffer]) -> None:
         """Send every byte of ``buffers`` in order, with as few syscalls as the kernel allows.
@@ -169,6 +166,15 @@ class AsyncSocketChannel:
         """Bytes of ``data`` the kernel takes without waiting (0 when its buffer is full)."""
         try:
             return self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
+
+    def _sendmsg_now(self, buffers: Sequence[Buffer]) -> int:
+        """Bytes of ``buffers`` (at most ``IOV_MAX`` of them) the kernel takes without waiting."""
+        try:
+            return self._sock.sendmsg(buffers)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
-from kvpool_client.core.channels.iovec import IOV_MAX, advance
+from kvpool_client.core.channels.iovec import IOV_MAX, advance, byte_views
 from kvpool_client.core.channels.liveness import IdleProbe
 from kvpool_client.core.errors import NodeUnavailable, RequestTimeout
 
@@ -87,7 +87,7 @@ class TcpConnection:
                 except OSError as exc:
                     raise _socket_error(exc, self.address, "send") from exc
             return
-        pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+        pending = byte_views(buffers)
         while pending:
             self._arm(socket.SO_SNDTIMEO, "send")
             try:

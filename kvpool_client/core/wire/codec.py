@@ -364,7 +364,9 @@ def encode_get_one_request(request_id: int, namespace: str, block: bytes) -> byt
 _REQUEST_HEAD = struct.Struct("<2sBBHHQIQB")  # a keyed request's header and ns_len
 
 
-def decode_get_one_request(data: bytes | bytearray, limits: WireLimits) -> tuple[int, str, bytes, int] | None:
+def decode_get_one_request(
+    data: bytes | bytearray | memoryview, limits: WireLimits
+) -> tuple[int, str, bytes, int] | None:
     """(request id, namespace, hash, frame size) when ``data`` starts with a whole, well-formed GET
     of one key; None for anything else (not here whole, another op, a broken frame), which
     :func:`decode_header` and :func:`decode_message` then read the general way.

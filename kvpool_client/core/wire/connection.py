@@ -129,6 +129,17 @@ class ServerConnection:
         """Bytes the transport received, in order."""
         self._buffer += data
 
+    def receive_get_one(self, data: bytes | bytearray | memoryview) -> GetOne | None:
+        """:meth:`receive_data`, and when ``data`` is one whole one-key GET and nothing else (a
+        connection's usual request), that GET: what :meth:`next_event` would return, without
+        buffering its bytes. None: ``data`` was buffered; :meth:`next_event` reads it."""
+        if not self._buffer and self.state is _READY:
+            one = decode_get_one_request(data, self._limits)
+            if one is not None and one[3] == len(data):
+                return _make_tuple(GetOne, one[:3])
+        self._buffer += data
+        return None
+
     @property
     def buffered(self) -> int:
         """Bytes received and not consumed yet (a payload's, then the next frames')."""
