@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvpool_client.core.channels.iovec import IOV_MAX, advance, byte_count, byte_views
 from kvpool_client.core.channels.liveness import reusable
@@ -76,13 +77,13 @@ class AsyncSocketChannel:
             NodeUnavailable: the peer closed or reset the connection.
         """
         if len(buffers) == 1 and type(buffers[0]) is bytes:
-            sent = self._send_now(buffers[0])
+            sent = self._taken(self._sock.send, buffers[0])
             return [] if sent == len(buffers[0]) else [memoryview(buffers[0])[sent:]]
         if len(buffers) <= IOV_MAX:  # the usual reply (a head and its blocks), sent whole: no views made
-            sent = self._sendmsg_now(buffers)
+            sent = self._taken(self._sock.sendmsg, buffers)
             return [] if sent == byte_count(buffers) else advance(byte_views(buffers), sent)
         pending = byte_views(buffers)
-        return advance(pending, self._sendmsg_now(pending[:IOV_MAX]))
+        return advance(pending, self._taken(self._sock.sendmsg, pending[:IOV_MAX]))
 
     async def send(self, buffers: Sequence[Buffer]) -> None:
         """Send every byte of ``buffers`` in order, with as few syscalls as the kernel allows.
@@ -162,19 +163,11 @@ class AsyncSocketChannel:
             if self._read_waiter is waiter:
                 self._read_waiter = None
 
-    def _send_now(self, data: bytes) -> int:
-        """Bytes of ``data`` the kernel takes without waiting (0 when its buffer is full)."""
+    def _taken(self, send: Callable[[Any], int], data: Any) -> int:
+        """Bytes ``send(data)`` (the socket's ``send`` or ``sendmsg``) handed the kernel without
+        waiting: 0 when its buffer is full."""
         try:
-            return self._sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            return 0
-        except OSError as exc:
-            raise NodeUnavailable(f"send to {self.peer} failed: {exc}") from exc
-
-    def _sendmsg_now(self, buffers: Sequence[Buffer]) -> int:
-        """Bytes of ``buffers`` (at most ``IOV_MAX`` of them) the kernel takes without waiting."""
-        try:
-            return self._sock.sendmsg(buffers)
+            return send(data)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
