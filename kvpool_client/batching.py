@@ -248,28 +248,40 @@ class RequestFactory:
         was copied out of the arena with no connection (:meth:`copy_shared`); over the wire, a
         :class:`~exchange.SingleGet`."""
         try:
-            arena = self._arena_of(member) if self._arena_of is not None else None
+            arena = self._arena(member)
         except SharedArenaUnavailable as exc:
             return exchange.fail(exc)
         if arena is None:
             return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
         if arena.vouched_for() and exchange.copy_known_one(namespace, block, target, arena, self._verify):
             return None
-        located = LocateRequest(next(self._ids), namespace, [block])
-        return exchange.get_shared(located, [target], limits, self._verify, arena)
+        return self._located_get(arena, namespace, [block], [target], limits)
 
     def _shared_get(
         self, member: Member, namespace: str, hashes: list[bytes], targets: list[memoryview | None], limits: WireLimits
     ) -> exchange.Exchange[exchange.GetAnswer] | None:
         """The get out of the member's arena mapped here (or the failure to map a required one); None: over the wire."""
         try:
-            arena = self._arena_of(member) if self._arena_of is not None else None
+            arena = self._arena(member)
         except SharedArenaUnavailable as exc:
             return exchange.fail(exc)
-        if arena is None:
-            return None
+        return None if arena is None else self._located_get(arena, namespace, hashes, targets, limits)
+
+    def _located_get(
+        self,
+        arena: MappedArena,
+        namespace: str,
+        hashes: list[bytes],
+        targets: list[memoryview | None],
+        limits: WireLimits,
+    ) -> exchange.Exchange[exchange.GetAnswer]:
+        """The get that asks the node where the blocks lie (LOCATE), then copies them out of ``arena``."""
         located = LocateRequest(next(self._ids), namespace, hashes)
         return exchange.get_shared(located, targets, limits, self._verify, arena)
+
+    def _arena(self, member: Member) -> MappedArena | None:
+        """The member's arena mapped here; None: read over the wire. Raises SharedArenaUnavailable (shm required)."""
+        return self._arena_of(member) if self._arena_of is not None else None
 
     def copy_shared(self, job: Job, targets: Sequence[memoryview | None]) -> exchange.GetAnswer | None:
         """A same-node get served from the node's arena with no connection at all, when every
@@ -284,7 +296,7 @@ class RequestFactory:
     def _vouched_arena(self, member: Member) -> MappedArena | None:
         """The member's arena, mapped here and vouched for by its heartbeat; None: ask the node."""
         try:
-            arena = self._arena_of(member) if self._arena_of is not None else None
+            arena = self._arena(member)
         except SharedArenaUnavailable:
             return None  # get() reports it
         return arena if arena is not None and arena.vouched_for() else None

@@ -331,7 +331,7 @@ class KVPoolClient:
         member, limits = found
         fetch = self._requests.get_one(member, key.namespace, key.hash, target, limits)
         if fetch is None:  # copied out of the node's arena
-            return operations.one_result(member, ([ErrorCode.OK], [target]))
+            return GetResult((ErrorCode.OK,), buffers=(target,))
         return operations.one_result(member, self._exchange(self._node(member), fetch))
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
