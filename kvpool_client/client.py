@@ -193,7 +193,10 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        result = self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        if len(keys) == 1 and len(blocks) == 1:  # a layer's save: no batch to plan
+            result = self._put_one(keys[0], blocks[0])
+        else:
+            result = self._planned_put(keys, blocks)
         self._counters.put(result)
         return result
 
@@ -333,6 +336,27 @@ class KVPoolClient:
         if fetch is None:  # copied out of the node's arena
             return GetResult((ErrorCode.OK,), buffers=(target,))
         return operations.one_result(member, self._exchange(self._node(member), fetch))
+
+    def _put_one(self, key: BlockKey, block: Any) -> PutResult:
+        """A put of one key to its only owner, as one exchange; the plan when there are replicas to
+        write, the node's limits are not known yet, its circuit is open or it drains."""
+        if not isinstance(key, BlockKey):
+            batching.check_keys((key,))  # raises
+        view = byte_view(block, writable=False)
+        found = operations.sole_writer(key, self._source.current(), self._cached_limits)
+        if found is None:
+            return self._planned_put((key,), (block,))
+        member, limits = found
+        batching.check_block_sizes((view,), lambda _: limits.max_block_size)
+        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
+        if not self.breaker.allow(member.node_id):  # the plan reports an open circuit
+            return self._planned_put((key,), (block,))
+        job = batching.Job(member, key.namespace, [0], [key.hash], [key.depth])
+        outcome = self._exchange(self._node(member), self._requests.put(job, (view,), limits))
+        return operations.put_one_result(member, outcome) or self._planned_put((key,), (block,))
+
+    def _planned_put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
+        return self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
 
     def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""

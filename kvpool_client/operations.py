@@ -23,7 +23,7 @@ from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.failure_log import describe, node_label
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
-from kvpool_client.results import GetResult, PutResult, failure_code, to_codes
+from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult, failure_code, most_telling, to_codes
 
 R = TypeVar("R")
 _HIT = (ErrorCode.OK,)  # the statuses of a one-key get that hit
@@ -154,6 +154,30 @@ def sole_reader(
     if len(order) != 1 or (limits := cached_limits(order[0])) is None:
         return None
     return order[0], limits
+
+
+def sole_writer(
+    key: BlockKey, placement: Placement, cached_limits: Callable[[Member], WireLimits | None]
+) -> tuple[Member, WireLimits] | None:
+    """The one node that stores ``key`` and its known limits; None: replicas to write, or a node
+    whose limits were not read yet (the plan does both)."""
+    owners = placement.router.placement(key).write_owners
+    if len(owners) != 1 or (limits := cached_limits(owners[0])) is None:
+        return None
+    return owners[0], limits
+
+
+def put_one_result(member: Member, outcome: Outcome) -> PutResult | None:
+    """The result :func:`put` gives a key whose only owner, ``member``, answered ``outcome``
+    (its statuses, or the failure); None when the owner drains: the plan writes to a spare."""
+    failed = isinstance(outcome, KVPoolError)
+    code = failure_code(outcome) if failed else outcome[0]
+    if code == ErrorCode.DRAINING:
+        return None
+    causes = (cause(member, outcome),) if failed else ()
+    if code in PUT_SUCCESS:
+        return PutResult(to_codes((code,)), causes, stored_on=((member.address,),))
+    return PutResult((most_telling((code,)),), causes, stored_on=((),))
 
 
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:

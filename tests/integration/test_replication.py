@@ -217,6 +217,29 @@ def test_a_draining_node_takes_no_writes_and_keeps_serving_reads(trio: LocalClus
         set_state(drained, "active")
 
 
+def test_one_key_puts_to_a_draining_owner_go_to_the_next_node(trio: LocalCluster) -> None:
+    drained = trio.daemons[0]
+    with KVPoolClient(config=config_for(trio, replicas=1)) as client:
+        keys = new_keys()
+        first = [client.put([k], [pattern(k)]) for k in keys]  # one exchange each, the node's limits known
+        mine = [k for k, r in zip(keys, first, strict=True) if r.stored_on == ((drained.address,),)]
+        assert mine and all(r.ok for r in first), [r.statuses for r in first]
+        set_state(drained, "draining")
+        again = new_keys()
+        owned = [k for k in again if client.placement().router.placement(k).write_owners[0].address == drained.address]
+        assert owned, "the static node list still places keys on the draining node"
+        written = counter(client, drained, "dram_blocks_written")
+        puts = [client.put([k], [pattern(k)]) for k in owned]
+        assert all(r.ok and len(r.stored_on[0]) == 1 and drained.address not in r.stored_on[0] for r in puts), puts
+        assert counter(client, drained, "dram_blocks_written") == written, "a write landed on a draining node"
+        set_state(drained, "active")
+    for address in {r.stored_on[0][0] for r in puts}:  # a static list does not know the owner drained: ask the node
+        there = [k for k, r in zip(owned, puts, strict=True) if r.stored_on[0][0] == address]
+        with KVPoolClient(config=ClientConfig(nodes=(address,))) as reader:
+            got = reader.get(there)
+            assert_all_read(got.statuses, got.buffers, there)
+
+
 def test_delete_removes_every_copy(trio: LocalCluster) -> None:
     keys = new_keys(12)
     with KVPoolClient(config=config_for(trio, replicas=2)) as client:

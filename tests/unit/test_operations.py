@@ -9,7 +9,7 @@ import pytest
 
 from kvpool_client import batching, nodes, operations
 from kvpool_client.core.config import ClientConfig
-from kvpool_client.core.errors import ErrorCode, NodeUnavailable, UsageError
+from kvpool_client.core.errors import ErrorCode, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_client.core.wire import WireLimits
@@ -192,6 +192,49 @@ def test_a_one_key_result_is_the_result_of_its_one_key_job(outcome: Any) -> None
     job = batching.Job(MEMBERS[0], KEYS[0].namespace, [0], [KEYS[0].hash], [KEYS[0].depth])
     one, general = operations.one_result(MEMBERS[0], outcome), operations.get_result(job, outcome)
     assert one == general, f"one_result {one} != get_result {general}"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [[OK], [ErrorCode.ALREADY_EXISTS], [ErrorCode.BUSY], [ErrorCode.OVERLOADED], [ErrorCode.OUT_OF_SPACE], [250],
+     NodeUnavailable("gone"), RequestTimeout("slow")],
+    ids=["stored", "exists", "busy", "overloaded", "out of space", "unknown code", "node down", "timeout"],
+)  # fmt: skip
+def test_a_one_key_put_result_is_the_plans(outcome: Any) -> None:
+    place = placement(replicas=1)
+    owner = place.router.placement(KEYS[0]).write_owners[0]
+    asked: list[str] = []
+
+    def node(job: batching.Job) -> Any:
+        asked.append(job.member.node_id)
+        return outcome
+
+    requests = batching.RequestFactory(verify_checksums=False)
+    planned = run(operations.put(KEYS[:1], [b"x" * 8], requests, always_usable), place, node)
+    assert asked == [owner.node_id], f"the plan asked {asked}"
+    one = operations.put_one_result(owner, outcome)
+    assert one == planned, f"put_one_result {one} != the plan's {planned}"
+
+
+def test_a_one_key_put_to_a_draining_owner_is_left_to_the_plan() -> None:
+    place = placement(replicas=1)
+    owner = place.router.placement(KEYS[0]).write_owners[0]
+    answers = {owner.node_id: [ErrorCode.DRAINING]}
+    requests = batching.RequestFactory(verify_checksums=False)
+    planned = run(
+        operations.put(KEYS[:1], [b"x" * 8], requests, always_usable),
+        place,
+        lambda job: answers.get(job.member.node_id, [OK]),
+    )
+    assert operations.put_one_result(owner, [ErrorCode.DRAINING]) is None
+    assert planned.statuses == (OK,) and owner.address not in planned.stored_on[0], planned
+
+
+def test_the_sole_writer_is_the_one_owner_with_known_limits() -> None:
+    owner = placement(replicas=1).router.placement(KEYS[0]).write_owners[0]
+    assert operations.sole_writer(KEYS[0], placement(replicas=1), known()) == (owner, WireLimits())
+    assert operations.sole_writer(KEYS[0], placement(replicas=2), known()) is None, "replicas: the plan writes"
+    assert operations.sole_writer(KEYS[0], placement(replicas=1), known(None)) is None, "limits not read yet"
 
 
 @pytest.mark.parametrize(
