@@ -2,8 +2,9 @@
 
 Each round starts, for each revision in turn, a daemon from that revision's code and a
 client process that imports the same revision, and measures 384 KiB gets (one block,
-and batches of 32) over each transport: wall time per get, and the CPU the client and
-the daemon spent per get. Rounds alternate the revisions, so drift of a noisy machine
+and batches of 32) over each transport, and puts of new blocks as large (one, and 32 at
+a time; a put takes the same path whatever the transport): wall time per call, and the
+CPU the client and the daemon spent per call. Rounds alternate the revisions, so drift of a noisy machine
 falls on both; the medians over the rounds are compared as ratios (new / base).
 
 The base revision is checked out with ``git worktree`` into a temporary folder, removed
@@ -86,6 +87,17 @@ try:
                     mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
                     cell = f"{transport} x{batch}" + (f" {kind}" if kinds != ["bytearray"] else "")
                     out[cell] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
+                # Puts of new keys, the arena full and evicting as in steady use; the same path for every transport.
+                if transport == transports[0]:
+                    blocks, calls = [os.urandom(block) for _ in keys], gets // batch
+                    new_keys = [[BlockKey("revisions-put", c.to_bytes(4, "little") + bytes([i]) * 28)
+                                 for i in range(batch)] for c in range(calls)]
+                    daemon_cpu, mine, started = cpu_s(daemon.process.pid), time.process_time(), time.perf_counter()
+                    for batch_keys in new_keys:
+                        client.put(batch_keys, blocks)
+                    wall = time.perf_counter() - started
+                    mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
+                    out[f"put x{batch}"] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
 finally:
     daemon.stop()
     shutil.rmtree(daemon.workdir, ignore_errors=True)
@@ -168,7 +180,7 @@ print(json.dumps(out))
 def measure(
     tree: Path, transports: str, block: int = BLOCK, into: str = "bytearray", cold_mib: int = 0
 ) -> dict[str, list[float]]:
-    """One measurement of every cell with ``tree``'s code: cell -> [wall, client CPU, daemon CPU] us per get."""
+    """One measurement of every cell with ``tree``'s code: cell -> [wall, client CPU, daemon CPU] us per call."""
     argv = [sys.executable, "-c", _MEASURE, str(tree), transports, str(block), str(GETS), into]
     if cold_mib:
         argv = [sys.executable, "-c", _MEASURE_COLD, str(tree), transports, str(block), str(cold_mib), into]
@@ -210,7 +222,8 @@ def main() -> None:
         _report_cold(runs, args)
         return
     print(
-        f"{args.block // 1024} KiB gets, medians of {args.rounds} alternating rounds; us per get, new/base in brackets"
+        f"{args.block // 1024} KiB gets and puts, medians of {args.rounds} alternating rounds; us per call, "
+        "new/base in brackets"
     )
     for cell in runs["base"][0]:
         base_m, new_m = (

@@ -25,6 +25,7 @@ from kvpool_client.core.wire import (
     Op,
     PingRequest,
     PingResponse,
+    PutRequest,
     StatusResponse,
     WireLimits,
     encode,
@@ -45,11 +46,12 @@ _REQUEST_OPS: dict[type, Op] = {
     ExistsRequest: Op.EXISTS,
     DeleteRequest: Op.DELETE,
     PingRequest: Op.PING,
+    PutRequest: Op.PUT,
 }
 Reply = list[bytes | memoryview]
 
 
-def request_op(request: Request) -> Op:
+def request_op(request: Request | PutRequest) -> Op:
     return _REQUEST_OPS[type(request)]
 
 
@@ -57,7 +59,7 @@ def request_op(request: Request) -> Op:
 class Answer:
     """A request being answered: the blocks it holds pinned, and the reply not sent yet."""
 
-    request: Request
+    request: Request | PutRequest  # a put only once stored, its reply still to send
     keys: list[StoreKey]  # the blocks it reads (GET, LOCATE)
     held: list[HeldBlock | None]
     started: float  # perf_counter when its head was in
@@ -113,6 +115,8 @@ class Answers:
                 return [encode(StatusResponse(request.request_id, Op.DELETE, statuses))]
             case PingRequest():
                 return [encode(PingResponse(request.request_id))]
+            case PutRequest():
+                raise AssertionError("a put's reply is made as its blocks are stored (Session._put_reply)")
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
         if len(held) == 1:

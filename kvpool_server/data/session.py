@@ -20,11 +20,12 @@ Errors and the connection:
   ever becomes readable.
 
 On a channel that can call back when its socket turns readable (plain TCP), a
-request without payload whose frame has arrived whole is answered inside that
-callback: received, served from DRAM and sent without waking a coroutine, which
+request whose frame has arrived whole, a put's payload included, is answered inside
+that callback: received, served from DRAM and sent without waking a coroutine, which
 took more of a small request's time than serving it. Anything that must wait (a
-put's payload, a frame still arriving, an SSD read, a reply the socket does not
-take at once) is handed to the coroutine loop, which serves it as above.
+put's payload still arriving, a frame still arriving, an SSD read or write, a reply
+the socket does not take at once) is handed to the coroutine loop, which serves it
+as above.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ log = logging.getLogger("kvpool.data")
 HEAD_CHUNK = 512
 _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in OP_NAMES.items()}
 _GET = OP_NAMES[Op.GET]
+_PUT = OP_NAMES[Op.PUT]
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
 
 
@@ -95,6 +97,8 @@ class PollableChannel(Channel, Protocol):
     def serve_readable(self, callback: Callable[[], None] | None) -> None: ...
 
     def recv_now(self, target: memoryview) -> int: ...
+
+    def pending(self) -> int: ...
 
     def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]: ...
 
@@ -284,7 +288,14 @@ class Session:
                 continue
             if isinstance(event, NeedData):
                 return None
-            if isinstance(event, (PutRequest, Hello, Refusal)):
+            if isinstance(event, PutRequest):
+                put = self._put_now(event)
+                if put is False:
+                    return event
+                if put is not None:
+                    return put
+                continue
+            if isinstance(event, (Hello, Refusal)):
                 return event
             self._counters.add(_REQUEST_COUNTERS[request_op(event)])
             answer = self._answers.begin(event, time.perf_counter())
@@ -319,6 +330,58 @@ class Session:
         self._latencies.observe(_GET, time.perf_counter() - started)
         return None
 
+    def _put_now(self, request: PutRequest) -> Answer | Literal[False] | None:
+        """Store a put whose whole payload has arrived, as :meth:`_put` does, without waiting.
+
+        Returns:
+            False when it must wait (bytes still on the way, an SSD write, a draining node)
+            and nothing of it was taken; the put begun when :meth:`run` must send the rest
+            of its reply; None once answered.
+        """
+        assert self._pollable is not None
+        arrived = self._connection.payload_buffered + self._pollable.pending()
+        if arrived < self._connection.payload_left or self._store.write_through or not self._accepting_writes():
+            return False
+        started = time.perf_counter()
+        self._counters.add("requests_put")
+        outcomes: list[BlockEntry | ErrorCode] = []
+        try:
+            for h, length, depth in zip(request.hashes, request.lengths, _depths(request), strict=True):
+                outcomes.append(self._admit((request.namespace, h), length, depth))
+                self._receive_block_now(outcomes[-1], length)
+        except BaseException:
+            self._abort(outcomes)
+            raise
+        self._commit_dram(outcomes)
+        unsent = self._pollable.send_now(self._put_reply(request, outcomes))
+        if unsent:  # the peer is not reading: run() sends the rest
+            return Answer(request, [], [], started, [*unsent])
+        self._latencies.observe(_PUT, time.perf_counter() - started)
+        return None
+
+    def _receive_block_now(self, outcome: BlockEntry | ErrorCode, length: int) -> None:
+        """:meth:`_receive_block` of a block whose bytes have all arrived."""
+        if not isinstance(outcome, BlockEntry):
+            sink = self._admission.sink
+            for start in range(0, length, len(sink)):
+                self._receive_payload_now(sink[: min(len(sink), length - start)])
+            return
+        try:
+            self._receive_payload_now(self._tier.view(outcome))
+        finally:
+            self._admission.give(outcome.slot_size)
+
+    def _receive_payload_now(self, target: memoryview) -> None:
+        """:meth:`_receive_payload` of bytes the kernel already holds."""
+        assert self._pollable is not None
+        rest = target[self._connection.take_payload(target) :]
+        while len(rest):
+            received = self._pollable.recv_now(rest)
+            if not received:  # the kernel counted them: a bug, not the peer's doing
+                raise RuntimeError(f"payload from {self._channel.peer} announced as arrived is missing")
+            self._connection.payload_received(received)
+            rest = rest[received:]
+
     def _send_now(self, answer: Answer, reply: Reply) -> bool:
         """Send what the socket takes of ``reply`` now; True when some is left (kept in ``answer``)."""
         assert self._pollable is not None
@@ -343,7 +406,7 @@ class Session:
             case PutRequest():
                 self._counters.add("requests_put")
                 await self._put(event)
-                self._latencies.observe(OP_NAMES[Op.PUT], time.perf_counter() - started)
+                self._latencies.observe(_PUT, time.perf_counter() - started)
             case Hello():
                 await self._channel.send([encode(HelloResponse(event.request_id))])
             case Refusal():
@@ -382,26 +445,23 @@ class Session:
         arrived whole wait, reserved, for the end of the put.
         """
         ns, lengths = request.namespace, request.lengths
-        depths = request.depths or [0] * len(request.hashes)
         writable = self._accepting_writes()
         outcomes: list[BlockEntry | ErrorCode] = []
         try:
             async with asyncio.timeout(self._config.payload_deadline(sum(lengths))):
-                for h, length, depth in zip(request.hashes, lengths, depths, strict=True):
+                for h, length, depth in zip(request.hashes, lengths, _depths(request), strict=True):
                     if writable and length > 0:  # its first bytes are here: now it may take a slot
                         await self._payload_buffered(min(length, HEAD_CHUNK))
                     outcome = self._admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
                     outcomes.append(outcome)
                     await self._receive_block(outcome, length)
         except BaseException:
-            for outcome in outcomes:
-                if isinstance(outcome, BlockEntry):
-                    self._tier.abort(outcome)
+            self._abort(outcomes)
             raise
-        await self._commit(outcomes)
-        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
-        self._counters.add("bytes_in", sum(lengths))
-        await self._channel.send([encode(StatusResponse(request.request_id, Op.PUT, statuses))])
+        stored = self._commit_dram(outcomes)
+        if self._store.write_through and stored:
+            await self._store.persist(stored)  # acknowledged once on SSD
+        await self._channel.send(self._put_reply(request, outcomes))
 
     async def _payload_buffered(self, nbytes: int) -> None:
         """Wait, without a time limit of its own, until ``nbytes`` (<= ``HEAD_CHUNK``) of the payload are here."""
@@ -446,16 +506,33 @@ class Session:
             await self._receive_payload(sink[:chunk])
             nbytes -= chunk
 
-    async def _commit(self, outcomes: list[BlockEntry | ErrorCode]) -> None:
-        # Commit the chain's tail first: LRU then evicts tails before heads (a head
-        # without its tail is still a usable prefix; a tail without its head is not).
+    def _commit_dram(self, outcomes: list[BlockEntry | ErrorCode]) -> list[BlockEntry]:
+        """Make a put's stored blocks readable in DRAM (pinned still for a write-through); returns them.
+
+        The chain's tail goes first: LRU then evicts tails before heads (a head without
+        its tail is still a usable prefix; a tail without its head is not).
+        """
         stored = [o for o in reversed(outcomes) if isinstance(o, BlockEntry)]
-        write_through = self._store.write_through
         for entry in stored:
-            self._tier.commit(entry, keep_pin=write_through)
-        if write_through and stored:
-            await self._store.persist(stored)  # acknowledged once on SSD
+            self._tier.commit(entry, keep_pin=self._store.write_through)
+        return stored
+
+    def _abort(self, outcomes: list[BlockEntry | ErrorCode]) -> None:
+        """Free the slots of a put that ended before its blocks were committed."""
+        for outcome in outcomes:
+            if isinstance(outcome, BlockEntry):
+                self._tier.abort(outcome)
+
+    def _put_reply(self, request: PutRequest, outcomes: list[BlockEntry | ErrorCode]) -> Reply:
+        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
+        self._counters.add("bytes_in", sum(request.lengths))
+        return [encode(StatusResponse(request.request_id, Op.PUT, statuses))]
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
         with contextlib.suppress(NodeUnavailable):  # the peer left: nobody to tell
             await self._channel.send([self._answers.error_frame(request_id, op, exc)])
+
+
+def _depths(request: PutRequest) -> list[int]:
+    """Each block's chain depth; 0 where the client did not say."""
+    return request.depths or [0] * len(request.hashes)

@@ -73,3 +73,21 @@ def test_send_now_of_what_fits_sends_all_and_returns_nothing(kinds: list[str]) -
 
     rest, received = asyncio.run(send())
     assert (rest, received) == ([], whole)
+
+
+def test_pending_counts_the_bytes_received_and_not_read_yet() -> None:
+    async def count() -> list[int]:
+        ours, theirs = socket.socketpair()
+        try:
+            channel = AsyncSocketChannel(ours, "peer")
+            seen = [channel.pending()]
+            theirs.sendall(b"x" * 5000)
+            seen.append(channel.pending())
+            channel.recv_now(memoryview(bytearray(1200)))
+            seen.append(channel.pending())
+            return seen
+        finally:
+            ours.close()
+            theirs.close()
+
+    assert asyncio.run(count()) == [0, 5000, 3800]

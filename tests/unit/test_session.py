@@ -102,6 +102,9 @@ class FakeChannel:
         del self.inbound[:count]
         return count
 
+    def pending(self) -> int:
+        return len(self.inbound)
+
     def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]:
         rest, room = [memoryview(b).cast("B") for b in buffers], self.window
         while rest and room:
@@ -244,6 +247,38 @@ async def test_requests_arriving_in_pieces_are_answered_as_whole_ones(node: Node
         await asyncio.sleep(0)
     got = await replies(channel, 4)
     assert got[0] == StatusResponse(1, 1, [0]) and got[2] == block(3, 1000) and got[3] == PingResponse(3), got
+    channel.close()
+    await task
+
+
+@synchronously
+async def test_a_put_arrived_whole_is_stored_refused_blocks_dropped_and_what_follows_answered(node: Node) -> None:
+    channel = FakeChannel(window=1 << 20)
+    task = await serving(node, channel)
+    too_big = 5 * BLOCK  # over the 4-block slab: refused, its bytes read through the sink
+    put = PutRequest(1, NS, [h(7), h(8), h(9)], [BLOCK, too_big, 1000])
+    stream = encode(put) + block(7) + block(8, too_big) + block(9, 1000)
+    channel.feed(stream + encode(GetRequest(2, NS, [h(7), h(8), h(9)])) + encode(PingRequest(3)))
+    got = await replies(channel, 4)
+    assert got[0] == StatusResponse(1, 1, [0, int(ErrorCode.BLOCK_TOO_LARGE), 0]), got[0]
+    assert isinstance(got[1], GetResponse) and got[1].statuses == [0, int(ErrorCode.NOT_FOUND), 0], got[1]
+    assert got[2] == block(7) + block(9, 1000) and got[3] == PingResponse(3)
+    assert node.admission.inflight_put_bytes == 0
+    channel.close()
+    await task
+    assert leaked_bytes(node) == 0
+
+
+@synchronously
+async def test_a_draining_node_refuses_a_put_arrived_whole_and_goes_on(node: Node) -> None:
+    channel = FakeChannel(window=1 << 20)
+    config = SessionConfig(LIMITS, verify_checksum_on_get=True, io_timeout_s=5.0)
+    session = Session(channel, node.store, node.counters, Latencies(), config, lambda: False, node.admission)
+    task = asyncio.create_task(session.run())
+    channel.feed(put_frame(1, [10, 11]) + encode(PingRequest(2)))
+    draining = int(ErrorCode.DRAINING)
+    assert await replies(channel, 2) == [StatusResponse(1, 1, [draining, draining]), PingResponse(2)]
+    assert not node.store.contains((NS, h(10)))
     channel.close()
     await task
 

@@ -9,7 +9,10 @@ only parks on the loop when the kernel says it would block.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
+import termios
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +21,8 @@ from kvpool_client.core.channels.liveness import reusable
 from kvpool_client.core.errors import NodeUnavailable
 
 Buffer = bytes | bytearray | memoryview
+_COUNT = struct.Struct("i")  # FIONREAD's answer: an int
+_NO_COUNT = bytes(_COUNT.size)
 
 
 class AsyncSocketChannel:
@@ -69,6 +74,11 @@ class AsyncSocketChannel:
         if received == 0:
             raise NodeUnavailable(f"{self.peer} closed the connection")
         return received
+
+    def pending(self) -> int:
+        """Bytes the kernel has received and this side has not read yet."""
+        count: int = _COUNT.unpack(fcntl.ioctl(self._fileno(), termios.FIONREAD, _NO_COUNT))[0]
+        return count
 
     def send_now(self, buffers: Sequence[Buffer]) -> list[memoryview]:
         """Send what the kernel takes of ``buffers`` without waiting; returns the rest (empty: all sent).
