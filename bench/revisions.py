@@ -4,8 +4,9 @@ Each round starts, for each revision in turn, a daemon from that revision's code
 client process that imports the same revision, and measures 384 KiB gets (one block,
 and batches of 32) over each transport, and puts of new blocks as large (one, and 32 at
 a time; a put takes the same path whatever the transport): wall time per call, and the
-CPU the client and the daemon spent per call. Rounds alternate the revisions, so drift of a noisy machine
-falls on both; the medians over the rounds are compared as ratios (new / base).
+CPU the client and the daemon spent per call. Rounds alternate the revisions, so drift of
+a noisy machine falls on both; the medians over the rounds are compared as ratios (new /
+base).
 
 The base revision is checked out with ``git worktree`` into a temporary folder, removed
 at the end, with its optional C extensions built in place as the checkout's are. Both
@@ -87,7 +88,7 @@ try:
                     mine, daemon_cpu = time.process_time() - mine, cpu_s(daemon.process.pid) - daemon_cpu
                     cell = f"{transport} x{batch}" + (f" {kind}" if kinds != ["bytearray"] else "")
                     out[cell] = [1e6 * wall / calls, 1e6 * mine / calls, 1e6 * daemon_cpu / calls]
-                # Puts of new keys, the arena full and evicting as in steady use; the same path for every transport.
+                # Puts of new keys (evicting once the arena is full, as in steady use); one path whatever the transport.
                 if transport == transports[0]:
                     blocks, calls = [os.urandom(block) for _ in keys], gets // batch
                     new_keys = [[BlockKey("revisions-put", c.to_bytes(4, "little") + bytes([i]) * 28)
