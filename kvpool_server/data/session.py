@@ -2,9 +2,9 @@
 
 The protocol's rules live in :class:`~kvpool_client.core.wire.connection.ServerConnection`
 (what a frame is, HELLO first, what a bad frame costs); the store work of an answer in
-:mod:`kvpool_server.data.answers`. This module moves bytes between the two: it feeds the
-machine what the channel received, dispatches the events it returns, moves payload and
-sends replies.
+:mod:`kvpool_server.data.answers`, of a put in :mod:`kvpool_server.data.puts`. This module
+moves bytes between them: it feeds the machine what the channel received, dispatches the
+events it returns, moves payload and sends replies.
 
 The loop reads a header, its meta, then moves payload bytes straight between the
 channel and the DRAM arena: a put lands in reserved arena slots, a get is sent
@@ -45,7 +45,6 @@ from kvpool_client.core.wire import (
     LocateRequest,
     Op,
     PutRequest,
-    StatusResponse,
     WireLimits,
     encode,
 )
@@ -60,7 +59,8 @@ from kvpool_client.core.wire.connection import (
 )
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
-from kvpool_server.index import BlockEntry, StoreKey
+from kvpool_server.data.puts import Outcome, Puts, depths
+from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.store import BlockStore
 
@@ -142,9 +142,8 @@ class Session:
         self._channel = channel
         self._connection = ServerConnection(config.limits, config.token)
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
-        self._admission = admission
+        self._puts = Puts(store, admission, counters)
         self._store = store
-        self._tier = store.dram  # writes go to DRAM
         self._counters = counters
         self._latencies = latencies
         self._config = config
@@ -340,36 +339,36 @@ class Session:
         """
         assert self._pollable is not None
         arrived = self._connection.payload_buffered + self._pollable.pending()
-        if arrived < self._connection.payload_left or self._store.write_through or not self._accepting_writes():
+        if arrived < self._connection.payload_left or self._puts.write_through or not self._accepting_writes():
             return False
         started = time.perf_counter()
         self._counters.add("requests_put")
-        outcomes: list[BlockEntry | ErrorCode] = []
+        outcomes: list[Outcome] = []
         try:
-            for h, length, depth in zip(request.hashes, request.lengths, _depths(request), strict=True):
-                outcomes.append(self._admit((request.namespace, h), length, depth))
+            for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
+                outcomes.append(self._puts.admit((request.namespace, h), length, depth))
                 self._receive_block_now(outcomes[-1], length)
         except BaseException:
-            self._abort(outcomes)
+            self._puts.abort(outcomes)
             raise
-        self._commit_dram(outcomes)
-        unsent = self._pollable.send_now(self._put_reply(request, outcomes))
+        self._puts.commit(outcomes)
+        unsent = self._pollable.send_now(self._puts.reply(request, outcomes))
         if unsent:  # the peer is not reading: run() sends the rest
             return Answer(request, [], [], started, [*unsent])
         self._latencies.observe(_PUT, time.perf_counter() - started)
         return None
 
-    def _receive_block_now(self, outcome: BlockEntry | ErrorCode, length: int) -> None:
+    def _receive_block_now(self, outcome: Outcome, length: int) -> None:
         """:meth:`_receive_block` of a block whose bytes have all arrived."""
         if not isinstance(outcome, BlockEntry):
-            sink = self._admission.sink
+            sink = self._puts.sink
             for start in range(0, length, len(sink)):
                 self._receive_payload_now(sink[: min(len(sink), length - start)])
             return
         try:
-            self._receive_payload_now(self._tier.view(outcome))
+            self._receive_payload_now(self._puts.slot(outcome))
         finally:
-            self._admission.give(outcome.slot_size)
+            self._puts.received(outcome)
 
     def _receive_payload_now(self, target: memoryview) -> None:
         """:meth:`_receive_payload` of bytes the kernel already holds."""
@@ -446,50 +445,38 @@ class Session:
         """
         ns, lengths = request.namespace, request.lengths
         writable = self._accepting_writes()
-        outcomes: list[BlockEntry | ErrorCode] = []
+        outcomes: list[Outcome] = []
         try:
             async with asyncio.timeout(self._config.payload_deadline(sum(lengths))):
-                for h, length, depth in zip(request.hashes, lengths, _depths(request), strict=True):
+                for h, length, depth in zip(request.hashes, lengths, depths(request), strict=True):
                     if writable and length > 0:  # its first bytes are here: now it may take a slot
                         await self._payload_buffered(min(length, HEAD_CHUNK))
-                    outcome = self._admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
+                    outcome = self._puts.admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
                     outcomes.append(outcome)
                     await self._receive_block(outcome, length)
         except BaseException:
-            self._abort(outcomes)
+            self._puts.abort(outcomes)
             raise
-        stored = self._commit_dram(outcomes)
-        if self._store.write_through and stored:
-            await self._store.persist(stored)  # acknowledged once on SSD
-        await self._channel.send(self._put_reply(request, outcomes))
+        stored = self._puts.commit(outcomes)
+        if self._puts.write_through and stored:
+            await self._puts.persist(stored)  # acknowledged once on SSD
+        await self._channel.send(self._puts.reply(request, outcomes))
 
     async def _payload_buffered(self, nbytes: int) -> None:
         """Wait, without a time limit of its own, until ``nbytes`` (<= ``HEAD_CHUNK``) of the payload are here."""
         while self._connection.payload_buffered < nbytes:
             await self._receive_some()
 
-    def _admit(self, key: StoreKey, length: int, depth: int) -> BlockEntry | ErrorCode:
-        """A slot for one block whose bytes are next on the wire, taken from the admission budget."""
-        slot = self._tier.slot_size(length)
-        if slot is None:
-            return self._tier.reserve(key, length, depth)  # refused whatever the budget: says why
-        if not self._admission.take(slot):
-            return ErrorCode.OVERLOADED
-        outcome = self._tier.reserve(key, length, depth)
-        if not isinstance(outcome, BlockEntry):
-            self._admission.give(slot)
-        return outcome
-
-    async def _receive_block(self, outcome: BlockEntry | ErrorCode, length: int) -> None:
+    async def _receive_block(self, outcome: Outcome, length: int) -> None:
         """One block's bytes: into its reserved slot (its budget back once they are in, or not
         coming), or through the shared sink when it was refused."""
         if not isinstance(outcome, BlockEntry):
             await self._drop(length)
             return
         try:
-            await self._receive_payload(self._tier.view(outcome))
+            await self._receive_payload(self._puts.slot(outcome))
         finally:
-            self._admission.give(outcome.slot_size)
+            self._puts.received(outcome)
 
     async def _receive_payload(self, target: memoryview) -> None:
         """Fill ``target`` with payload: the bytes that came with the head, then straight from the socket."""
@@ -500,39 +487,12 @@ class Session:
 
     async def _drop(self, nbytes: int) -> None:
         """Receive and drop ``nbytes`` of payload through the daemon's one shared sink: no memory per connection."""
-        sink = self._admission.sink
+        sink = self._puts.sink
         while nbytes:
             chunk = min(nbytes, len(sink))
             await self._receive_payload(sink[:chunk])
             nbytes -= chunk
 
-    def _commit_dram(self, outcomes: list[BlockEntry | ErrorCode]) -> list[BlockEntry]:
-        """Make a put's stored blocks readable in DRAM (pinned still for a write-through); returns them.
-
-        The chain's tail goes first: LRU then evicts tails before heads (a head without
-        its tail is still a usable prefix; a tail without its head is not).
-        """
-        stored = [o for o in reversed(outcomes) if isinstance(o, BlockEntry)]
-        for entry in stored:
-            self._tier.commit(entry, keep_pin=self._store.write_through)
-        return stored
-
-    def _abort(self, outcomes: list[BlockEntry | ErrorCode]) -> None:
-        """Free the slots of a put that ended before its blocks were committed."""
-        for outcome in outcomes:
-            if isinstance(outcome, BlockEntry):
-                self._tier.abort(outcome)
-
-    def _put_reply(self, request: PutRequest, outcomes: list[BlockEntry | ErrorCode]) -> Reply:
-        statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
-        self._counters.add("bytes_in", sum(request.lengths))
-        return [encode(StatusResponse(request.request_id, Op.PUT, statuses))]
-
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
         with contextlib.suppress(NodeUnavailable):  # the peer left: nobody to tell
             await self._channel.send([self._answers.error_frame(request_id, op, exc)])
-
-
-def _depths(request: PutRequest) -> list[int]:
-    """Each block's chain depth; 0 where the client did not say."""
-    return request.depths or [0] * len(request.hashes)
