@@ -41,9 +41,12 @@ from kvpool_client.core.wire import (
 )
 from kvpool_client.core.wire.codec import (
     GET_ONE_ANSWER_SIZE,
+    PUT_ONE_ANSWER_SIZE,
     answer_meta_size,
     decode_get_one,
+    decode_put_one_answer,
     encode_get_one_request,
+    encode_put_one_request,
 )
 from kvpool_client.transport.shm import MappedArena, SlotLocation
 
@@ -145,9 +148,20 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
 
 def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -> Exchange[list[int]]:
     """Send blocks; returns one status per key (OK, ALREADY_EXISTS, BUSY, ...)."""
-    yield Send([encode(request), *blocks])
-    response = yield from _response(request.request_id, Op.PUT, limits, answer_meta_size(Op.PUT, len(request.hashes)))
-    return _statuses(response, len(request.hashes))
+    count = len(request.hashes)
+    if count != 1:
+        yield Send([encode(request), *blocks])
+        response = yield from _response(request.request_id, Op.PUT, limits, answer_meta_size(Op.PUT, count))
+        return _statuses(response, count)
+    depth = request.depths[0] if request.depths else None
+    head = encode_put_one_request(request.request_id, request.namespace, request.hashes[0], request.lengths[0], depth)
+    yield Send([head, *blocks])
+    answer: bytes = yield ReceiveUpTo(PUT_ONE_ANSWER_SIZE)
+    status = decode_put_one_answer(answer, request.request_id)
+    if status is None:  # an error, or an answer in pieces: read the general way
+        meta = answer_meta_size(Op.PUT, 1)
+        return _statuses((yield from _response(request.request_id, Op.PUT, limits, meta, answer)), 1)
+    return [status]
 
 
 def get(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import Op, PutRequest, StatusResponse, encode
+from kvpool_client.core.wire.codec import encode_put_one_answer
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import Reply
 from kvpool_server.index import BlockEntry, StoreKey
@@ -85,6 +86,8 @@ class Puts:
         """The put's answer: OK for each block stored, else why not."""
         statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
         self._counters.add("bytes_in", sum(request.lengths))
+        if len(statuses) == 1:
+            return [encode_put_one_answer(request.request_id, statuses[0])]
         return [encode(StatusResponse(request.request_id, Op.PUT, statuses))]
 
 

@@ -18,9 +18,13 @@ from kvpool_client.core.wire.codec import (
     decode_get_one_request,
     decode_header,
     decode_message,
+    decode_put_one_answer,
+    decode_put_one_request,
     encode,
     encode_get_one,
     encode_get_one_request,
+    encode_put_one_answer,
+    encode_put_one_request,
     payload_length,
     payload_lengths,
 )
@@ -643,3 +647,79 @@ def test_encode_get_one_request_writes_what_encode_writes(request_id, namespace,
         return
     assert encode_get_one_request(request_id, namespace, block) == expected
     assert decode_get_one_request(bytearray(expected), LIMITS) == (request_id, namespace, block, len(expected))
+
+
+# -- the one-block PUT and its answer, in one step (decode_put_one*, encode_put_one*) --------
+
+
+@given(messages, st.lists(mutations, max_size=3), st.binary(max_size=40))
+@FUZZ
+def test_a_one_block_put_request_reads_as_the_general_decoder_reads_it(message, changes, after):
+    frame = encode(message)
+    for change in changes:
+        frame = mutate(frame, change)
+    fast = decode_put_one_request(bytearray(frame + after), LIMITS)  # its payload or the next frame may follow
+    general = general_or_none(frame)
+    if fast is not None:
+        request, size = fast
+        # the head ends where its header says; bytes a mutation appended belong to what follows
+        alone = general_or_none(frame[:size])
+        assert alone == request and general in (alone, None), (fast, general)
+    elif isinstance(general, PutRequest) and len(general.hashes) == 1:
+        raise AssertionError(f"a one-block PUT was left to the general path: {general}")
+
+
+def test_a_one_block_put_request_not_all_here_waits():
+    request = PutRequest(3, "ns", [b"h" * 32], [100], [7])
+    frame = encode(request)
+    assert decode_put_one_request(bytearray(frame + b"x" * 100), LIMITS) == (request, len(frame))
+    assert all(decode_put_one_request(bytearray(frame[:cut]), LIMITS) is None for cut in range(len(frame)))
+
+
+@given(
+    request_ids,
+    st.one_of(namespaces, st.text(max_size=300)),
+    st.binary(max_size=MAX_HASH_BYTES + 2),
+    st.integers(0, 2**32),
+    st.one_of(st.none(), st.integers(0, 2**32)),
+)
+@FUZZ
+def test_encode_put_one_request_writes_what_encode_writes(request_id, namespace, block, length, depth):
+    message = PutRequest(request_id, namespace, [block], [length], None if depth is None else [depth])
+    try:
+        expected = encode(message)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            encode_put_one_request(request_id, namespace, block, length, depth)
+        return
+    assert encode_put_one_request(request_id, namespace, block, length, depth) == expected
+    if length <= LIMITS.max_block_size:
+        assert decode_put_one_request(bytearray(expected), LIMITS) == (message, len(expected))
+
+
+@given(request_ids, st.integers(-1, 256))
+@FUZZ
+def test_encode_put_one_answer_writes_what_encode_writes(request_id, status):
+    try:
+        expected = encode(StatusResponse(request_id, Op.PUT, [status]))
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            encode_put_one_answer(request_id, status)
+        return
+    assert encode_put_one_answer(request_id, status) == expected
+    assert decode_put_one_answer(expected, request_id) == status
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        encode(ErrorResponse(7, Op.PUT, ErrorCode.OVERLOADED, "busy")),
+        encode(StatusResponse(8, Op.PUT, [ErrorCode.OK])),  # another request's answer
+        encode(StatusResponse(7, Op.PUT, [ErrorCode.OK, ErrorCode.OK])),
+        encode(StatusResponse(7, Op.DELETE, [ErrorCode.OK])),
+        encode(StatusResponse(7, Op.PUT, [ErrorCode.OK]))[:-1],
+    ],
+    ids=["error", "other-id", "two-keys", "other-op", "short"],
+)
+def test_a_frame_that_is_not_a_one_block_put_answer_is_left_to_the_general_path(frame):
+    assert decode_put_one_answer(frame, 7) is None

@@ -392,6 +392,100 @@ def decode_get_one_request(
     return request_id, namespace, bytes(data[end - size : end]), end
 
 
+# A one-key PUT's head after its namespace: hash_size u8 | count u32 (1), then the hash, its
+# length u32 and has_depths u8 (and, when 1, its depth u32); its answer: count 1 | status.
+_PUT_ONE_LENGTH = struct.Struct("<IB")
+_PUT_ONE_ANSWER = struct.Struct("<2sBBHHQIQIB")
+PUT_ONE_ANSWER_SIZE = _PUT_ONE_ANSWER.size
+_PUT_ANSWER_OP = Op.PUT | RESPONSE_BIT
+
+
+def encode_put_one_request(request_id: int, namespace: str, block: bytes, length: int, depth: int | None) -> bytes:
+    """``encode(PutRequest(request_id, namespace, [block], [length], depths))`` in a few packs (a
+    single-block put; ``depths`` is ``[depth]``, or None without one).
+
+    Raises:
+        ProtocolError: the namespace, the hash, the length or the depth cannot be represented.
+    """
+    if not 0 < len(block) <= MAX_HASH_BYTES:
+        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
+    ns = _namespace_field(namespace)
+    tail = (
+        _pack(_PUT_ONE_LENGTH, length, 0) if depth is None else _pack(_PUT_ONE_LENGTH, length, 1) + _pack(_U32, depth)
+    )
+    meta_len = len(ns) + _KEYS_TAIL.size + len(block) + len(tail)
+    head = _pack(_HEADER, MAGIC, PROTOCOL_VERSION, Op.PUT, 0, 0, request_id, meta_len, length)
+    return head + ns + _KEYS_TAIL.pack(len(block), 1) + block + tail
+
+
+def decode_put_one_request(data: bytes | bytearray | memoryview, limits: WireLimits) -> tuple[PutRequest, int] | None:
+    """The request and its head's size (header and meta) when ``data`` starts with the whole
+    head of a well-formed PUT of one block; None for anything else (not here whole, another op,
+    a broken frame), which :func:`decode_header` and :func:`decode_message` then read the
+    general way and refuse with the reason.
+
+    Reads the buffer in place: the daemon takes most single-block puts from here.
+    """
+    if len(data) < _REQUEST_HEAD.size:
+        return None
+    magic, version, op, _, _, request_id, meta_len, payload_len, ns_len = _REQUEST_HEAD.unpack_from(data)
+    tail = HEADER_SIZE + 1 + ns_len  # hash_size u8 | count u32
+    end = HEADER_SIZE + meta_len
+    if magic != MAGIC or version != PROTOCOL_VERSION or op != Op.PUT or not ns_len or len(data) < end:
+        return None
+    if end < tail + _KEYS_TAIL.size + _PUT_ONE_LENGTH.size or meta_len > limits.max_meta or limits.max_keys < 1:
+        return None
+    size, count = _KEYS_TAIL.unpack_from(data, tail)
+    after = tail + _KEYS_TAIL.size + size
+    if count != 1 or not 0 < size <= MAX_HASH_BYTES or after + _PUT_ONE_LENGTH.size > end:
+        return None
+    length, has_depth = _PUT_ONE_LENGTH.unpack_from(data, after)
+    depth_end = after + _PUT_ONE_LENGTH.size + (_U32.size if has_depth else 0)
+    if has_depth > 1 or depth_end != end or length != payload_len:
+        return None
+    if length > limits.max_block_size or length > limits.max_payload:
+        return None
+    try:
+        namespace = str(data[HEADER_SIZE + 1 : tail], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    depths = [_U32.unpack_from(data, end - _U32.size)[0]] if has_depth else None
+    block = bytes(data[after - size : after])
+    return PutRequest(request_id, namespace, [block], [length], depths), end
+
+
+def encode_put_one_answer(request_id: int, status: int) -> bytes:
+    """``encode(StatusResponse(request_id, Op.PUT, [status]))`` in one pack.
+
+    Raises:
+        ProtocolError: the status or the id is out of range.
+    """
+    return _pack(
+        _PUT_ONE_ANSWER, MAGIC, PROTOCOL_VERSION, _PUT_ANSWER_OP, 0, 0, request_id, _U32.size + 1, 0, 1, status
+    )
+
+
+def decode_put_one_answer(data: bytes, request_id: int) -> int | None:
+    """The status of ``data`` when it is exactly a well-formed answer to a PUT of one block
+    with ``request_id``; None for anything else (an error frame, a partial read, a broken
+    frame), which the general decoders then read."""
+    if len(data) != PUT_ONE_ANSWER_SIZE:
+        return None
+    magic, version, op, status, _, rid, meta_len, payload_len, count, key_status = _PUT_ONE_ANSWER.unpack(data)
+    if (
+        magic != MAGIC
+        or version != PROTOCOL_VERSION
+        or op != _PUT_ANSWER_OP
+        or status
+        or rid != request_id
+        or meta_len != _U32.size + 1
+        or payload_len
+        or count != 1
+    ):
+        return None
+    return int(key_status)
+
+
 def header_identity(data: bytes | bytearray | memoryview) -> tuple[int, Op]:
     """(request id, op) of a header that failed to decode, to address the error reply.
 

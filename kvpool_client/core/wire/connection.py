@@ -34,6 +34,7 @@ from kvpool_client.core.wire.codec import (
     decode_get_one_request,
     decode_header,
     decode_message,
+    decode_put_one_request,
     header_identity,
 )
 from kvpool_client.core.wire.frames import (
@@ -164,6 +165,11 @@ class ServerConnection:
             if one is not None:  # the usual single-block get; made without GetOne's Python-level __new__
                 del self._buffer[: one[3]]
                 return _make_tuple(GetOne, one[:3])
+            put = decode_put_one_request(self._buffer, self._limits)
+            if put is not None:  # the usual single-block put
+                del self._buffer[: put[1]]
+                self._start_payload(put[0].lengths[0])
+                return put[0]
         elif self.state is not State.HELLO:
             raise LocalProtocolError(f"next_event while {self.state.value}")
         if len(self._buffer) < HEADER_SIZE:
