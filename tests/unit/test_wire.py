@@ -548,7 +548,7 @@ def test_locate_response_lists_must_match_the_statuses(field):
         encode(message)
 
 
-# -- the one-key GET, read and written in one step (decode_get_one*, encode_get_one) --------
+# -- the one-key GET and PUT, read and written in one step (decode_*_one*, encode_*_one*) --------
 
 
 def general_or_none(frame: bytes, limits: WireLimits = LIMITS):
@@ -613,21 +613,31 @@ def test_encode_get_one_writes_what_encode_writes(request_id, status, length, ch
     assert decode_get_one(expected, request_id, LIMITS) == (status, length, checksum)
 
 
+def _read_get_one(data: bytearray) -> tuple[GetRequest, int] | None:
+    fast = decode_get_one_request(data, LIMITS)
+    return None if fast is None else (GetRequest(*fast[:3]), fast[3])
+
+
+def _read_put_one(data: bytearray) -> tuple[PutRequest, int] | None:
+    return decode_put_one_request(data, LIMITS)
+
+
+@pytest.mark.parametrize(("read_one", "kind"), [(_read_get_one, GetRequest), (_read_put_one, PutRequest)])
 @given(messages, st.lists(mutations, max_size=3), st.binary(max_size=40))
 @FUZZ
-def test_a_one_key_get_request_reads_as_the_general_decoder_reads_it(message, changes, after):
+def test_a_one_key_request_reads_as_the_general_decoder_reads_it(read_one, kind, message, changes, after):
     frame = encode(message)
     for change in changes:
         frame = mutate(frame, change)
-    fast = decode_get_one_request(bytearray(frame + after), LIMITS)  # the next frame may follow it
+    fast = read_one(bytearray(frame + after))  # a put's payload or the next frame may follow it
     general = general_or_none(frame)
     if fast is not None:
-        request_id, namespace, block, size = fast
-        # the frame ends where its header says; bytes a mutation appended belong to the next one
+        request, size = fast
+        # the head ends where its header says; bytes a mutation appended belong to what follows
         alone = general_or_none(frame[:size])
-        assert alone == GetRequest(request_id, namespace, [block]) and general in (alone, None), (fast, general)
-    elif isinstance(general, GetRequest) and len(general.hashes) == 1:
-        raise AssertionError(f"a one-key GET was left to the general path: {general}")
+        assert alone == request and general in (alone, None), (fast, general)
+    elif isinstance(general, kind) and len(general.hashes) == 1:
+        raise AssertionError(f"a one-key {kind.__name__} was left to the general path: {general}")
 
 
 def test_a_one_key_get_request_not_all_here_waits():
@@ -647,26 +657,6 @@ def test_encode_get_one_request_writes_what_encode_writes(request_id, namespace,
         return
     assert encode_get_one_request(request_id, namespace, block) == expected
     assert decode_get_one_request(bytearray(expected), LIMITS) == (request_id, namespace, block, len(expected))
-
-
-# -- the one-block PUT and its answer, in one step (decode_put_one*, encode_put_one*) --------
-
-
-@given(messages, st.lists(mutations, max_size=3), st.binary(max_size=40))
-@FUZZ
-def test_a_one_block_put_request_reads_as_the_general_decoder_reads_it(message, changes, after):
-    frame = encode(message)
-    for change in changes:
-        frame = mutate(frame, change)
-    fast = decode_put_one_request(bytearray(frame + after), LIMITS)  # its payload or the next frame may follow
-    general = general_or_none(frame)
-    if fast is not None:
-        request, size = fast
-        # the head ends where its header says; bytes a mutation appended belong to what follows
-        alone = general_or_none(frame[:size])
-        assert alone == request and general in (alone, None), (fast, general)
-    elif isinstance(general, PutRequest) and len(general.hashes) == 1:
-        raise AssertionError(f"a one-block PUT was left to the general path: {general}")
 
 
 def test_a_one_block_put_request_not_all_here_waits():

@@ -373,23 +373,39 @@ def decode_get_one_request(
 
     Reads the buffer in place: the daemon answers most single-block gets from here.
     """
+    head = _one_key_request(data, Op.GET, limits)
+    if head is None:
+        return None
+    request_id, payload_len, namespace, block, after, end = head
+    if payload_len or after != end:
+        return None
+    return request_id, namespace, block, end
+
+
+def _one_key_request(
+    data: bytes | bytearray | memoryview, op: Op, limits: WireLimits
+) -> tuple[int, int, str, bytes, int, int] | None:
+    """(request id, payload length, namespace, hash, where the hash ends, where the head ends) when
+    ``data`` starts with the whole head of an ``op`` request for one key, well-formed up to its
+    hash; None otherwise."""
     if len(data) < _REQUEST_HEAD.size:
         return None
-    magic, version, op, _, _, request_id, meta_len, payload_len, ns_len = _REQUEST_HEAD.unpack_from(data)
+    magic, version, code, _, _, request_id, meta_len, payload_len, ns_len = _REQUEST_HEAD.unpack_from(data)
     tail = HEADER_SIZE + 1 + ns_len  # hash_size u8 | count u32
     end = HEADER_SIZE + meta_len
-    if magic != MAGIC or version != PROTOCOL_VERSION or op != Op.GET or payload_len or not ns_len or len(data) < end:
+    if magic != MAGIC or version != PROTOCOL_VERSION or code != op or not ns_len or len(data) < end:
         return None
-    if end < tail + _KEYS_TAIL.size or meta_len > limits.max_meta:
+    if end < tail + _KEYS_TAIL.size or meta_len > limits.max_meta or limits.max_keys < 1:
         return None
     size, count = _KEYS_TAIL.unpack_from(data, tail)
-    if count != 1 or not 0 < size <= MAX_HASH_BYTES or tail + _KEYS_TAIL.size + size != end or limits.max_keys < 1:
+    after = tail + _KEYS_TAIL.size + size
+    if count != 1 or not 0 < size <= MAX_HASH_BYTES or after > end:
         return None
     try:
         namespace = str(data[HEADER_SIZE + 1 : tail], "utf-8")
     except UnicodeDecodeError:
         return None
-    return request_id, namespace, bytes(data[end - size : end]), end
+    return request_id, payload_len, namespace, bytes(data[after - size : after]), after, end
 
 
 # A one-key PUT's head after its namespace: hash_size u8 | count u32 (1), then the hash, its
@@ -410,9 +426,7 @@ def encode_put_one_request(request_id: int, namespace: str, block: bytes, length
     if not 0 < len(block) <= MAX_HASH_BYTES:
         raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
     ns = _namespace_field(namespace)
-    tail = (
-        _pack(_PUT_ONE_LENGTH, length, 0) if depth is None else _pack(_PUT_ONE_LENGTH, length, 1) + _pack(_U32, depth)
-    )
+    tail = _pack(_PUT_ONE_LENGTH, length, depth is not None) + (b"" if depth is None else _pack(_U32, depth))
     meta_len = len(ns) + _KEYS_TAIL.size + len(block) + len(tail)
     head = _pack(_HEADER, MAGIC, PROTOCOL_VERSION, Op.PUT, 0, 0, request_id, meta_len, length)
     return head + ns + _KEYS_TAIL.pack(len(block), 1) + block + tail
@@ -426,31 +440,18 @@ def decode_put_one_request(data: bytes | bytearray | memoryview, limits: WireLim
 
     Reads the buffer in place: the daemon takes most single-block puts from here.
     """
-    if len(data) < _REQUEST_HEAD.size:
+    head = _one_key_request(data, Op.PUT, limits)
+    if head is None:
         return None
-    magic, version, op, _, _, request_id, meta_len, payload_len, ns_len = _REQUEST_HEAD.unpack_from(data)
-    tail = HEADER_SIZE + 1 + ns_len  # hash_size u8 | count u32
-    end = HEADER_SIZE + meta_len
-    if magic != MAGIC or version != PROTOCOL_VERSION or op != Op.PUT or not ns_len or len(data) < end:
-        return None
-    if end < tail + _KEYS_TAIL.size + _PUT_ONE_LENGTH.size or meta_len > limits.max_meta or limits.max_keys < 1:
-        return None
-    size, count = _KEYS_TAIL.unpack_from(data, tail)
-    after = tail + _KEYS_TAIL.size + size
-    if count != 1 or not 0 < size <= MAX_HASH_BYTES or after + _PUT_ONE_LENGTH.size > end:
+    request_id, payload_len, namespace, block, after, end = head
+    if after + _PUT_ONE_LENGTH.size > end:
         return None
     length, has_depth = _PUT_ONE_LENGTH.unpack_from(data, after)
-    depth_end = after + _PUT_ONE_LENGTH.size + (_U32.size if has_depth else 0)
-    if has_depth > 1 or depth_end != end or length != payload_len:
+    if has_depth > 1 or after + _PUT_ONE_LENGTH.size + has_depth * _U32.size != end or length != payload_len:
         return None
     if length > limits.max_block_size or length > limits.max_payload:
         return None
-    try:
-        namespace = str(data[HEADER_SIZE + 1 : tail], "utf-8")
-    except UnicodeDecodeError:
-        return None
     depths = [_U32.unpack_from(data, end - _U32.size)[0]] if has_depth else None
-    block = bytes(data[after - size : after])
     return PutRequest(request_id, namespace, [block], [length], depths), end
 
 
