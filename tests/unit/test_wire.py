@@ -615,15 +615,21 @@ def test_encode_get_one_writes_what_encode_writes(request_id, status, length, ch
 
 def _read_get_one(data: bytearray) -> tuple[GetRequest, int] | None:
     fast = decode_get_one_request(data, LIMITS)
-    return None if fast is None else (GetRequest(*fast[:3]), fast[3])
+    return None if fast is None else (GetRequest(fast[0], fast[1], [fast[2]]), fast[3])
 
 
 def _read_put_one(data: bytearray) -> tuple[PutRequest, int] | None:
     return decode_put_one_request(data, LIMITS)
 
 
+one_key_requests = st.one_of(
+    st.builds(GetRequest, request_ids, namespaces, hash_lists().filter(lambda h: len(h) == 1)),
+    put_requests().filter(lambda m: len(m.hashes) == 1),
+)
+
+
 @pytest.mark.parametrize(("read_one", "kind"), [(_read_get_one, GetRequest), (_read_put_one, PutRequest)])
-@given(messages, st.lists(mutations, max_size=3), st.binary(max_size=40))
+@given(st.one_of(messages, one_key_requests), st.lists(mutations, max_size=3), st.binary(max_size=40))
 @FUZZ
 def test_a_one_key_request_reads_as_the_general_decoder_reads_it(read_one, kind, message, changes, after):
     frame = encode(message)
