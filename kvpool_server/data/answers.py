@@ -116,7 +116,7 @@ class Answers:
             case PingRequest():
                 return [encode(PingResponse(request.request_id))]
             case PutRequest():
-                raise AssertionError("a put's reply is made as its blocks are stored (Session._put_reply)")
+                raise AssertionError("a put's reply is made as its blocks are stored (Puts.reply)")
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
         if len(held) == 1:
