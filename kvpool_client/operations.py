@@ -150,10 +150,7 @@ def sole_reader(
 ) -> tuple[Member, WireLimits] | None:
     """The one node that reads ``key`` and its known limits; None: replicas to fail over between,
     or a node whose limits were not read yet (the plan does both)."""
-    order = placement.router.placement(key).read_order
-    if len(order) != 1 or (limits := cached_limits(order[0])) is None:
-        return None
-    return order[0], limits
+    return _sole(placement.router.placement(key).read_order, cached_limits)
 
 
 def sole_writer(
@@ -161,10 +158,15 @@ def sole_writer(
 ) -> tuple[Member, WireLimits] | None:
     """The one node that stores ``key`` and its known limits; None: replicas to write, or a node
     whose limits were not read yet (the plan does both)."""
-    owners = placement.router.placement(key).write_owners
-    if len(owners) != 1 or (limits := cached_limits(owners[0])) is None:
+    return _sole(placement.router.placement(key).write_owners, cached_limits)
+
+
+def _sole(
+    members: Sequence[Member], cached_limits: Callable[[Member], WireLimits | None]
+) -> tuple[Member, WireLimits] | None:
+    if len(members) != 1 or (limits := cached_limits(members[0])) is None:
         return None
-    return owners[0], limits
+    return members[0], limits
 
 
 def put_one_result(member: Member, outcome: Outcome) -> PutResult | None:

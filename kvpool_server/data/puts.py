@@ -36,10 +36,11 @@ class Puts:
         """A put is acknowledged only once its blocks are on SSD (see :meth:`BlockStore.persist`)."""
         return self._store.write_through
 
-    @property
-    def sink(self) -> memoryview:
-        """Where refused blocks' bytes are received and dropped; every connection shares it."""
-        return self._admission.sink
+    def sink(self, nbytes: int) -> list[memoryview]:
+        """Where ``nbytes`` of refused payload are received and dropped, piece by piece: the one
+        sink every connection shares."""
+        sink = self._admission.sink
+        return [sink[: min(len(sink), nbytes - start)] for start in range(0, nbytes, len(sink))]
 
     def admit(self, key: StoreKey, length: int, depth: int) -> Outcome:
         """A slot for one block whose bytes are next on the wire, taken from the admission budget."""

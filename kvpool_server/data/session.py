@@ -361,9 +361,8 @@ class Session:
     def _receive_block_now(self, outcome: Outcome, length: int) -> None:
         """:meth:`_receive_block` of a block whose bytes have all arrived."""
         if not isinstance(outcome, BlockEntry):
-            sink = self._puts.sink
-            for start in range(0, length, len(sink)):
-                self._receive_payload_now(sink[: min(len(sink), length - start)])
+            for piece in self._puts.sink(length):
+                self._receive_payload_now(piece)
             return
         try:
             self._receive_payload_now(self._puts.slot(outcome))
@@ -487,11 +486,8 @@ class Session:
 
     async def _drop(self, nbytes: int) -> None:
         """Receive and drop ``nbytes`` of payload through the daemon's one shared sink: no memory per connection."""
-        sink = self._puts.sink
-        while nbytes:
-            chunk = min(nbytes, len(sink))
-            await self._receive_payload(sink[:chunk])
-            nbytes -= chunk
+        for piece in self._puts.sink(nbytes):
+            await self._receive_payload(piece)
 
     async def _send_error(self, request_id: int, op: Op, exc: KVPoolError) -> None:
         with contextlib.suppress(NodeUnavailable):  # the peer left: nobody to tell

@@ -354,11 +354,8 @@ def encode_get_one_request(request_id: int, namespace: str, block: bytes) -> byt
     Raises:
         ProtocolError: the namespace or the hash cannot be represented, or the id is out of range.
     """
-    if not 0 < len(block) <= MAX_HASH_BYTES:
-        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
-    ns = _namespace_field(namespace)
-    args = (MAGIC, PROTOCOL_VERSION, Op.GET, 0, 0, request_id, len(ns) + _KEYS_TAIL.size + len(block), 0)
-    return _pack(_HEADER, *args) + ns + _KEYS_TAIL.pack(len(block), 1) + block
+    keys = _encode_keys(namespace, (block,))
+    return _pack(_HEADER, MAGIC, PROTOCOL_VERSION, Op.GET, 0, 0, request_id, len(keys), 0) + keys
 
 
 _REQUEST_HEAD = struct.Struct("<2sBBHHQIQB")  # a keyed request's header and ns_len
@@ -423,13 +420,10 @@ def encode_put_one_request(request_id: int, namespace: str, block: bytes, length
     Raises:
         ProtocolError: the namespace, the hash, the length or the depth cannot be represented.
     """
-    if not 0 < len(block) <= MAX_HASH_BYTES:
-        raise ProtocolError(f"hashes of one frame must share one size in 1..{MAX_HASH_BYTES}")
-    ns = _namespace_field(namespace)
+    keys = _encode_keys(namespace, (block,))
     tail = _pack(_PUT_ONE_LENGTH, length, depth is not None) + (b"" if depth is None else _pack(_U32, depth))
-    meta_len = len(ns) + _KEYS_TAIL.size + len(block) + len(tail)
-    head = _pack(_HEADER, MAGIC, PROTOCOL_VERSION, Op.PUT, 0, 0, request_id, meta_len, length)
-    return head + ns + _KEYS_TAIL.pack(len(block), 1) + block + tail
+    head = _pack(_HEADER, MAGIC, PROTOCOL_VERSION, Op.PUT, 0, 0, request_id, len(keys) + len(tail), length)
+    return head + keys + tail
 
 
 def decode_put_one_request(data: bytes | bytearray | memoryview, limits: WireLimits) -> tuple[PutRequest, int] | None:
