@@ -286,7 +286,9 @@ class Session:
                     return begun
                 continue
             if isinstance(event, NeedData):
-                return None
+                if not self._receive_head_now():
+                    return None
+                continue
             if isinstance(event, PutRequest):
                 put = self._put_now(event)
                 if put is False:
@@ -379,6 +381,18 @@ class Session:
                 raise RuntimeError(f"payload from {self._channel.peer} announced as arrived is missing")
             self._connection.payload_received(received)
             rest = rest[received:]
+
+    def _receive_head_now(self) -> bool:
+        """Receive the rest of a frame's head when the kernel already holds it: a batch's keys
+        run past the callback's first chunk. False when they are still on their way (run()
+        waits for them, under the head's deadline)."""
+        assert self._pollable is not None
+        missing = self._connection.head_size - self._connection.buffered
+        if self._pollable.pending() < missing:
+            return False
+        rest = memoryview(bytearray(missing))
+        self._connection.receive_data(rest[: self._pollable.recv_now(rest)])
+        return True
 
     def _send_now(self, answer: Answer, reply: Reply) -> bool:
         """Send what the socket takes of ``reply`` now; True when some is left (kept in ``answer``)."""

@@ -39,7 +39,7 @@ from kvpool_client.core.wire import (
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.data.admission import Admission, AdmissionLimits
-from kvpool_server.data.session import Session, SessionConfig
+from kvpool_server.data.session import HEAD_CHUNK, Session, SessionConfig
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.store import BlockStore
@@ -281,6 +281,45 @@ async def test_a_draining_node_refuses_a_put_arrived_whole_and_goes_on(node: Nod
     assert not node.store.contains((NS, h(10)))
     channel.close()
     await task
+
+
+@pytest.mark.parametrize("cut", [None, HEAD_CHUNK + 100])
+@synchronously
+async def test_a_batch_get_whose_keys_run_past_the_first_chunk_is_answered_in_the_callback_once_all_here(
+    node: Node, cut: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handed: list[object] = []  # what the callback left to run()
+    handover = Session._handover
+
+    def spied(self: Session, what: object) -> None:
+        handed.append(what)
+        handover(self, what)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Session, "_handover", spied)
+    channel = FakeChannel(window=1 << 20)
+    task = await serving(node, channel)
+    channel.feed(put_frame(1, [20, 21], size=1000))
+    await replies(channel, 1)
+    keys = [h(20), *(h(i) for i in range(100, 140)), h(21)]
+    get = encode(GetRequest(2, NS, keys))
+    assert len(get) > HEAD_CHUNK + 100  # the callback's first receive takes part of the head
+    handed.clear()
+    ping = encode(PingRequest(3))
+    channel.feed(get + ping if cut is None else get[:cut])  # cut: the rest of the keys comes later
+    if cut is not None:
+        async with asyncio.timeout(10):
+            while not handed:  # run() takes over to wait for the keys still on the way
+                await asyncio.sleep(0)
+        channel.feed(get[cut:] + ping)
+    got = await replies(channel, 3)
+    found = [int(ErrorCode.NOT_FOUND)] * len(keys)
+    found[0] = found[-1] = 0
+    assert isinstance(got[0], GetResponse) and got[0].statuses == found, got[0]
+    assert got[1] == block(20, 1000) + block(21, 1000) and got[2] == PingResponse(3)
+    assert len(handed) == (0 if cut is None else 1), handed
+    channel.close()
+    await task
+    assert leaked_bytes(node) == 0
 
 
 @synchronously
