@@ -35,7 +35,7 @@ ensure_venv() {
 
 # The same-node reader's compiled hot path builds with the package (pip install -e): a C
 # compiler and the interpreter's headers. Without them the package installs without it.
-READER_C=kvpool_client/transport/_arena_reader.c
+READER_C=kvpool_client/core/wire/_arena_reader.c
 ensure_build_tools() {
   command -v gcc >/dev/null || ensure_debian_packages gcc
   "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' ||

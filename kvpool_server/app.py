@@ -39,6 +39,7 @@ from kvpool_server.control.auth import TokenInterceptor
 from kvpool_server.control.malformed import MalformedBodyInterceptor
 from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
 from kvpool_server.data.plane import DataPlane
+from kvpool_server.data.published_gets import PublishedGets
 from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
 from kvpool_server.membership.registration import InvalidTransition
@@ -115,10 +116,27 @@ class Daemon:
     def _start_data_plane(self, store: BlockStore) -> DataPlane:
         """Serve data connections; puts are refused while this node takes no writes (draining)."""
         data = self._data = DataPlane(  # kept before it starts: shutdown stops what a failed start left running
-            self.config, store, self.counters, self.latencies, self._token, self._certificates, self._accepting_writes
+            self.config,
+            store,
+            self.counters,
+            self.latencies,
+            self._token,
+            self._certificates,
+            self._accepting_writes,
+            self._published_gets(),
         )
         data.start()
         return data
+
+    def _published_gets(self) -> PublishedGets | None:
+        """One-key GETs of published blocks answered in compiled code; None without a published
+        index, without the compiled reader, or when each block's checksum is verified before it is sent."""
+        assert self._tiers is not None
+        index = self._tiers.shared_index
+        if index is None or self.config.data.verify_checksum_on_get:
+            return None
+        reader = index.reader(self._tiers.generations, self._tiers.arena)
+        return None if reader is None else PublishedGets(index.table, reader, self.counters, self.config.wire_limits())
 
     def _accepting_writes(self) -> bool:
         return self.presence.accepting_writes

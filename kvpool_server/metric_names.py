@@ -158,6 +158,10 @@ _PLAIN_COUNTERS = (
         "blocks left out of the shared index (no free entry in their probe window): same-node reads ask instead",
     ),
     _counter(
+        "shared_index_sends",
+        "one-key GETs over TCP answered from the shared index by the compiled sender, without the DRAM tier's Python",
+    ),
+    _counter(
         "shared_index_touches",
         "blocks refreshed in the eviction order because same-node clients read them through the shared index",
     ),

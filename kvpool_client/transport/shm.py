@@ -57,7 +57,7 @@ from kvpool_client.core.wire.generations import HEADER_BYTES, GenerationsHeader,
 from kvpool_client.core.wire.published import MARK_SHIFT, MarkWriter, PublishedReader
 
 try:
-    from kvpool_client.transport import _arena_reader
+    from kvpool_client.core.wire import _arena_reader
 except ImportError:  # not compiled where this was installed: the pure-Python reads serve alone
     _arena_reader = None  # type: ignore[assignment]
 

@@ -54,6 +54,11 @@ class SlotGenerations:
         """The current generation of the slot starting at ``offset``."""
         return int(self._counters[self.header.index(offset)])
 
+    @property
+    def words(self) -> memoryview:
+        """The generations, one u64 per granule (what a compiled reader checks)."""
+        return self._counters
+
     def close(self) -> None:
         """Let go of the region, so the arena can be unmapped."""
         self._counters.release()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.errors import KVPoolError
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.session import Channel, Session
@@ -24,6 +25,7 @@ from kvpool_server.data.workers import LoopThread
 if TYPE_CHECKING:
     from kvpool_server.config import ServerConfig
     from kvpool_server.control.tls import CertificateFiles
+    from kvpool_server.data.published_gets import PublishedGets
     from kvpool_server.data.ucx import UcxListener
     from kvpool_server.stats import Counters, Latencies
     from kvpool_server.tiers.store import BlockStore
@@ -48,6 +50,8 @@ class DataPlane:
         token: the cluster's token a HELLO must prove; None: no authentication.
         certificates: the server's certificates; with ``data_tls``, every connection is TLS.
         accepting_writes: whether this node takes writes now (False while draining).
+        published: sends published blocks in answer to one-key GETs over plain TCP; None: the
+            sessions answer every get themselves.
     """
 
     def __init__(
@@ -59,8 +63,10 @@ class DataPlane:
         token: bytes | None,
         certificates: CertificateFiles | None,
         accepting_writes: Callable[[], bool],
+        published: PublishedGets | None = None,
     ) -> None:
         self._config = config
+        self._published = published
         self._store = store
         self._counters = counters
         self._latencies = latencies
@@ -117,6 +123,9 @@ class DataPlane:
             self._session_config,
             self._accepting_writes,
             self.admission,
+            self._published.bound(channel.fileno())
+            if self._published is not None and isinstance(channel, AsyncSocketChannel)
+            else None,
         )
         with self._sessions_lock:
             self._sessions.add(session)

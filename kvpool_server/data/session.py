@@ -59,6 +59,7 @@ from kvpool_client.core.wire.connection import (
 )
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
+from kvpool_server.data.published_gets import SendPublished
 from kvpool_server.data.puts import Outcome, Puts, depths
 from kvpool_server.index import BlockEntry
 from kvpool_server.stats import Counters, Latencies
@@ -138,6 +139,7 @@ class Session:
         config: SessionConfig,
         accepting_writes: Callable[[], bool],
         admission: Admission,
+        send_published: SendPublished | None = None,
     ) -> None:
         self._channel = channel
         self._connection = ServerConnection(config.limits, config.token)
@@ -148,6 +150,7 @@ class Session:
         self._latencies = latencies
         self._config = config
         self._accepting_writes = accepting_writes  # False while the node drains
+        self._send_published = send_published  # one-key GETs of published blocks, in compiled code
         self.busy = False  # True while a request is in flight; shutdown waits for it
         self._pollable = channel if isinstance(channel, PollableChannel) else None
         self._chunk = memoryview(bytearray(HEAD_CHUNK))  # recv_now's: done when it returns, so one serves all
@@ -314,8 +317,18 @@ class Session:
         it (its block is on SSD, or the socket did not take the whole reply), None once answered."""
         assert self._pollable is not None
         started = time.perf_counter()
-        self._counters.add("requests_get")
         request_id, namespace, block = get
+        if self._send_published is not None:
+            try:
+                rest = self._send_published(request_id, namespace, block)
+            except OSError as exc:
+                raise NodeUnavailable(f"send to {self._channel.peer} failed: {exc}") from exc
+            if rest:  # the socket took part: run() sends the rest, a copy (nothing is pinned)
+                return Answer(GetRequest(request_id, namespace, [block]), [], [], started, [rest])
+            if rest is not None:
+                self._latencies.observe(_GET, time.perf_counter() - started)
+                return None
+        self._counters.add("requests_get")
         key = (namespace, block)
         held = self._store.acquire_dram_one(key)
         if held is None and self._store.on_ssd(key):

@@ -79,6 +79,11 @@ class PublishedIndex:
         self._namespaces: dict[str, bytes] = {}
         self.published = 0  # live entries
 
+    @property
+    def words(self) -> memoryview:
+        """The table, header and entries, as u64 words (what a compiled reader searches)."""
+        return self._words
+
     def digest(self, key: StoreKey) -> tuple[int, int]:
         """``key``'s digest (see :func:`~kvpool_client.core.wire.published.key_digest`); needs no lock."""
         namespace = self._namespaces.get(key[0])

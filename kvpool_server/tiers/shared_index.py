@@ -28,6 +28,7 @@ import time
 from kvpool_client.core.wire.published import (
     BEAT_INTERVAL_S,
     DEFAULT_PROBE_LIMIT,
+    MarkWriter,
     aligned_offset,
     marks_bytes,
     table_bytes,
@@ -37,6 +38,11 @@ from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.index.published import HitMarks, PublishedIndex
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
+
+try:
+    from kvpool_client.core.wire._arena_reader import ArenaReader
+except ImportError:  # not compiled where this was installed: one-key GETs take the Python path alone
+    ArenaReader = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("kvpool.server")
 
@@ -105,7 +111,20 @@ class SharedIndex:
         self.marks_path = str(self._marks_file.path)
         self._marks = HitMarks(self._marks_file.view, entries)
         self._drains = 0
+        self._reader: ArenaReader | None = None
         self.table.beat(time.monotonic_ns())
+
+    def reader(self, generations: SlotGenerations, arena: SharedArena) -> ArenaReader | None:
+        """The compiled reader of this table, for the daemon's own sends of published blocks
+        (:mod:`kvpool_server.data.published_gets`); None where it was not built. Let go of in
+        :meth:`close`."""
+        if ArenaReader is not None and self._reader is None:
+            header, marks = self.table.header, MarkWriter(self._marks_file.view, self.table.header.entries)
+            self._reader = ArenaReader(
+                self.table.words, generations.words, arena.view[: arena.capacity], marks.words,
+                header.entries, header.probe_limit, generations.header.granule, marks.first, marks.shift, False,
+            )  # fmt: skip
+        return self._reader
 
     def drain(self, dram: DramTier, counters: Counters) -> int:
         """Refresh the blocks read through the table since the last drain; returns how many."""
@@ -132,6 +151,8 @@ class SharedIndex:
     def close(self) -> None:
         """Tell readers the table is retired, then let go of the table and remove the marks file."""
         self.table.retire()
+        if self._reader is not None:
+            self._reader.release()
         self.table.close()
         self._marks.close()
         self._marks_file.close()

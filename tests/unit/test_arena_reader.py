@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from kvpool_client.core.channels.copy import PAGE, VECTOR_FROM, address, short_page_distance
+from kvpool_client.core.wire import _arena_reader as compiled
 from kvpool_client.core.wire.generations import GRANULE
 from kvpool_client.core.wire.published import (
     ENTRY_WORDS,
@@ -29,7 +30,6 @@ from kvpool_client.core.wire.published import (
     marks_bytes,
     table_bytes,
 )
-from kvpool_client.transport import _arena_reader as compiled
 from kvpool_client.transport import shm
 from kvpool_server.index.entry import StoreKey
 from kvpool_server.index.published import PublishedIndex

@@ -56,7 +56,7 @@ class AsyncSocketChannel:
         loop calls it again at once."""
         self._when_readable = callback
         if callback is not None and not self._reading:
-            self._loop.add_reader(self._fileno(), self._on_readable)
+            self._loop.add_reader(self.fileno(), self._on_readable)
             self._reading = True
 
     def recv_now(self, target: memoryview) -> int:
@@ -77,7 +77,7 @@ class AsyncSocketChannel:
 
     def pending(self) -> int:
         """Bytes the kernel has received and this side has not read yet."""
-        count: int = _COUNT.unpack(fcntl.ioctl(self._fileno(), termios.FIONREAD, _NO_COUNT))[0]
+        count: int = _COUNT.unpack(fcntl.ioctl(self.fileno(), termios.FIONREAD, _NO_COUNT))[0]
         return count
 
     def send_now(self, buffers: Sequence[Buffer]) -> list[memoryview]:
@@ -165,7 +165,7 @@ class AsyncSocketChannel:
         waiter = self._loop.create_future()
         self._read_waiter = waiter
         if not self._reading:
-            self._loop.add_reader(self._fileno(), self._on_readable)
+            self._loop.add_reader(self.fileno(), self._on_readable)
             self._reading = True
         try:
             await self._bounded(waiter, timeout)
@@ -206,7 +206,7 @@ class AsyncSocketChannel:
             if not ready.done():
                 ready.set_result(None)
 
-        fd = self._fileno()
+        fd = self.fileno()
         self._loop.add_writer(fd, wake)
         try:
             await self._bounded(ready, timeout)
@@ -229,7 +229,12 @@ class AsyncSocketChannel:
         finally:
             timer.cancel()
 
-    def _fileno(self) -> int:
+    def fileno(self) -> int:
+        """The socket's descriptor (for a compiled sender of its own).
+
+        Raises:
+            NodeUnavailable: the connection is closed.
+        """
         fd = self._sock.fileno()
         if fd < 0:
             raise NodeUnavailable(f"connection to {self.peer} is closed")

@@ -12,12 +12,22 @@
  * into a large numpy array, at a page plus 16) go through a loop of unaligned 16-byte loads and
  * aligned stores where the process measured memcpy clearly slower for them (glibc's memcpy takes
  * `rep movsb` for them, five to ten times slower on some CPUs; kvpool_client.core.channels.copy
- * measures, and says more); every other copy is a memcpy. */
+ * measures, and says more); every other copy is a memcpy.
+ *
+ * The daemon reads its own table with the same type (locate, send): it answers a one-key GET
+ * by sending the published slot's bytes to the client's socket while it holds the GIL. Every
+ * write to a slot that was ever published follows the slot's free, which bumps its generation
+ * and runs in Python: with the generation checked and the GIL held from that check until the
+ * kernel has the bytes, no pin is needed. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -78,6 +88,29 @@ static Py_ssize_t find(const ArenaReader *self, uint64_t low, uint64_t high, uin
     return -1;
 }
 
+/* Whether offset+length is a block of the arena; else a ValueError is set. */
+static int is_slot(const ArenaReader *self, uint64_t offset, uint64_t length) {
+    if (offset % self->granule || offset / self->granule >= self->slots || length > (uint64_t)self->arena.len ||
+        offset > (uint64_t)self->arena.len - length) {
+        PyErr_Format(PyExc_ValueError, "block at %llu+%llu is not a slot of the arena", (unsigned long long)offset,
+                     (unsigned long long)length);
+        return 0;
+    }
+    return 1;
+}
+
+static void mark(ArenaReader *self, Py_ssize_t slot, uint64_t tick) { /* the mark first, then its chunk's dirty word */
+    uint64_t *marks = (uint64_t *)self->marks.buf;
+    __atomic_store_n(marks + self->mark_first + slot, tick, __ATOMIC_RELEASE);
+    __atomic_store_n(marks + ((uint64_t)slot >> self->mark_shift), 1, __ATOMIC_RELEASE);
+}
+
+static int holding(const ArenaReader *self) {
+    if (self->held == 4) return 1;
+    PyErr_SetString(PyExc_ValueError, "the reader holds no buffers (never initialized, or released)");
+    return 0;
+}
+
 PyDoc_STRVAR(read_doc,
     "read(low, high, target, tick) -> (slot, offset, length, checksum, generation, copied) | None\n\n"
     "Find the key whose digest is (low, high) in the table and, when its slot's generation holds\n"
@@ -90,10 +123,7 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_TypeError, "read() takes low, high, target and tick");
         return NULL;
     }
-    if (self->held != 4) {
-        PyErr_SetString(PyExc_ValueError, "the reader holds no buffers (never initialized, or released)");
-        return NULL;
-    }
+    if (!holding(self)) return NULL;
     uint64_t low = PyLong_AsUnsignedLongLong(args[0]), high = PyLong_AsUnsignedLongLong(args[1]);
     uint64_t tick = PyLong_AsUnsignedLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
@@ -101,12 +131,7 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
     Py_ssize_t slot = find(self, low, high, fields);
     if (slot < 0) Py_RETURN_NONE;
     uint64_t offset = fields[OFFSET], length = fields[LENGTH], generation = fields[GENERATION];
-    if (offset % self->granule || offset / self->granule >= self->slots || length > (uint64_t)self->arena.len ||
-        offset > (uint64_t)self->arena.len - length) {
-        PyErr_Format(PyExc_ValueError, "block at %llu+%llu is not a slot of the arena", (unsigned long long)offset,
-                     (unsigned long long)length);
-        return NULL;
-    }
+    if (!is_slot(self, offset, length)) return NULL;
     Py_buffer target;
     if (PyObject_GetBuffer(args[2], &target, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
     const uint64_t *held = (const uint64_t *)self->generations.buf + offset / self->granule;
@@ -122,14 +147,84 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
         copied = load(held) == generation;
     }
     PyBuffer_Release(&target);
-    if (copied) { /* the mark first, then its chunk's dirty word */
-        uint64_t *marks = (uint64_t *)self->marks.buf;
-        __atomic_store_n(marks + self->mark_first + slot, tick, __ATOMIC_RELEASE);
-        __atomic_store_n(marks + ((uint64_t)slot >> self->mark_shift), 1, __ATOMIC_RELEASE);
-    }
+    if (copied) mark(self, slot, tick);
     return Py_BuildValue("(nKKKKO)", slot, (unsigned long long)offset, (unsigned long long)length,
                          (unsigned long long)fields[CHECKSUM], (unsigned long long)generation,
                          copied ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(locate_doc,
+    "locate(low, high, tick) -> (offset, length, checksum, generation) | None\n\n"
+    "Find the key whose digest is (low, high) in the table and mark the read at tick (the daemon\n"
+    "answering a GET of it). None: not published. Raises ValueError for an entry that is not a\n"
+    "slot of the arena.");
+
+static PyObject *ArenaReader_locate(ArenaReader *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "locate() takes low, high and tick");
+        return NULL;
+    }
+    if (!holding(self)) return NULL;
+    uint64_t low = PyLong_AsUnsignedLongLong(args[0]), high = PyLong_AsUnsignedLongLong(args[1]);
+    uint64_t tick = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    uint64_t fields[7];
+    Py_ssize_t slot = find(self, low, high, fields);
+    if (slot < 0) Py_RETURN_NONE;
+    if (!is_slot(self, fields[OFFSET], fields[LENGTH])) return NULL;
+    mark(self, slot, tick);
+    return Py_BuildValue("(KKKK)", (unsigned long long)fields[OFFSET], (unsigned long long)fields[LENGTH],
+                         (unsigned long long)fields[CHECKSUM], (unsigned long long)fields[GENERATION]);
+}
+
+PyDoc_STRVAR(send_doc,
+    "send(fd, head, offset, length, generation) -> bytes | None\n\n"
+    "Send head, then the block at offset+length, to the non-blocking socket fd, if its slot's\n"
+    "generation is still generation, holding the GIL throughout (see the module's comment).\n"
+    "Returns what the socket did not take, copied (empty: all sent); None: the slot was freed\n"
+    "since (nothing sent). Raises OSError when the send fails, ValueError for a place that is\n"
+    "not a slot of the arena.");
+
+static PyObject *ArenaReader_send(ArenaReader *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "send() takes fd, head, offset, length and generation");
+        return NULL;
+    }
+    if (!holding(self)) return NULL;
+    long fd = PyLong_AsLong(args[0]);
+    uint64_t offset = PyLong_AsUnsignedLongLong(args[2]), length = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t generation = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%ld is not a file descriptor", fd);
+        return NULL;
+    }
+    if (!PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "send() takes the head as bytes");
+        return NULL;
+    }
+    if (!is_slot(self, offset, length)) return NULL;
+    if (load((const uint64_t *)self->generations.buf + offset / self->granule) != generation) Py_RETURN_NONE;
+    const char *head = PyBytes_AS_STRING(args[1]), *block = (const char *)self->arena.buf + offset;
+    size_t head_len = (size_t)PyBytes_GET_SIZE(args[1]);
+    struct iovec parts[2] = {{(void *)head, head_len}, {(void *)block, length}};
+    struct msghdr message = {.msg_iov = parts, .msg_iovlen = 2};
+    ssize_t sent;
+    do {
+        sent = sendmsg((int)fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return PyErr_SetFromErrno(PyExc_OSError);
+    size_t done = sent < 0 ? 0 : (size_t)sent, total = head_len + length;
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total - done));
+    if (rest == NULL) return NULL;
+    char *out = PyBytes_AS_STRING(rest);
+    if (done < head_len) { /* still under the GIL: the block's bytes cannot have changed */
+        memcpy(out, head + done, head_len - done);
+        memcpy(out + head_len - done, block, length);
+    } else {
+        memcpy(out, block + (done - head_len), total - done);
+    }
+    return rest;
 }
 
 static int get_words(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t need, const char *what) {
@@ -193,13 +288,15 @@ static void ArenaReader_dealloc(ArenaReader *self) {
 
 static PyMethodDef ArenaReader_methods[] = {
     {"read", (PyCFunction)(void (*)(void))ArenaReader_read, METH_FASTCALL, read_doc},
+    {"locate", (PyCFunction)(void (*)(void))ArenaReader_locate, METH_FASTCALL, locate_doc},
+    {"send", (PyCFunction)(void (*)(void))ArenaReader_send, METH_FASTCALL, send_doc},
     {"release", (PyCFunction)ArenaReader_release, METH_NOARGS, "Let go of the buffers (so their mappings can close)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject ArenaReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvpool_client.transport._arena_reader.ArenaReader",
+    .tp_name = "kvpool_client.core.wire._arena_reader.ArenaReader",
     .tp_basicsize = sizeof(ArenaReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Reads published blocks out of a daemon's arena (see read()).",

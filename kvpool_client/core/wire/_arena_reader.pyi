@@ -1,4 +1,5 @@
-# The compiled same-node reader (_arena_reader.c); kvpool_client.transport.shm holds its Python twin.
+# The compiled reader of a published index (_arena_reader.c): a same-node client's reads (read; its Python
+# twin is kvpool_client.transport.shm), and the daemon's sends of its own published blocks (locate, send).
 
 class ArenaReader:
     def __init__(
@@ -17,4 +18,6 @@ class ArenaReader:
     def read(
         self, low: int, high: int, target: memoryview, tick: int, /
     ) -> tuple[int, int, int, int, int, bool] | None: ...
+    def locate(self, low: int, high: int, tick: int, /) -> tuple[int, int, int, int] | None: ...
+    def send(self, fd: int, head: bytes, offset: int, length: int, generation: int, /) -> bytes | None: ...
     def release(self) -> None: ...
