@@ -3,8 +3,8 @@
 The daemon sends a published block of up to 256 KiB without its DRAM tier's Python; its
 counters show it (``shared_index_sends``). Larger blocks, misses, a daemon without the
 index and one that verifies checksums before sending take the Python path, with the
-same answers. A block read this way keeps its place in the eviction order once the daemon
-drains the read's mark, as a same-node read does.
+same answers. (That a block read this way keeps its place in the eviction order is tested
+with the same-node reads', in ``test_shm_index.py``.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from kvpool_client import ErrorCode
 from tests.integration.test_shm_index import SMALL, counter
 from tests.integration.test_transports import connect, new_keys, pattern
 from tests.support.daemon import DaemonProcess
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("kvpool_client.core.wire._arena_reader", reason="the compiled reader was not built here")
@@ -58,23 +57,3 @@ def test_without_the_index_or_with_checksums_verified_the_python_path_answers(
             assert got.statuses == (OK,) and bytes(got.buffers[0]) == pattern(key, 64 * KiB)
         assert counter(client, daemon, "shared_index_sends") == 0
         assert counter(client, daemon, "dram_hits") == 3
-
-
-def test_a_block_read_over_tcp_keeps_its_place_in_the_eviction_order(
-    daemon_factory: Callable[..., DaemonProcess],
-) -> None:
-    daemon = daemon_factory(*SMALL)
-    keys = new_keys(17)
-    with connect(daemon, "tcp") as client:
-        for key in keys[:16]:  # one by one: keys[0] is the least recent, and the arena is full
-            assert client.put([key], [pattern(key, 256 * KiB)]).stored == 1
-        assert client.get(keys[:1], [bytearray(256 * KiB)]).statuses == (OK,)
-        assert counter(client, daemon, "shared_index_sends") == 1
-        wait_until(
-            lambda: counter(client, daemon, "shared_index_touches"),
-            lambda n: n >= 1,
-            "the daemon to drain the read's hit mark",
-        )
-        assert client.put(keys[16:], [pattern(keys[16], 256 * KiB)]).stored == 1
-        alive = client.exists(keys)
-        assert alive[0] and not alive[1] and all(alive[2:]), f"expected only keys[1] evicted: {alive}"

@@ -62,15 +62,25 @@ def test_the_setting_zero_turns_the_index_off(daemon_factory: Callable[..., Daem
         assert counter(client, daemon, "requests_locate") == before + 4
 
 
-def test_reads_through_the_index_keep_a_block_from_eviction(daemon_factory: Callable[..., DaemonProcess]) -> None:
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_reads_through_the_index_keep_a_block_from_eviction(
+    daemon_factory: Callable[..., DaemonProcess], transport: str
+) -> None:
+    """Over ``tcp`` the daemon sends the published block itself, and marks the read as a
+    same-node reader does (``kvpool_server/data/published_gets.py``)."""
+    if transport == "tcp":
+        pytest.importorskip("kvpool_client.core.wire._arena_reader", reason="the compiled reader was not built here")
     daemon = daemon_factory(*SMALL)
     keys = new_keys(17)
-    with connect(daemon, "tcp") as writer, connect(daemon, "shm") as reader:
+    with connect(daemon, "tcp") as writer, connect(daemon, transport) as reader:
         for key in keys[:16]:  # one by one: keys[0] is the least recent, and the arena is full
             assert writer.put([key], [pattern(key, 256 * KiB)]).stored == 1
         hits = counter(writer, daemon, "dram_hits")
-        assert reader.get(keys[:1]).statuses == (OK,)
-        assert counter(writer, daemon, "dram_hits") == hits, "the read was served without the daemon"
+        assert reader.get(keys[:1], [bytearray(256 * KiB)]).statuses == (OK,)
+        if transport == "shm":
+            assert counter(writer, daemon, "dram_hits") == hits, "the read was served without the daemon"
+        else:
+            assert counter(writer, daemon, "shared_index_sends") == 1, "the daemon's Python path answered"
         wait_until(
             lambda: counter(writer, daemon, "shared_index_touches"),
             lambda n: n >= 1,
