@@ -6,11 +6,18 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.support.daemon import DaemonProcess, start_daemon
 
 # Engine suites import their engine, so they run in its own environment (tests/environments.py).
 collect_ignore = [] if os.environ.get("KVPOOL_TEST_ENVIRONMENT") else ["engines"]
+
+# Property tests draw from a fixed seed in CI, so a clean clone runs the same examples every time,
+# and at random elsewhere (KVPOOL_HYPOTHESIS=random|ci chooses), which finds what the seed misses.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("random", print_blob=True)
+settings.load_profile(os.environ.get("KVPOOL_HYPOTHESIS") or ("ci" if os.environ.get("CI") else "random"))
 
 
 @pytest.fixture
