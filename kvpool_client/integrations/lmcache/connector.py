@@ -198,9 +198,12 @@ def _settings(config: Any, cls: type, metadata: Any | None) -> tuple[PluginSetti
     """The plugin's settings and LMCache's metadata (chunk shapes), which must be there; a problem
     is logged as an error and raised as PluginConfigError."""
     try:
+        # Settings first: a setting that leads here without a backend (the scheduler's engine
+        # under enable_scheduler_bypass_lookup) is named, rather than its symptom.
+        settings = read_settings(config, cls)
         if metadata is None:
             raise UsageError("LMCache gave the plugin no local CPU backend (scheduler role?): it has no chunk shape")
-        return read_settings(config, cls), metadata
+        return settings, metadata
     except UsageError as exc:
         message = str(exc.args[0])
         log.error("kvpool LMCache plugin not loaded: %s", message)

@@ -55,20 +55,20 @@ def read_settings(config: Any, cls: type, env: Mapping[str, str] | None = None) 
 
     Args:
         config: LMCache's engine config (``remote_storage_plugins``, ``extra_config``,
-            ``use_layerwise``, ``save_unfull_chunk`` are read).
+            ``save_unfull_chunk`` and the settings :func:`check_lmcache` checks are read).
         cls: the connector class LMCache loaded.
         env: the environment for settings the config lacks (default ``os.environ``).
 
     Raises:
         UsageError: no plugin entry, or more than one, names ``cls``; an unknown or bad
             setting, or no pool at all (the message names the key); etcd membership asked
-            for where its client cannot import; LMCache's layerwise mode.
+            for where its client cannot import; an LMCache setting the plugin cannot
+            serve (:func:`check_lmcache`).
     """
     extra = _extra_config(config)
     name = plugin_name(extra, config.remote_storage_plugins or (), cls)
     source = source_of(name)
-    if getattr(config, "use_layerwise", False):
-        raise UsageError(f"{source}: LMCache's use_layerwise is not supported (the pool stores whole chunks)")
+    check_lmcache(config, source)
     prefix = f"{PREFIX}{name}."
     ours = {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
     ours = {k: v for k, v in ours.items() if k not in _LOADER_KEYS}
@@ -79,6 +79,44 @@ def read_settings(config: Any, cls: type, env: Mapping[str, str] | None = None) 
     if pool.client.uses_etcd:
         _check_etcd(source, prefix)
     return PluginSettings(name, pool, bool(getattr(config, "save_unfull_chunk", False)))
+
+
+def check_lmcache(config: Any, source: str) -> None:
+    """Refuse LMCache's own settings under which the plugin would load but never work.
+
+    Raises:
+        UsageError: naming the LMCache setting and the value to use instead:
+
+            - ``use_layerwise``: LMCache then stores one key per layer; the pool stores
+              whole chunks.
+            - ``remote_serde`` other than ``naive``: LMCache hands the plugin its
+              serializer's output instead of its chunks. CacheGen's is an encoded byte
+              buffer of another size, so every put fails (and a get would hand LMCache
+              raw bytes where it decodes); KIVI's takes no reference of its own, so the
+              plugin would send from memory LMCache already freed.
+            - ``enable_scheduler_bypass_lookup``: vLLM's scheduler then answers lookups from
+              its own LMCache engine, which LMCache 0.5.6 builds without a local CPU
+              backend and so without remote backends (it asserts one): the pool is never
+              asked and gives no hits, while the workers store into it for nothing.
+    """
+    if getattr(config, "use_layerwise", False):
+        raise UsageError(
+            f"{source}: LMCache's use_layerwise is not supported (the pool stores whole chunks); "
+            "set use_layerwise: false"
+        )
+    serde = getattr(config, "remote_serde", "naive")
+    if serde != "naive":
+        raise UsageError(
+            f"{source}: LMCache's remote_serde {serde!r} is not supported (the pool stores LMCache's "
+            "chunks as they are, and other serdes hand the plugin encoded or unowned objects); "
+            "set remote_serde: naive"
+        )
+    if getattr(config, "enable_scheduler_bypass_lookup", False):
+        raise UsageError(
+            f"{source}: LMCache's enable_scheduler_bypass_lookup is not supported (the scheduler's "
+            "LMCache engine has no local CPU backend, so no remote backend, and would never ask the "
+            "pool); set enable_scheduler_bypass_lookup: false (the workers' lookup server asks it)"
+        )
 
 
 def plugin_name(extra: Mapping[str, Any], plugins: Iterable[str], cls: type) -> str:

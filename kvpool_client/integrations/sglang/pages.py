@@ -1,11 +1,13 @@
 """A SGLang host KV pool's pages as pool blocks, one per part (K and V, or MLA's latent cache).
 
-A part's bytes are exactly what SGLang's own ``get_data_page(index, flat=False)`` view holds
-for it, in that view's order, so the legacy (copying) interface and the zero-copy one store
-the same bytes. Where a part is one dense span of the host buffer (``page_first``,
-``page_first_direct``, ``page_head``) the client reads into it and writes from it directly.
-Otherwise (``layer_first``: a part is one span per layer) a save gathers the part into a
-staging buffer and a load scatters it back: one strided numpy copy each way.
+A part's bytes are exactly what SGLang's own view of it holds (:mod:`.pools` says which
+view), in that view's order, so the legacy (copying) interface and the zero-copy one store
+the same bytes. A part lies in one of the pool's host buffers: most pools keep every part
+in one ``kv_buffer``, pools with different K and V head sizes keep K and V in two. Where a
+part is one dense span of its buffer (``page_first``, ``page_first_direct``, ``page_head``)
+the client reads into it and writes from it directly. Otherwise (``layer_first``: a part is
+one span per layer) a save gathers the part into a staging buffer and a load scatters it
+back: one strided numpy copy each way.
 
 The geometry is measured once, from SGLang's views of three pages, and each page's part is
 then found by arithmetic: no torch call per page on the hot path.
@@ -31,7 +33,7 @@ class PartGeometry:
     """Where a part of the page at host index 0 lies in the host buffer, as bytes.
 
     Attributes:
-        offset: its first byte, from the start of the buffer's storage.
+        offset: its first byte, from the start of its buffer's storage.
         shape, strides: its bytes as a strided array (the last dimension: one element's bytes).
         nbytes: its size.
         dense: whether it is one contiguous span (then it moves with no copy).
@@ -58,48 +60,48 @@ class HostPages:
     """The pages of one host KV pool as pool blocks.
 
     Args:
-        kv_buffer: the host pool's buffer (every part of every page is a view of it).
+        buffers: the host pool's buffers (every part of every page is a view of one of them).
         page_view: SGLang's view of each part of the page at a host index.
         page_size: tokens per page; host indices of page starts are multiples of it.
         capacity: host indices in the pool (pages start below it).
 
     Raises:
-        UsageError: the buffer is not in CPU memory, a part is no view of it, or the parts
-            of successive pages are not evenly spaced (a layout this class cannot address).
+        UsageError: a buffer is not in CPU memory, a part is no view of one, or a part of
+            successive pages is not evenly spaced (a layout this class cannot address).
     """
 
-    def __init__(self, kv_buffer: torch.Tensor, page_view: PageView, page_size: int, capacity: int) -> None:
-        if kv_buffer.device.type != "cpu":
-            raise UsageError(f"the host KV pool is on {kv_buffer.device}, not in CPU memory")
-        storage = kv_buffer.untyped_storage()
-        self._raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-        self._bytes = self._raw.data
+    def __init__(self, buffers: Sequence[torch.Tensor], page_view: PageView, page_size: int, capacity: int) -> None:
+        for buffer in buffers:
+            if buffer.device.type != "cpu":
+                raise UsageError(f"the host KV pool is on {buffer.device}, not in CPU memory")
         self.page_size = page_size
         self._pages = capacity // page_size
         if self._pages < 1:
             raise UsageError(f"the host KV pool holds {capacity} tokens, less than one page of {page_size}")
-        first = [_geometry(v) for v in page_view(0)]
-        for view in page_view(0):
-            if view.untyped_storage().data_ptr() != storage.data_ptr():
-                raise UsageError("a page of the host KV pool is not a view of its kv_buffer")
-        self.parts = first
-        self.part_nbytes = tuple(p.nbytes for p in first)
-        self._step = self._page_step(page_view, first)
+        views = page_view(0)
+        # Each part's bytes as a numpy array over its buffer's whole storage.
+        self._raw = tuple(_storage_bytes(view, buffers) for view in views)
+        self._bytes = tuple(raw.data for raw in self._raw)
+        self.parts = [_geometry(v) for v in views]
+        self.part_nbytes = tuple(p.nbytes for p in self.parts)
+        self._steps = self._page_steps(page_view)
         self._staging = _Staging()
 
-    def _page_step(self, page_view: PageView, first: list[PartGeometry]) -> int:
-        """Bytes between a page's part and the next page's; checked at pages 1, 2 and the last."""
+    def _page_steps(self, page_view: PageView) -> tuple[int, ...]:
+        """Bytes between each part of a page and the next page's; checked at pages 1, 2 and the last."""
         probes = sorted({1, min(2, self._pages - 1), self._pages - 1} - {0})
         if not probes:
-            return 0
-        step = _geometry(page_view(self.page_size)[0]).offset - first[0].offset
+            return (0,) * len(self.parts)
+        steps = tuple(
+            _geometry(v).offset - p.offset for v, p in zip(page_view(self.page_size), self.parts, strict=True)
+        )
         for page in probes:
-            for part, view in zip(first, page_view(page * self.page_size), strict=True):
+            for part, step, view in zip(self.parts, steps, page_view(page * self.page_size), strict=True):
                 found = _geometry(view)
                 want = part.offset + page * step
                 if (found.offset, found.shape, found.strides) != (want, part.shape, part.strides):
                     raise UsageError(f"host KV pool page {page} is not where its layout predicts")
-        return step
+        return steps
 
     @property
     def dense(self) -> bool:
@@ -119,14 +121,14 @@ class HostPages:
     def dense_view(self, start: int, part: int) -> memoryview:
         """Part ``part`` of the page at ``start``, as the host buffer's own bytes (dense parts only)."""
         geometry = self.parts[part]
-        at = geometry.offset + (start // self.page_size) * self._step
-        return self._bytes[at : at + geometry.nbytes]
+        at = geometry.offset + (start // self.page_size) * self._steps[part]
+        return self._bytes[part][at : at + geometry.nbytes]
 
     def strided(self, start: int, part: int) -> np.ndarray:
         """Part ``part`` of the page at ``start``, as a strided uint8 array over the host buffer."""
         geometry = self.parts[part]
-        at = geometry.offset + (start // self.page_size) * self._step
-        return np.lib.stride_tricks.as_strided(self._raw[at:], geometry.shape, geometry.strides)
+        at = geometry.offset + (start // self.page_size) * self._steps[part]
+        return np.lib.stride_tricks.as_strided(self._raw[part][at:], geometry.shape, geometry.strides)
 
     def blocks(self, starts: Sequence[int], gather: bool) -> tuple[list[memoryview | torch.Tensor], list[torch.Tensor]]:
         """One buffer per part of each page: the page's own memory where the part is dense,
@@ -166,6 +168,21 @@ class HostPages:
 
     def release(self, staged: Sequence[torch.Tensor]) -> None:
         self._staging.give_back(staged)
+
+
+def _storage_bytes(view: torch.Tensor, buffers: Sequence[torch.Tensor]) -> np.ndarray:
+    """The whole storage of the buffer ``view`` lies in, as uint8 (a part's offsets count from its start).
+
+    Raises:
+        UsageError: ``view`` lies in none of ``buffers``.
+    """
+    pointer = view.untyped_storage().data_ptr()
+    for buffer in buffers:
+        storage = buffer.untyped_storage()
+        if storage.data_ptr() == pointer:
+            array: np.ndarray = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            return array
+    raise UsageError("a page of the host KV pool is not a view of its host buffers")
 
 
 class _Staging:

@@ -17,7 +17,8 @@ Contracts SGLang relies on, and what this class does for them:
 - A pool failure is a miss or a False, logged, never raised into SGLang's threads; a page
   that did not arrive whole (node down, evicted, a block of another size) is False, and
   SGLang does not use it.
-- Only settings and shapes raise (:class:`~kvpool_client.core.errors.UsageError`), at start.
+- Only settings and shapes raise (:class:`~kvpool_client.core.errors.UsageError`), at start:
+  :mod:`.pools` says which of SGLang's host pools are stored.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from typing import Any, cast
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
 from kvpool_client.buffers import byte_view
 from kvpool_client.client import KVPoolClient
@@ -37,6 +36,7 @@ from kvpool_client.core.errors import ErrorCode, UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.sglang.pages import HostPages
+from kvpool_client.integrations.sglang.pools import host_pages, is_asymmetric, page_shape
 from kvpool_client.integrations.sglang.shape import PageKeys, PageShape
 from kvpool_client.results import PUT_SUCCESS
 
@@ -71,7 +71,8 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         model = settings.model_id or storage_config.model_name
         if not model:
             raise UsageError(f"{SOURCE}: SGLang passed no model name; set model_id")
-        if not extra.get("interface_v1"):
+        self._zero_copy = bool(extra.get("interface_v1"))
+        if not self._zero_copy:
             log.info('kvpool: without "interface_v1": 1 SGLang copies every page through the legacy interface')
         self._config = storage_config
         self._model = str(model)
@@ -88,10 +89,17 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
 
         Raises:
             UsageError: the host pool is not an MHA or MLA pool of a layout with evenly
-                spaced pages in CPU memory.
+                spaced pages in CPU memory (an MXFP8 pool names ``--kv-cache-dtype``), or
+                its pages have no flat form and ``interface_v1`` is off (:mod:`.pools`).
         """
-        super().register_mem_pool_host(mem_pool_host)
         self.shape = page_shape(self._config, mem_pool_host, self._model)
+        if is_asymmetric(mem_pool_host) and not self._zero_copy:
+            raise UsageError(
+                f'{SOURCE}: set "interface_v1": 1 for this model: its K and V head sizes differ '
+                f"({self.shape.head_dim} and {self.shape.v_head_dim}), and SGLang's "
+                f"{type(mem_pool_host).__name__} has no flat pages for the legacy interface"
+            )
+        super().register_mem_pool_host(mem_pool_host)
         self._keys = PageKeys(self.shape.namespaces())
         self._pages = host_pages(mem_pool_host, self.shape)
         log.info(
@@ -335,52 +343,3 @@ def _check_parallel(config: HiCacheStorageConfig) -> None:
         raise UsageError("kvpool does not store decode-context-parallel (dcp_size > 1) MLA pages yet")
     if getattr(config, "should_split_heads", False):
         raise UsageError(f"{SOURCE}: tp_lcm_size (heterogeneous TP head splits) is not supported by kvpool")
-
-
-def page_shape(config: HiCacheStorageConfig, host: Any, model: str) -> PageShape:
-    """The shape of the host pool's pages at this rank.
-
-    Raises:
-        UsageError: the host pool is neither SGLang's MHA nor its MLA pool.
-    """
-    common = dict(
-        model=model,
-        dtype=str(host.dtype).removeprefix("torch."),
-        host_layout=str(host.layout),
-        layers=int(host.layer_num),
-        page_size=int(host.page_size),
-        tp_rank=config.tp_rank,
-        tp_size=config.tp_size,
-        pp_rank=config.pp_rank,
-        pp_size=config.pp_size,
-        cp_rank=config.attn_cp_rank,
-        cp_size=config.attn_cp_size,
-    )
-    if isinstance(host, MLATokenToKVPoolHost):
-        return PageShape(kind="mla", heads=1, head_dim=int(host.kv_cache_dim), **common)
-    if isinstance(host, MHATokenToKVPoolHost):
-        return PageShape(
-            kind="mha", heads=int(host.head_num), head_dim=int(host.head_dim), v_head_dim=int(host.v_head_dim), **common
-        )
-    raise UsageError(f"kvpool stores SGLang's MHA and MLA host KV pools, not {type(host).__name__}")
-
-
-def host_pages(host: Any, shape: PageShape) -> HostPages:
-    """The host pool's pages, each part a view SGLang's ``get_data_page`` defines.
-
-    Raises:
-        UsageError: a layout whose pages SGLang cannot view or this backend cannot address.
-    """
-    if shape.kind == "mla":
-
-        def view(start: int) -> tuple[torch.Tensor, ...]:
-            return (host.get_data_page(start, flat=False),)
-    else:
-
-        def view(start: int) -> tuple[torch.Tensor, ...]:
-            return tuple(host.get_data_page(start, flat=False).unbind(0))  # K, V
-
-    try:
-        return HostPages(host.kv_buffer, view, shape.page_size, int(host.size))
-    except (ValueError, IndexError) as exc:
-        raise UsageError(f"host KV pool layout {shape.host_layout!r}: {exc}") from None

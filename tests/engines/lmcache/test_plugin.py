@@ -223,3 +223,27 @@ def test_a_bad_plugin_config_is_reported_naming_the_key(
     assert any(names in m for m in errors), f"no error naming {names!r}: {errors}"
     lmcache_line = re.compile(r"Failed to create remote backend for plugin kvpool: .*" + re.escape(names))
     assert any(lmcache_line.search(m) for m in errors), f"LMCache's own error names the key too: {errors}"
+
+
+@pytest.mark.parametrize(
+    ("lmcache", "names", "fix"),
+    [
+        ({"remote_serde": "cachegen"}, "remote_serde 'cachegen'", "remote_serde: naive"),
+        ({"remote_serde": "kivi"}, "remote_serde 'kivi'", "remote_serde: naive"),
+        ({"enable_scheduler_bypass_lookup": True}, "enable_scheduler_bypass_lookup", "bypass_lookup: false"),
+        ({"use_layerwise": True}, "use_layerwise", "use_layerwise: false"),
+    ],
+    ids=["cachegen-serde", "kivi-serde", "scheduler-bypass-lookup", "layerwise"],
+)
+def test_an_lmcache_setting_the_plugin_cannot_serve_is_refused_naming_it(
+    engines: EngineFactory, caplog: pytest.LogCaptureFixture, lmcache: dict[str, Any], names: str, fix: str
+) -> None:
+    caplog.set_level(logging.ERROR, "kvpool_client.integrations.lmcache")
+    config = plugin_config(CHUNK) | lmcache  # LMCache's own settings, beside the doc's
+    # A model LMCache's CacheGen has settings for: with any other, LMCache itself refuses cachegen.
+    engine = engines(model="meta-llama/Llama-3.1-8B-Instruct", config=config)
+    assert engine.remote is None, "LMCache leaves the plugin's backend out"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(names in m and fix in m for m in errors), f"no error naming {names!r} and {fix!r}: {errors}"
+    lmcache_line = re.compile(r"Failed to create remote backend for plugin kvpool: .*" + re.escape(names))
+    assert any(lmcache_line.search(m) for m in errors), f"LMCache's own error names the setting too: {errors}"

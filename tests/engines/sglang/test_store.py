@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import torch
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import AsymmetricMHATokenToKVPoolHost, get_mha_host_pool_cls
+from sglang.srt.mem_cache.pool_host.mha_mxfp8 import MHATokenToKVPoolMXFP8Host
 
 from bench.sglang.pools import (
     TINY_MHA,
@@ -54,9 +57,9 @@ def backends() -> Iterator[Callable[..., tuple[KVPoolStore, Any]]]:
     made: list[KVPoolStore] = []
 
     def make(
-        extra: dict[str, Any], shape: PoolShape = TINY_MHA, layout: str = "page_first", **config: Any
+        extra: dict[str, Any], shape: PoolShape = TINY_MHA, layout: str = "page_first", host: Any = None, **config: Any
     ) -> tuple[KVPoolStore, Any]:
-        host = host_pool(shape, layout, pages=16)
+        host = host_pool(shape, layout, pages=16) if host is None else host
         backend = attach(storage_config(shape, layout, extra, **config), host)
         assert isinstance(backend, KVPoolStore)
         made.append(backend)
@@ -247,3 +250,101 @@ def test_a_pool_down_at_start_only_costs_hits(backends: Callable[..., tuple[KVPo
     assert backend.batch_exists(keys) == 0
     assert backend.batch_set_v1(keys, host.alloc(8)) == [False, False]
     assert backend.batch_get_v1(keys, host.alloc(8)) == [False, False]
+
+
+V_HEAD_DIM = 4  # TINY_MHA's K heads have 8 channels: a model whose V heads are smaller (MiMo-V2's kind)
+
+
+def asymmetric_host_pool(layout: str, pages: int = 16) -> Any:
+    """SGLang's host pool for a model whose K and V head sizes differ, chosen by SGLang's own
+    ``get_mha_host_pool_cls`` from a CPU device pool, as its server does from its GPU pool."""
+    shape = TINY_MHA
+    device = MHATokenToKVPool(
+        size=2 * shape.page_size,
+        page_size=shape.page_size,
+        dtype=shape.dtype,
+        head_num=shape.heads,
+        head_dim=shape.head_dim,
+        v_head_dim=V_HEAD_DIM,
+        layer_num=shape.layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    info = device.get_device_pool_infos()[0].buffer_info
+    cls = get_mha_host_pool_cls(info)
+    assert cls is AsymmetricMHATokenToKVPoolHost
+    return cls(
+        info,
+        host_to_device_ratio=1.0,
+        host_size=0,
+        page_size=shape.page_size,
+        layout=layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=pages * shape.page_size,
+        start_layer=device.start_layer,
+        end_layer=device.end_layer,
+    )
+
+
+def k_and_v(host: Any, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The page at ``start`` of an asymmetric pool, read off its layout: its K and V bytes (views)."""
+    if host.layout == "page_first":  # [token, layer, head, dim]
+        page = slice(start, start + host.page_size)
+    else:  # page_first_direct: [page, layer, token, head, dim]
+        page = slice(start // host.page_size, start // host.page_size + 1)
+    return host.k_buffer[page].view(torch.uint8), host.v_buffer[page].view(torch.uint8)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_pages_of_a_model_with_different_k_and_v_head_sizes_round_trip_byte_exact(
+    daemon: DaemonProcess, backends: Callable[..., tuple[KVPoolStore, Any]], layout: str
+) -> None:
+    extra = extra_config(daemon.address)
+    writer, source = backends(extra, layout=layout, host=asymmetric_host_pool(layout))
+    assert writer._host().dense, "K and V are each one span of their own buffer: no copy"
+    keys = page_keys(17)
+    indices = source.alloc(PAGES * source.page_size)
+    generator = torch.Generator().manual_seed(17)
+    want = []
+    for start in page_starts(indices, source.page_size):
+        for part in k_and_v(source, start):
+            part.copy_(torch.randint(0, 256, part.shape, dtype=torch.uint8, generator=generator))
+        want.append([part.clone().flatten() for part in k_and_v(source, start)])
+    assert writer.batch_set_v1(keys, indices) == [True] * PAGES
+
+    k_ns, v_ns = writer._page_keys().namespace_ids
+    assert k_ns == f"test--tiny-model@bf16@sglang-mha-{layout}-L2-H2-D8-V{V_HEAD_DIM}-P4-pp0of1-k@tp0of1"
+    with KVPoolClient([daemon.address]) as pool:  # the pool holds each part's bytes, nothing else
+        got = pool.get([BlockKey(ns, bytes.fromhex(keys[0])) for ns in (k_ns, v_ns)])
+        assert [bytes(b) for b in got.buffers] == [w.numpy().tobytes() for w in want[0]]
+
+    reader, target = backends(extra, layout=layout, host=asymmetric_host_pool(layout))
+    symmetric, _ = backends(extra, layout=layout)
+    assert reader.batch_exists(keys) == PAGES and symmetric.batch_exists(keys) == 0, "V's head size keys the pages"
+    indices = target.alloc(PAGES * target.page_size)
+    assert reader.batch_get_v1(keys, indices) == [True] * PAGES
+    for page, start in enumerate(page_starts(indices, target.page_size)):
+        got_k, got_v = (part.flatten() for part in k_and_v(target, start))
+        assert torch.equal(got_k, want[page][0]) and torch.equal(got_v, want[page][1]), f"page {page} differs"
+
+
+def test_a_model_with_different_k_and_v_head_sizes_needs_interface_v1(
+    daemon: DaemonProcess, backends: Callable[..., tuple[KVPoolStore, Any]]
+) -> None:
+    extra = {k: v for k, v in extra_config(daemon.address).items() if k != "interface_v1"}
+    with pytest.raises(UsageError, match=re.escape('"interface_v1": 1')) as raised:
+        backends(extra, host=asymmetric_host_pool("page_first"))
+    assert "AsymmetricMHATokenToKVPoolHost" in str(raised.value)
+
+
+def test_an_mxfp8_host_pool_is_refused_at_attach_naming_kv_cache_dtype(
+    daemon: DaemonProcess, backends: Callable[..., tuple[KVPoolStore, Any]]
+) -> None:
+    # SGLang builds this pool only beside a CUDA or HIP device (its JIT write-back kernel): an
+    # instance without state, as SGLang's own tests make pools they cannot build. The refusal
+    # reads nothing but the class.
+    host = object.__new__(MHATokenToKVPoolMXFP8Host)
+    with pytest.raises(UsageError, match=re.escape("--kv-cache-dtype mxfp8")) as raised:
+        backends(extra_config(daemon.address), host=host)
+    assert "MHATokenToKVPoolMXFP8Host" in str(raised.value)
