@@ -147,6 +147,7 @@ _PLAIN_COUNTERS = (
     _counter("connections_closed_idle", "data connections closed after idle_timeout_s without a request"),
     _counter("connections_refused", "data connections refused at an admission limit (in all or per peer)"),
     _counter("puts_overloaded", "puts refused with OVERLOADED at the limit of put bytes in flight"),
+    _counter("puts_duplicate", "blocks put that the node held already (received, then dropped: put-if-absent)"),
     _counter("namespace_flushes", "FlushNamespace calls answered"),
     _counter("dram_evictions_lost", "blocks evicted from DRAM before the demoter copied them to SSD"),
     _counter("ssd_compactions", "SSD segments compacted (live records moved, segment deleted)"),

@@ -7,6 +7,7 @@ comes from the ``KVPOOL_*`` environment.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,12 +56,23 @@ def dtype_field(torch_dtype: str) -> str:
 
 
 def model_field(model: str) -> str:
-    """``model`` as a namespace field: a local path becomes its last part, '/' becomes '--'
-    (``Qwen/Qwen2.5-0.5B`` -> ``Qwen--Qwen2.5-0.5B``), whitespace and '@' become '_'."""
+    """``model`` as a namespace field.
+
+    A hub name keeps its name, '/' becoming '--' (``Qwen/Qwen2.5-0.5B`` -> ``Qwen--Qwen2.5-0.5B``). A
+    local folder becomes its last part and a digest of its resolved path (``/ckpt/run42/hf`` ->
+    ``hf-3f0c9a1e27``): checkpoints in folders of the same name never share blocks, and engines share
+    a local checkpoint's blocks when they load it from the same path (or set the same ``model_id``).
+    Whitespace and '@' become '_'.
+    """
     text = model.rstrip("/")
-    if text.startswith(("/", ".")):
-        text = Path(text).name
+    if text.startswith(("/", ".", "~")) or os.path.isdir(text):
+        path = Path(text).expanduser().resolve()
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:_PATH_DIGEST_CHARS]
+        text = f"{path.name}-{digest}"
     return "".join("_" if c.isspace() or c == "@" else c for c in text).replace("/", "--")
+
+
+_PATH_DIGEST_CHARS = 10  # 40 bits: folders of one name on one cluster never collide by chance
 
 
 @dataclass(frozen=True, slots=True)

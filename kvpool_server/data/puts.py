@@ -87,6 +87,8 @@ class Puts:
         """The put's answer: OK for each block stored, else why not."""
         statuses = [int(ErrorCode.OK if isinstance(o, BlockEntry) else o) for o in outcomes]
         self._counters.add("bytes_in", sum(request.lengths))
+        if ErrorCode.ALREADY_EXISTS in outcomes:  # put-if-absent: received, and dropped
+            self._counters.add("puts_duplicate", outcomes.count(ErrorCode.ALREADY_EXISTS))
         if len(statuses) == 1:
             return [encode_put_one_answer(request.request_id, statuses[0])]
         return [encode(StatusResponse(request.request_id, Op.PUT, statuses))]

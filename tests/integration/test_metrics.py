@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool_client import BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.metric_names import COUNTER_KEYS, FAMILIES
 from tests.support.daemon import DaemonProcess
 from tests.support.waiting import wait_until
@@ -76,14 +77,18 @@ def test_counters_move_under_traffic_and_gauges_match_stats(daemon_factory: Call
     with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport="tcp")) as client:  # tcp labels
         assert client.put(keys, blocks).stored == len(keys)
         assert [bytes(b) for b in client.get(keys).buffers] == blocks
+        assert client.put(keys[:3], blocks[:3]).statuses == (ErrorCode.ALREADY_EXISTS,) * 3
         after = scrape_settled(daemon, before, ("kvpool_request_duration_seconds_count", (("op", "get"),)))
         stats = client.stats(daemon.address)
 
     moved = {name: after[name] - before[name] for name in after if name in before}
     assert moved[dram("kvpool_tier_hits_total")] == len(keys)
-    assert moved[("kvpool_data_bytes_total", (("direction", "in"), ("transport", "tcp")))] == len(keys) * 4096
+    received = moved[("kvpool_data_bytes_total", (("direction", "in"), ("transport", "tcp")))]
+    assert received == (len(keys) + 3) * 4096, "the three blocks put again crossed the network too"
     assert moved[("kvpool_data_bytes_total", (("direction", "out"), ("transport", "tcp")))] == len(keys) * 4096
     assert moved[("kvpool_requests_total", (("op", "put"),))] >= 1
+    assert moved[dram("kvpool_tier_blocks_written_total")] == len(keys), "each block written once"
+    assert moved[("kvpool_puts_duplicate_total", ())] == 3, "blocks received again are counted, not written"
     assert moved[("kvpool_requests_total", (("op", "get"),))] >= 1
     gets_timed = moved[("kvpool_request_duration_seconds_count", (("op", "get"),))]
     assert gets_timed == moved[("kvpool_requests_total", (("op", "get"),))], f"{gets_timed} gets timed"

@@ -66,12 +66,19 @@ def test_the_token_file_is_read(tmp_path: Path) -> None:
     ("model", "field"),
     [
         ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-0.5B-Instruct"),
-        ("/models/llama-3-8b/", "llama-3-8b"),
-        ("./local model@v2", "local_model_v2"),
+        ("meta llama@v2", "meta_llama_v2"),
     ],
 )
-def test_a_model_name_becomes_a_namespace_field(model: str, field: str) -> None:
+def test_a_hub_name_becomes_a_namespace_field(model: str, field: str) -> None:
     assert model_field(model) == field
+
+
+def test_a_local_checkpoint_is_its_folder_name_and_a_digest_of_its_whole_path(tmp_path: Path) -> None:
+    run42, run43 = tmp_path / "run42" / "hf", tmp_path / "run43" / "hf"
+    fields = {model_field(str(run42)), model_field(str(run43) + "/"), model_field(str(run42 / ".." / "hf"))}
+    assert len(fields) == 2, f"two checkpoints named hf must not share blocks: {fields}"
+    assert all(f.startswith("hf-") and len(f) == len("hf-") + 10 for f in fields), fields
+    assert model_field("./local model@v2").startswith("local_model_v2-")
 
 
 def test_engine_keys_can_be_left_to_the_engine() -> None:

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kvpool_client.core.keys import BlockKey, Namespace
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan
+from kvpool_client.integrations.vllm.shape import CacheShape, EngineNamespaces
 
-NS = Namespace("m", "bf16", "vllm-test")
+NAMESPACES = CacheShape("m", "bfloat16", "NHD", "mha", 2, 2, 64, 4).namespaces()
 BS = 4
 
 
@@ -31,10 +31,12 @@ class Pool:
     def __init__(self) -> None:
         self.held: set[bytes] = set()
         self.asked: list[list[bytes]] = []
+        self.generations: list[str] = []
 
-    def lookup(self, keys: list[BlockKey]) -> int:
-        self.asked.append([k.hash for k in keys])
-        return next((i for i, k in enumerate(keys) if k.hash not in self.held), len(keys))
+    def lookup(self, namespaces: EngineNamespaces, hashes: list[bytes], first: int) -> int:
+        self.asked.append(list(hashes))
+        self.generations.append(namespaces.generation)
+        return next((i for i, h in enumerate(hashes) if h not in self.held), len(hashes))
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def pool() -> Pool:
 @pytest.fixture
 def plan(pool: Pool) -> Iterator[SchedulerPlan]:
     with ThreadPoolExecutor(1) as executor:
-        yield SchedulerPlan(pool.lookup, executor, NS, BS)
+        yield SchedulerPlan(pool.lookup, executor, NAMESPACES, BS)
 
 
 def answer(plan: SchedulerPlan, request: Request, computed: int = 0) -> tuple[int | None, bool]:
@@ -68,8 +70,7 @@ def test_a_hit_is_an_asynchronous_load_into_the_blocks_after_the_local_ones(plan
     step = plan.build([], [])
     (load,) = step.loads
     assert load.block_ids == (12, 13, 14)
-    assert [k.hash for k in load.keys] == request.block_hashes[2:5]
-    assert [k.depth for k in load.keys] == [2, 3, 4]
+    assert list(load.hashes) == request.block_hashes[2:5] and load.first == 2
     assert not step.saves and plan.build([], []).loads == [], "a load is planned once"
 
 
@@ -131,9 +132,77 @@ def test_preempted_requests_reach_the_worker(plan: SchedulerPlan) -> None:
 
 
 def test_a_failing_pool_is_a_miss(pool: Pool) -> None:
-    def broken(keys: list[BlockKey]) -> int:
+    def broken(namespaces: EngineNamespaces, hashes: list[bytes], first: int) -> int:
         raise ConnectionError("pool down")
 
     with ThreadPoolExecutor(1) as executor:
-        plan = SchedulerPlan(broken, executor, NS, BS)
+        plan = SchedulerPlan(broken, executor, NAMESPACES, BS)
         assert answer(plan, Request("a", 3)) == (0, False)
+
+
+def test_blocks_in_vllms_local_cache_are_not_saved_again(plan: SchedulerPlan, pool: Pool) -> None:
+    request = Request("a", 3, tail=1)  # vLLM's local prefix cache holds all 3 full blocks
+    assert plan.matched_tokens(request, 3 * BS) == (0, False), "nothing left to look up"
+    assert pool.asked == []
+    plan.after_alloc(request, [1, 2, 3, 4], 0)
+    step = plan.build([ScheduledRequest("a", 3 * BS, 1, (1, 2, 3, 4), True)], [])
+    assert step.saves == [], "blocks vLLM had cached were stored when they were computed"
+    request.block_hashes.append(b"a-3")  # decode completes block 3
+    step = plan.build([ScheduledRequest("a", 4 * BS, 1, (), False)], [])
+    assert [(j.first, j.block_ids) for j in step.saves] == [(3, (4,))], "only the new block is saved"
+
+
+def test_a_request_finished_while_its_load_runs_is_left_to_vllm(plan: SchedulerPlan, pool: Pool) -> None:
+    request = Request("a", 4)
+    assert answer(plan, request) == (0, False)
+    plan.after_alloc(request, [1, 2, 3, 4, 5], 0)
+    computed = plan.build([ScheduledRequest("a", 0, 4 * BS + 1, (1, 2, 3, 4, 5), True)], [])
+    assert len(computed.saves) == 1, "its prompt's blocks are saved"
+    plan.build([], ["a"])  # preempted: its blocks are freed once the saves end
+    pool.held = set(request.block_hashes)  # ... and resumed from the pool
+    assert answer(plan, request) == (4 * BS, True)
+    plan.after_alloc(request, [6, 7, 8, 9, 10], 4 * BS)
+    (load,) = plan.build([], []).loads
+    assert plan.finished(request, [6, 7, 8, 9, 10]) is False, "vLLM holds the blocks until the load reports"
+    step = plan.build([], [])
+    assert step.saves == [] and step.finishing == frozenset(), "no save of, and no claim on, blocks being loaded"
+    plan.worker_output(["a"], [load.block_ids[0]])
+    again = Request("b", 4)
+    again.block_hashes = request.block_hashes
+    assert answer(plan, again) == (0, False), "the aborted load's report still marks what failed to arrive"
+
+
+def test_a_reset_plans_new_work_in_a_new_generation_and_keeps_planned_jobs(plan: SchedulerPlan, pool: Pool) -> None:
+    request = Request("a", 3)
+    assert answer(plan, request) == (0, False)
+    plan.after_alloc(request, [1, 2, 3, 4], 0)
+    before = plan.build([ScheduledRequest("a", 0, 3 * BS + 1, (1, 2, 3, 4), True)], [])
+    plan.reset()
+    other = Request("b", 3)
+    pool.held = set(other.block_hashes)
+    assert answer(plan, other) == (3 * BS, True)
+    plan.after_alloc(other, [5, 6, 7, 8], 3 * BS)
+    after = plan.build([], [])
+    (save,), (load,) = before.saves, after.loads
+    assert save.namespaces == NAMESPACES, "a job planned before the reset keeps its generation"
+    assert load.namespaces != NAMESPACES and pool.generations[-1] == load.namespaces.generation != ""
+    assert load.namespaces.of(0, 0) != NAMESPACES.of(0, 0)
+
+
+def test_every_rank_that_writes_blocks_has_its_own_namespace() -> None:
+    mha = CacheShape("Qwen/Qwen2.5-0.5B", "bfloat16", "NHD", "mha", 24, 2, 64, 16, tp_size=2, pp_size=2).namespaces()
+    assert len({ns.id for ns in mha.writers()}) == 4
+    assert mha.of(1, 0).id == "Qwen--Qwen2.5-0.5B@bf16@vllm-NHD-mha-L24-H2-D64-T16-pp0of2@tp1of2"
+    mla = CacheShape("ds", "bfloat16", "NHD", "mla", 4, 1, 576, 16, tp_size=2).namespaces()
+    assert mla.of(0, 0) == mla.of(1, 0), "MLA's latent cache is the same on every TP rank"
+    assert mla.writers() == [mla.of(0, 0)] and not mla.writes(1)
+
+
+def test_the_weights_are_in_the_namespace() -> None:
+    def space(**fields: object) -> str:
+        args = {"model": "org/m", "dtype": "bfloat16", "layout": "NHD", "kind": "mha"} | fields
+        return CacheShape(**args, layers=2, kv_heads=2, head_size=64, block_size=16).namespaces().of(0, 0).id  # type: ignore[arg-type]
+
+    ids = {space(), space(revision="v2"), space(quantization="fp8")}
+    ids |= {space(model="/ckpt/run42/hf"), space(model="/ckpt/run43/hf")}
+    assert len(ids) == 5, ids

@@ -14,6 +14,7 @@ for a GPU cache) and a load scatters them back: one copy each way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +107,8 @@ class BlockLayers:
         return first.raw[start : start + self.block_nbytes]
 
     def gather(self, block_id: int, out: torch.Tensor) -> None:
-        """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`)."""
+        """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`); on a
+        GPU the copy is queued on the current stream (see :mod:`.streams`)."""
         if self._by_block_np is not None:  # one strided copy instead of one per region
             np.copyto(out.numpy().reshape(len(self.regions), -1), self._by_block_np[block_id])
             return
@@ -130,11 +132,6 @@ class BlockLayers:
         for region in self.regions:
             region.of(block_id).copy_(src[at : at + region.nbytes], non_blocking=True)
             at += region.nbytes
-
-    def synchronize(self) -> None:
-        """Wait for the copies :meth:`gather` and :meth:`scatter` queued on a GPU."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
 
 
 def _adjacent(regions: Sequence[Region]) -> bool:
@@ -163,18 +160,21 @@ def _uniform_view(regions: Sequence[Region], num_blocks: int) -> torch.Tensor | 
 
 
 class StagingBuffers:
-    """Reusable block-sized host buffers (pinned when the cache is on a GPU)."""
+    """Reusable block-sized host buffers (pinned when the cache is on a GPU), shared by threads."""
 
     def __init__(self, layers: BlockLayers) -> None:
         self._layers = layers
+        self._lock = threading.Lock()
         self._spare: list[torch.Tensor] = []
 
     def take(self, count: int) -> list[torch.Tensor]:
-        buffers = [self._spare.pop() for _ in range(min(count, len(self._spare)))]
+        with self._lock:
+            buffers = [self._spare.pop() for _ in range(min(count, len(self._spare)))]
         pinned = self._layers.device.type == "cuda"
         while len(buffers) < count:
             buffers.append(torch.empty(self._layers.block_nbytes, dtype=torch.uint8, pin_memory=pinned))
         return buffers
 
     def give_back(self, buffers: Sequence[Any]) -> None:
-        self._spare.extend(buffers)
+        with self._lock:
+            self._spare.extend(buffers)

@@ -3,7 +3,12 @@
 vLLM builds one connector in its scheduler (role SCHEDULER) and one in each worker (role
 WORKER) from the same config. This class only translates vLLM's calls: the scheduler
 side's logic is :class:`~.scheduler.SchedulerPlan`, the worker side's is
-:class:`~.worker.WorkerTransfers`, and the namespace comes from :mod:`.settings`.
+:class:`~.worker.WorkerTransfers`, and the namespaces come from :mod:`.shape`.
+
+What it cannot serve correctly it refuses at start, naming the setting: decode or prefill
+context parallelism (blocks then span ranks' token shards), and
+``kv_load_failure_policy="fail"`` (a block the pool listed can still fail to arrive, when
+its node dies: vLLM must recompute it rather than fail the user's request).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.settings import PoolSettings
 from kvpool_client.integrations.vllm.blocks import BlockLayers
+from kvpool_client.integrations.vllm.lookup import RankLookup
 from kvpool_client.integrations.vllm.scheduler import ScheduledRequest, SchedulerPlan, StepPlan
 from kvpool_client.integrations.vllm.shape import CacheShape
+from kvpool_client.integrations.vllm.streams import copy_order
 from kvpool_client.integrations.vllm.worker import WorkerTransfers
 
 if TYPE_CHECKING:
@@ -48,8 +55,8 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
     """Loads prefix blocks from the pool and saves computed blocks to it.
 
     Raises:
-        UsageError: a bad ``kv_connector_extra_config`` (the message names the setting), or a
-            model whose KV cache is not one attention group.
+        UsageError: a bad ``kv_connector_extra_config`` (the message names the setting), a model
+            whose KV cache is not one attention group, or a vLLM setting the connector refuses.
     """
 
     def __init__(
@@ -58,19 +65,20 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise UsageError("KVPoolConnector needs vLLM's KV cache config (vLLM 0.11 or later)")
+        _check_supported(vllm_config)
         settings = PoolSettings.parse(self._kv_transfer_config.kv_connector_extra_config, "kv_connector_extra_config")
         self._group = _attention_group(kv_cache_config)
         self._num_blocks = kv_cache_config.num_blocks
-        worker = role == KVConnectorRole.WORKER
-        self.shape = cache_shape(vllm_config, kv_cache_config, settings.model_id, ranks=worker)
+        self.shape = cache_shape(vllm_config, kv_cache_config, settings.model_id)
+        self._ranks = _ranks(vllm_config) if role == KVConnectorRole.WORKER else (0, 0)
         self._client = KVPoolClient(config=settings.client)
         self._transfers: WorkerTransfers | None = None
         self._plan: SchedulerPlan | None = None
         self._lookups: ThreadPoolExecutor | None = None
-        if not worker:
+        if role != KVConnectorRole.WORKER:
             self._lookups = ThreadPoolExecutor(settings.lookup_threads, thread_name_prefix="kvpool-lookup")
-            spec = self._group.kv_cache_spec
-            self._plan = SchedulerPlan(self._client.lookup, self._lookups, self.shape.namespace(), spec.block_size)
+            lookup = RankLookup(self._client)
+            self._plan = SchedulerPlan(lookup, self._lookups, self.shape.namespaces(), self.shape.block_size)
 
     # -- scheduler side -------------------------------------------------------
 
@@ -92,6 +100,14 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().finished(request, block_ids), None
 
+    def reset_cache(self) -> bool:
+        """vLLM's reset of the connector's cache (``reset_prefix_cache(reset_connector=True)``,
+        after a weight update): this engine stops reading blocks stored before it (see
+        :meth:`SchedulerPlan.reset`). Workers have nothing to reset: each job names its namespaces."""
+        if self._plan is not None:
+            self._plan.reset()
+        return True
+
     # -- worker side ----------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -99,14 +115,14 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         expected = self._group.kv_cache_spec.page_size_bytes * len(self._group.layer_names)
         if layers.block_nbytes != expected:
             raise UsageError(f"KV cache blocks are {layers.block_nbytes} bytes, the spec says {expected}")
-        self._transfers = WorkerTransfers(self._client, layers)
+        self._transfers = WorkerTransfers(self._client, layers, copy_order(layers.device), *self._ranks)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KVPoolConnectorMetadata)
         self._worker().wait_for(kv_connector_metadata.plan.preempted)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        self._worker().start_loads(self._step().loads)
+        self._worker().begin_step(self._step())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads are per request and asynchronous: vLLM schedules a request once its load ended."""
@@ -115,12 +131,12 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Blocks are saved whole, after the forward pass (:meth:`wait_for_save`)."""
 
     def wait_for_save(self) -> None:
-        plan = self._step()
-        saves = plan.saves if self._saves_blocks() else []
-        self._worker().start_saves(saves, plan.finishing)
+        self._worker().start_saves(self._step())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._worker().finished(finished_req_ids)
+        """Requests whose saves and loads ended. ``finished_req_ids`` is not needed: the step's
+        plan names the finished requests whose blocks vLLM holds for the connector."""
+        return self._worker().finished()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker().load_errors()
@@ -148,9 +164,23 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert isinstance(metadata, KVPoolConnectorMetadata)
         return metadata.plan
 
-    def _saves_blocks(self) -> bool:
-        """MLA blocks are the same on every TP rank: rank 0 alone writes them."""
-        return self.shape.kind != "mla" or self.shape.tp_rank == 0
+
+def _check_supported(vllm_config: VllmConfig) -> None:
+    """Raises UsageError: a vLLM setting under which the connector would load or store wrong KV."""
+    parallel = vllm_config.parallel_config
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(parallel, name, 1) > 1:
+            raise UsageError(
+                f"KVPoolConnector does not support {name}={getattr(parallel, name)}: a block's tokens are then "
+                "spread over ranks (leave it at 1)"
+            )
+    policy = vllm_config.kv_transfer_config.kv_load_failure_policy
+    if policy != "recompute":
+        raise UsageError(
+            f'KVPoolConnector needs kv_load_failure_policy "recompute", not "{policy}" (vLLM\'s default): a block '
+            "the pool listed can still fail to arrive when its node dies, and vLLM must then compute it "
+            "instead of failing the request"
+        )
 
 
 def _attention_group(kv_cache_config: KVCacheConfig) -> Any:
@@ -161,16 +191,14 @@ def _attention_group(kv_cache_config: KVCacheConfig) -> Any:
     return groups[0]
 
 
-def cache_shape(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_id: str | None, ranks: bool
-) -> CacheShape:
-    """The shape of this engine's blocks; ``ranks``: this process's parallel ranks (else rank 0)."""
+def cache_shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, model_id: str | None) -> CacheShape:
+    """The shape of this engine's blocks (the same on the scheduler and on every worker)."""
     group = _attention_group(kv_cache_config)
     spec = group.kv_cache_spec
+    model = vllm_config.model_config
     parallel = vllm_config.parallel_config
-    tp_rank, pp_rank = _ranks() if ranks else (0, 0)
     return CacheShape(
-        model=model_id or str(vllm_config.model_config.model),
+        model=model_id or str(model.model),
         dtype=str(spec.dtype).removeprefix("torch."),
         layout=vllm_config.cache_config.kv_cache_layout,  # resolved by vLLM's engine core by now
         kind="mla" if isinstance(spec, MLAAttentionSpec) else "mha",
@@ -178,21 +206,24 @@ def cache_shape(
         kv_heads=spec.num_kv_heads,
         head_size=spec.head_size,
         block_size=spec.block_size,
-        tp_rank=tp_rank,
         tp_size=parallel.tensor_parallel_size,
-        pp_rank=pp_rank,
         pp_size=parallel.pipeline_parallel_size,
+        revision=None if model_id else model.revision,
+        quantization=model.quantization,
     )
 
 
-def _ranks() -> tuple[int, int]:
-    """This worker's tensor- and pipeline-parallel ranks (0, 0 when vLLM runs in one process)."""
+def _ranks(vllm_config: VllmConfig) -> tuple[int, int]:
+    """This worker's tensor- and pipeline-parallel ranks: from vLLM's process groups, or, before
+    they exist, from the worker's global rank in vLLM's order (TP fastest, then PP)."""
     from vllm.distributed import parallel_state
 
     try:
         return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pp_group().rank_in_group
     except AssertionError:  # vLLM's process groups are not initialised
-        return 0, 0
+        parallel = vllm_config.parallel_config
+        tp_size = parallel.tensor_parallel_size
+        return parallel.rank % tp_size, (parallel.rank // tp_size) % parallel.pipeline_parallel_size
 
 
 def _scheduled(output: SchedulerOutput) -> list[ScheduledRequest]:

@@ -1,24 +1,33 @@
 """The worker side: run the plan's loads and saves off the forward pass, and report them.
 
-Transfers run in order on one thread per worker, so the forward pass never waits for the
-pool (except for the saves of a request vLLM preempts, whose blocks it is about to reuse).
-A load reports its request finished whatever happened; the blocks that did not arrive
-whole are reported as load errors, and vLLM computes them again: a failed or missing
-block is never presented as KV.
+Loads and saves run on two threads of their own, each in order, so the forward pass never
+waits for the pool (except for the saves of a request vLLM preempts, whose blocks it is
+about to reuse) and a load for a waiting request never queues behind a long prefill's saves.
+On a GPU each copy is ordered after the work vLLM had queued when it called the connector
+(:mod:`.streams`).
+
+A load reports its request finished whatever happened; the blocks that did not arrive whole
+are reported as load errors, and vLLM computes them again: a failed or missing block is never
+presented as KV. A finished request whose blocks vLLM holds for its saves is reported once
+every save of it was handed over and has ended, whatever order vLLM calls ``get_finished``
+and ``wait_for_save`` in (speculative decoding defers the latter).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import ErrorCode
+from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
-from kvpool_client.integrations.vllm.scheduler import TransferJob
+from kvpool_client.integrations.vllm.scheduler import StepPlan, TransferJob
+from kvpool_client.integrations.vllm.streams import CopyOrder
 
 log = logging.getLogger("kvpool.vllm")
 
@@ -27,36 +36,56 @@ _STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)  # BUSY: anot
 
 
 class WorkerTransfers:
-    """Background loads and saves between a worker's KV cache and the pool.
+    """Background loads and saves between one worker's KV cache and the pool.
 
     Args:
         client: the pool client.
         layers: the worker's KV cache as pool blocks.
+        order: how copies follow the engine's device work.
+        tp_rank, pp_rank: this worker's parallel ranks (whose namespace it reads and writes).
     """
 
-    def __init__(self, client: KVPoolClient, layers: BlockLayers) -> None:
+    def __init__(
+        self, client: KVPoolClient, layers: BlockLayers, order: CopyOrder, tp_rank: int = 0, pp_rank: int = 0
+    ) -> None:
         self._client = client
         self._layers = layers
+        self._order = order
+        self._tp_rank, self._pp_rank = tp_rank, pp_rank
         self._staging = StagingBuffers(layers)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kvpool-transfer")
+        self._load_thread = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load")
+        self._save_thread = ThreadPoolExecutor(1, thread_name_prefix="kvpool-save")
         self._lock = threading.Lock()
         self._saves: dict[str, list[Future[None]]] = {}  # request -> its saves not yet done
+        self._unsubmitted: set[str] = set()  # requests with saves in the bound plan not handed over yet
+        self._loading: Counter[str] = Counter()  # request -> its loads running
         self._finishing: set[str] = set()  # finished requests whose blocks vLLM holds for us
-        self._finished: set[str] = set()  # requests vLLM told this worker are finished
         self._loaded: set[str] = set()
         self._load_errors: set[int] = set()
 
-    def start_loads(self, jobs: Iterable[TransferJob]) -> None:
+    def begin_step(self, plan: StepPlan) -> None:
+        """vLLM's ``start_load_kv``, the first call of every step after its plan is bound: note
+        what the step holds for us and will save, and start its loads."""
+        for job in plan.loads:
+            self._layers.check(job.block_ids)
+        mark = self._order.mark() if plan.loads else None
+        with self._lock:
+            self._finishing.update(plan.finishing)
+            self._unsubmitted = {job.req_id for job in plan.saves}
+            self._loading.update(job.req_id for job in plan.loads)
+        for job in plan.loads:
+            self._load_thread.submit(self._load, job, mark)
+
+    def start_saves(self, plan: StepPlan) -> None:
+        """vLLM's ``wait_for_save``: store the blocks this step computed, once they are written."""
+        jobs = [job for job in plan.saves if job.namespaces.writes(self._tp_rank)]
         for job in jobs:
             self._layers.check(job.block_ids)
-            self._executor.submit(self._load, job)
-
-    def start_saves(self, jobs: Iterable[TransferJob], finishing: Iterable[str]) -> None:
+        mark = self._order.mark() if jobs else None
         with self._lock:
             for job in jobs:
-                self._layers.check(job.block_ids)
-                self._saves.setdefault(job.req_id, []).append(self._executor.submit(self._save, job))
-            self._finishing.update(finishing)
+                self._saves.setdefault(job.req_id, []).append(self._save_thread.submit(self._save, job, mark))
+            self._unsubmitted.clear()
 
     def wait_for(self, req_ids: Iterable[str]) -> None:
         """Block until the saves of ``req_ids`` end (vLLM is about to reuse their blocks)."""
@@ -64,18 +93,15 @@ class WorkerTransfers:
             futures = [f for r in req_ids for f in self._saves.get(r, ())]
         wait(futures)
 
-    def finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str] | None, set[str] | None]:
+    def finished(self) -> tuple[set[str] | None, set[str] | None]:
         """vLLM's ``get_finished``: requests whose saves ended, and requests whose loads ended."""
         with self._lock:
-            # A request reaches both sets in the same step (the plan and vLLM's finished ids come
-            # from one scheduler output, and wait_for_save runs first): keep only ours.
-            self._finished.update(r for r in finished_req_ids if r in self._finishing)
             for req_id, futures in list(self._saves.items()):
                 if all(f.done() for f in futures):
                     del self._saves[req_id]
-            sent = {r for r in self._finishing & self._finished if r not in self._saves}
+            busy = self._saves.keys() | self._unsubmitted | self._loading.keys()
+            sent = self._finishing - busy
             self._finishing -= sent
-            self._finished -= sent
             loaded, self._loaded = self._loaded, set()
         return sent or None, loaded or None
 
@@ -85,19 +111,30 @@ class WorkerTransfers:
         return errors
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=False)
+        self._load_thread.shutdown(wait=True, cancel_futures=False)
+        self._save_thread.shutdown(wait=True, cancel_futures=False)
 
-    def _load(self, job: TransferJob) -> None:
+    def _keys(self, job: TransferJob, start: int, stop: int) -> list[BlockKey]:
+        namespace = job.namespaces.of(self._tp_rank, self._pp_rank).id
+        return [BlockKey(namespace, job.hashes[i], job.first + i) for i in range(start, stop)]
+
+    def _load(self, job: TransferJob, mark: Any) -> None:
         failed: list[int] = []
-        for start in range(0, len(job.keys), BATCH_BLOCKS):
-            keys, ids = job.keys[start : start + BATCH_BLOCKS], job.block_ids[start : start + BATCH_BLOCKS]
-            arrived = 0 if failed else self._load_batch(job.req_id, keys, ids)
-            failed.extend(ids[arrived:])
-        with self._lock:
-            self._load_errors.update(failed)
-            self._loaded.add(job.req_id)
+        try:
+            for start in range(0, len(job.hashes), BATCH_BLOCKS):
+                stop = min(start + BATCH_BLOCKS, len(job.hashes))
+                ids = job.block_ids[start:stop]
+                arrived = 0 if failed else self._load_batch(job.req_id, self._keys(job, start, stop), ids, mark)
+                failed.extend(ids[arrived:])
+        finally:
+            with self._lock:
+                self._load_errors.update(failed)
+                self._loaded.add(job.req_id)
+                self._loading[job.req_id] -= 1
+                if self._loading[job.req_id] <= 0:
+                    del self._loading[job.req_id]
 
-    def _load_batch(self, req_id: str, keys: Sequence[Any], block_ids: Sequence[int]) -> int:
+    def _load_batch(self, req_id: str, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> int:
         """Fetch one batch into its blocks; returns how many leading blocks arrived whole."""
         direct = self._layers.direct
         buffers = [self._layers.view(b) for b in block_ids] if direct else self._staging.take(len(keys))
@@ -105,9 +142,9 @@ class WorkerTransfers:
             result = self._client.get(keys, buffers)
             arrived = result.prefix_hits
             if not direct:
-                for block_id, buffer in zip(block_ids[:arrived], buffers, strict=False):
-                    self._layers.scatter(block_id, buffer)
-                self._layers.synchronize()
+                with self._order.after(mark):
+                    for block_id, buffer in zip(block_ids[:arrived], buffers, strict=False):
+                        self._layers.scatter(block_id, buffer)
         except Exception as exc:  # never let a pool failure reach the forward pass
             log.warning("kvpool load of %d blocks for %s failed: %s", len(keys), req_id, exc)
             return 0
@@ -115,30 +152,23 @@ class WorkerTransfers:
             if not direct:
                 self._staging.give_back(buffers)
         if arrived < len(keys):
-            log.info(
-                "kvpool load for %s: %d of %d blocks arrived (block %d: %s)",
-                req_id,
-                arrived,
-                len(keys),
-                arrived,
-                result.statuses[arrived].name,
-            )
+            status = result.statuses[arrived].name
+            log.info("kvpool load for %s: %d of %d blocks arrived (then %s)", req_id, arrived, len(keys), status)
         return arrived
 
-    def _save(self, job: TransferJob) -> None:
-        for start in range(0, len(job.keys), BATCH_BLOCKS):
-            self._save_batch(
-                job.req_id, job.keys[start : start + BATCH_BLOCKS], job.block_ids[start : start + BATCH_BLOCKS]
-            )
+    def _save(self, job: TransferJob, mark: Any) -> None:
+        for start in range(0, len(job.hashes), BATCH_BLOCKS):
+            stop = min(start + BATCH_BLOCKS, len(job.hashes))
+            self._save_batch(job.req_id, self._keys(job, start, stop), job.block_ids[start:stop], mark)
 
-    def _save_batch(self, req_id: str, keys: Sequence[Any], block_ids: Sequence[int]) -> None:
+    def _save_batch(self, req_id: str, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> None:
         direct = self._layers.direct
         buffers = [self._layers.view(b) for b in block_ids] if direct else self._staging.take(len(keys))
         try:
             if not direct:
-                for block_id, buffer in zip(block_ids, buffers, strict=True):
-                    self._layers.gather(block_id, buffer)
-                self._layers.synchronize()
+                with self._order.after(mark):
+                    for block_id, buffer in zip(block_ids, buffers, strict=True):
+                        self._layers.gather(block_id, buffer)
             result = self._client.put(keys, buffers)
         except Exception as exc:  # a failed save costs future hits, never this request
             log.warning("kvpool save of %d blocks for %s failed: %s", len(keys), req_id, exc)
