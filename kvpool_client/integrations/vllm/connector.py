@@ -80,6 +80,11 @@ class KVPoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             lookup = RankLookup(self._client)
             self._plan = SchedulerPlan(lookup, self._lookups, self.shape.namespaces(), self.shape.block_size)
 
+    @property
+    def client(self) -> KVPoolClient:
+        """This side's pool client: its ``counters()`` say what the engine looked up, loaded and saved."""
+        return self._client
+
     # -- scheduler side -------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
