@@ -20,11 +20,14 @@ Enabled with ``secondary_tiers: [{"type": "KVPoolTier", "module_path":
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import canonical_format_id
 from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
@@ -181,12 +184,20 @@ def tier_namespace(config: Any, chunk_bytes: int, model_id: str | None) -> Names
     """The namespace of an engine's offloaded chunks: model, dtype, layout and chunk shape, parallelism.
 
     A chunk is the primary tier's row (every worker's bytes of ``blocks_per_chunk`` blocks), so
-    the engine's whole parallel layout goes into the layout field rather than a TP rank.
+    the engine's whole parallel layout goes into the layout field rather than a TP rank. A row's
+    bytes also depend on the KV cache groups (their layers and block sizes) and on the byte
+    format vLLM writes (its canonical format, or the worker's own layout; replicated across
+    ranks or not), which are not interchangeable: each is in the namespace too, as vLLM's own
+    file tier keys them.
     """
     parallel = config.parallel
+    groups = json.dumps([[g.tokens_per_block, list(g.layer_names)] for g in config.groups])
+    form = canonical_format_id(config.kv_cache_layout) if config.canonical_layout else "direct"
+    replicated = "-replicated" if config.replicated_layout else ""
     layout = (
         f"vllm-offload-{config.kv_cache_layout or 'default'}-B{chunk_bytes}"
         f"-T{config.cache.tokens_per_hash * config.cache.blocks_per_chunk}"
         f"-tp{parallel.tp_size}-pp{parallel.pp_size}-pcp{parallel.pcp_size}-dcp{parallel.dcp_size}"
+        f"-g{hashlib.sha256(groups.encode()).hexdigest()[:10]}-{form}{replicated}"
     )
     return Namespace(model_field(model_id or config.model.name), config.model.dtype, layout)

@@ -8,6 +8,7 @@ from the pool instead of computing them.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 
 from bench.vllm.harness import block_bytes, model_dir
 from bench.vllm.offloading import TieredEngine
+from kvpool_client.integrations.vllm.tier import tier_namespace
 from tests.engines.vllm.doc_configs import tier_config
 from tests.support.daemon import DaemonProcess
 
@@ -94,3 +96,19 @@ def test_models_do_not_share_chunks(daemon: DaemonProcess, tiered: Callable[...,
     first = first_computed(other, "B")
     assert first == 0
     assert not other.loaded_rows
+
+
+def test_byte_formats_and_cache_groups_have_their_own_namespaces(
+    daemon: DaemonProcess, tiered: Callable[..., TieredEngine]
+) -> None:
+    a = tiered({"nodes": daemon.address}, "a")
+    config, size = a.tier._offloading_spec.config, a.tier.block_size_bytes
+    base = tier_namespace(config, size, None)
+    group = dataclasses.replace(config.groups[0], layer_names=(*config.groups[0].layer_names, "mtp.attn"))
+    others = [
+        dataclasses.replace(config, canonical_layout=True),
+        dataclasses.replace(config, replicated_layout=True),
+        dataclasses.replace(config, groups=(group,)),
+    ]
+    spaces = {base.id, *(tier_namespace(c, size, None).id for c in others)}
+    assert len(spaces) == 4, "formats vLLM does not interchange must not share chunks"
