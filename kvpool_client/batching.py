@@ -14,7 +14,7 @@ from itertools import count
 from typing import Any, Protocol
 
 from kvpool_client import exchange
-from kvpool_client.buffers import byte_view
+from kvpool_client.buffers import Target, target_of
 from kvpool_client.core.errors import ErrorCode, KVPoolError, UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member, Router
@@ -139,7 +139,7 @@ def _even_runs(payloads: Sequence[int], parts: int) -> list[tuple[int, int]] | N
     return runs if len(runs) == parts else None
 
 
-def read_streams(targets: Sequence[memoryview | None], most: int) -> int:
+def read_streams(targets: Sequence[Target | None], most: int) -> int:
     """The ``most`` a get into ``targets`` may split by: 1 when a target is None, whose size in
     :func:`expected_sizes` is only a bound (it would split batches of small blocks)."""
     return 1 if None in targets else most
@@ -149,8 +149,8 @@ def _slice(job: Job, start: int, end: int) -> Job:
     return Job(job.member, job.namespace, job.indices[start:end], job.hashes[start:end], job.depths[start:end])
 
 
-def source_views(keys: Sequence[BlockKey], blocks: Sequence[Any], limits_for: Callable[[int], int]) -> list[memoryview]:
-    """Byte views of the blocks to put, checked against the block-size limit.
+def source_views(keys: Sequence[BlockKey], blocks: Sequence[Any], limits_for: Callable[[int], int]) -> list[Target]:
+    """Byte views (or regions) of the blocks to put, checked against the block-size limit.
 
     Args:
         limits_for: the largest block size accepted for batch index ``i``.
@@ -163,18 +163,18 @@ def source_views(keys: Sequence[BlockKey], blocks: Sequence[Any], limits_for: Ca
     return views
 
 
-def block_views(keys: Sequence[BlockKey], blocks: Sequence[Any]) -> list[memoryview]:
-    """Byte views of the blocks to put (no size check yet: that needs the nodes' limits).
+def block_views(keys: Sequence[BlockKey], blocks: Sequence[Any]) -> list[Target]:
+    """Byte views (or regions) of the blocks to put (no size check yet: that needs the nodes' limits).
 
     Raises:
         UsageError: counts differ, or a block is not a contiguous buffer.
     """
     if len(keys) != len(blocks):
         raise UsageError(f"{len(keys)} keys but {len(blocks)} blocks")
-    return [byte_view(b, writable=False) for b in blocks]
+    return [target_of(b, writable=False) for b in blocks]
 
 
-def check_block_sizes(views: Sequence[memoryview], limits_for: Callable[[int], int]) -> None:
+def check_block_sizes(views: Sequence[Target], limits_for: Callable[[int], int]) -> None:
     """Raises UsageError (BLOCK_TOO_LARGE) for the first empty block or one over ``limits_for(i)``."""
     for i, view in enumerate(views):
         if not 0 < len(view) <= limits_for(i):
@@ -191,13 +191,13 @@ def block_limit(owners: Iterable[Member], known: Mapping[str, WireLimits]) -> in
     return min(sizes) if sizes else _DEFAULT_BLOCK_LIMIT
 
 
-def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[memoryview | None]:
-    """Writable byte views of the get destinations (``None``: allocate per block)."""
+def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[Target | None]:
+    """Writable byte views (or regions) of the get destinations (``None``: allocate per block)."""
     if into is None:
         return [None] * len(keys)
     if len(keys) != len(into):
         raise UsageError(f"{len(keys)} keys but {len(into)} destination buffers")
-    return [byte_view(b, writable=True) for b in into]
+    return [target_of(b, writable=True) for b in into]
 
 
 ArenaOf = Callable[[Member], MappedArena | None]
@@ -220,14 +220,14 @@ class RequestFactory:
         self._arena_of = arena_of
         self.streams = streams
 
-    def put(self, job: Job, views: Sequence[memoryview], limits: WireLimits) -> exchange.Exchange[list[int]]:
+    def put(self, job: Job, views: Sequence[Target], limits: WireLimits) -> exchange.Exchange[list[int]]:
         blocks = [views[i] for i in job.indices]
         depths = None if None in job.depths else [min(d, _MAX_DEPTH) for d in job.depths if d is not None]
         request = PutRequest(next(self._ids), job.namespace, job.hashes, [len(b) for b in blocks], depths)
         return exchange.put(request, blocks, limits)
 
     def get(
-        self, job: Job, targets: Sequence[memoryview | None], limits: WireLimits
+        self, job: Job, targets: Sequence[Target | None], limits: WireLimits
     ) -> exchange.Exchange[exchange.GetAnswer]:
         mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
         shared = self._shared_get(job.member, job.namespace, job.hashes, mine, limits)
@@ -236,13 +236,13 @@ class RequestFactory:
         return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
 
     def gets_into(
-        self, targets: Sequence[memoryview | None]
+        self, targets: Sequence[Target | None]
     ) -> Callable[[Job, WireLimits], exchange.Exchange[exchange.GetAnswer]]:
         """:meth:`get` of any job of a batch into its ``targets``: how a plan builds its requests."""
         return lambda job, limits: self.get(job, targets, limits)
 
     def get_one(
-        self, member: Member, namespace: str, block: bytes, target: memoryview, limits: WireLimits
+        self, member: Member, namespace: str, block: bytes, target: Target, limits: WireLimits
     ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer] | None:
         """:meth:`get` of one key into one buffer, its node's arena looked up once: None when the block
         was copied out of the arena with no connection (:meth:`copy_shared`); over the wire, a
@@ -258,7 +258,7 @@ class RequestFactory:
         return self._located_get(arena, namespace, [block], [target], limits)
 
     def _shared_get(
-        self, member: Member, namespace: str, hashes: list[bytes], targets: list[memoryview | None], limits: WireLimits
+        self, member: Member, namespace: str, hashes: list[bytes], targets: list[Target | None], limits: WireLimits
     ) -> exchange.Exchange[exchange.GetAnswer] | None:
         """The get out of the member's arena mapped here (or the failure to map a required one); None: over the wire."""
         try:
@@ -272,7 +272,7 @@ class RequestFactory:
         arena: MappedArena,
         namespace: str,
         hashes: list[bytes],
-        targets: list[memoryview | None],
+        targets: list[Target | None],
         limits: WireLimits,
     ) -> exchange.Exchange[exchange.GetAnswer]:
         """The get that asks the node where the blocks lie (LOCATE), then copies them out of ``arena``."""
@@ -283,7 +283,7 @@ class RequestFactory:
         """The member's arena mapped here; None: read over the wire. Raises SharedArenaUnavailable (shm required)."""
         return self._arena_of(member) if self._arena_of is not None else None
 
-    def copy_shared(self, job: Job, targets: Sequence[memoryview | None]) -> exchange.GetAnswer | None:
+    def copy_shared(self, job: Job, targets: Sequence[Target | None]) -> exchange.GetAnswer | None:
         """A same-node get served from the node's arena with no connection at all, when every
         block's location is known here (:func:`exchange.copy_known`) and the node's heartbeat
         vouches for it; None: run :meth:`get`."""
@@ -308,7 +308,7 @@ class RequestFactory:
         return exchange.delete(DeleteRequest(next(self._ids), job.namespace, job.hashes), limits)
 
 
-def expected_sizes(targets: Sequence[memoryview | None]) -> list[int]:
+def expected_sizes(targets: Sequence[Target | None]) -> list[int]:
     """Bytes a get may receive per key: the target's size, or the largest block if none."""
     return [len(t) if t is not None else _DEFAULT_BLOCK_LIMIT for t in targets]
 

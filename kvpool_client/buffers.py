@@ -4,13 +4,84 @@ No copies: a view shares memory with the caller's object, so a get lands straigh
 in the caller's tensor and a put sends straight from it. Non-contiguous memory is
 refused rather than silently gathered, because a strided view would send or
 overwrite the wrong bytes.
+
+A block an engine keeps in several spans of memory (a cache whose layers lie apart)
+is a :class:`Regions`: a get scatters the block into its spans and a put gathers it
+from them, still without a copy (a socket takes the spans as one I/O vector, a
+same-node read copies each span out of the arena).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from kvpool_client.core.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Regions:
+    """One block held in several spans of memory, in the block's byte order. Build with :func:`regions`.
+
+    Attributes:
+        views: the spans, flat ``uint8`` views; together they hold the block.
+        nbytes: the block's size, the spans' total.
+        writable: whether every span may be written (a get's destination).
+    """
+
+    views: tuple[memoryview, ...]
+    nbytes: int
+    writable: bool
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+Target = memoryview | Regions
+"""Where a block is read into or sent from: one span of memory, or several."""
+
+
+def regions(parts: Sequence[Any], *, writable: bool) -> Regions:
+    """One block from its spans, in order: each part is checked as :func:`byte_view` checks a buffer.
+
+    Raises:
+        UsageError: no part, or a part :func:`byte_view` refuses.
+    """
+    views = tuple(byte_view(part, writable=writable) for part in parts)
+    if not views:
+        raise UsageError("a block needs at least one region")
+    return Regions(views, sum(len(v) for v in views), writable)
+
+
+def spans(target: Target) -> Sequence[memoryview]:
+    """The spans a block goes into or comes from, in order."""
+    return target.views if isinstance(target, Regions) else (target,)
+
+
+def checksum(target: Target) -> int:
+    """The block's xxh3-64 (the node's checksum of a stored block), over all its spans."""
+    if not isinstance(target, Regions):
+        return xxhash.xxh3_64_intdigest(target)
+    digest = xxhash.xxh3_64()
+    for view in target.views:
+        digest.update(view)
+    return digest.intdigest()
+
+
+def target_of(obj: Any, *, writable: bool) -> Target:
+    """A block's buffer as a :data:`Target`: a :class:`Regions` as it is, anything else as :func:`byte_view`.
+
+    Raises:
+        UsageError: as :func:`byte_view`; or read-only regions as a get's destination.
+    """
+    if not isinstance(obj, Regions):
+        return byte_view(obj, writable=writable)
+    if writable and not obj.writable:
+        raise UsageError("destination regions are read-only (build them with writable=True)")
+    return obj
 
 
 def byte_view(obj: Any, *, writable: bool) -> memoryview:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
-from kvpool_client.buffers import byte_view
+from kvpool_client.buffers import Target, target_of
 from kvpool_client.core.channels.tcp import TcpConnection, parse_address
 from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
@@ -304,7 +304,7 @@ class KVPoolClient:
 
     # -- internals ------------------------------------------------------------
 
-    def _direct_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult | None:
+    def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
         """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
         sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
         found = self._direct_job(keys, sizes)
@@ -326,7 +326,7 @@ class KVPoolClient:
         """A get of one key into one buffer: :meth:`_direct_get` without a batch's lists and views."""
         if not isinstance(key, BlockKey):
             batching.check_keys((key,))  # raises
-        target = byte_view(into, writable=True)
+        target = target_of(into, writable=True)
         found = operations.sole_reader(key, self._source.current(), self._cached_limits)
         # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
         if found is None or not self.breaker.allow(found[0].node_id):  # the plan reports an open circuit
@@ -342,7 +342,7 @@ class KVPoolClient:
         write, the node's limits are not known yet, its circuit is open or it drains."""
         if not isinstance(key, BlockKey):
             batching.check_keys((key,))  # raises
-        view = byte_view(block, writable=False)
+        view = target_of(block, writable=False)
         found = operations.sole_writer(key, self._source.current(), self._cached_limits)
         if found is None:
             return self._planned_put((key,), (block,))
@@ -358,7 +358,7 @@ class KVPoolClient:
     def _planned_put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         return self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
 
-    def _planned_get(self, keys: Sequence[BlockKey], targets: list[memoryview | None]) -> GetResult:
+    def _planned_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult:
         """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""
         return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
 

@@ -58,7 +58,7 @@ class ClientCounters:
     def got(self, result: GetResult) -> None:
         statuses = result.statuses
         hits = statuses.count(ErrorCode.OK)
-        received = sum(map(len, filter(None, result.buffers)))  # a buffer where a key is OK, None elsewhere
+        received = sum(len(b) for b in result.buffers if b is not None)  # a buffer where a key is OK
         totals = self._totals
         with self._lock:
             totals["gets"] += 1

@@ -14,8 +14,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import xxhash
-
+from kvpool_client.buffers import Target, spans
+from kvpool_client.buffers import checksum as checksum_of
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
 from kvpool_client.core.wire import (
     HEADER_SIZE,
@@ -79,7 +79,7 @@ class ReceiveInto:
 
 Step = Send | Receive | ReceiveUpTo | ReceiveInto
 Exchange = Generator[Step, Any, T]
-GetAnswer = tuple[list[int], list[memoryview | None]]  # per-key statuses, filled buffers (None where not OK)
+GetAnswer = tuple[list[int], list[Target | None]]  # per-key statuses, filled buffers (None where not OK)
 
 
 class SyncConnection(Protocol):
@@ -146,16 +146,17 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
 # -- exchanges ----------------------------------------------------------------
 
 
-def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -> Exchange[list[int]]:
-    """Send blocks; returns one status per key (OK, ALREADY_EXISTS, BUSY, ...)."""
+def put(request: PutRequest, blocks: Sequence[Target], limits: WireLimits) -> Exchange[list[int]]:
+    """Send blocks (each one view, or the regions it is gathered from); returns one status per key
+    (OK, ALREADY_EXISTS, BUSY, ...)."""
     count = len(request.hashes)
     if count != 1:
-        yield Send([encode(request), *blocks])
+        yield Send([encode(request), *(view for block in blocks for view in spans(block))])
         response = yield from _response(request.request_id, Op.PUT, limits, answer_meta_size(Op.PUT, count))
         return _statuses(response, count)
     depth = request.depths[0] if request.depths else None
     head = encode_put_one_request(request.request_id, request.namespace, request.hashes[0], request.lengths[0], depth)
-    yield Send([head, *blocks])
+    yield Send([head, *spans(blocks[0])])
     answer: bytes = yield ReceiveUpTo(PUT_ONE_ANSWER_SIZE)
     status = decode_put_one_answer(answer, request.request_id)
     if status is None:  # an error, or an answer in pieces: read the general way
@@ -166,7 +167,7 @@ def put(request: PutRequest, blocks: Sequence[memoryview], limits: WireLimits) -
 
 def get(
     request: GetRequest,
-    targets: Sequence[memoryview | None],
+    targets: Sequence[Target | None],
     limits: WireLimits,
     verify: bool,
 ) -> Exchange[GetAnswer]:
@@ -189,7 +190,7 @@ def get(
 
 
 def _get_answer(
-    head: bytes, request_id: int, targets: Sequence[memoryview | None], limits: WireLimits, verify: bool
+    head: bytes, request_id: int, targets: Sequence[Target | None], limits: WireLimits, verify: bool
 ) -> Exchange[GetAnswer]:
     """The rest of :func:`get` once ``head``, the answer's first bytes (up to its header and
     meta), is here."""
@@ -201,7 +202,7 @@ def _get_answer(
     if not isinstance(response, GetResponse) or len(response.statuses) != len(targets):
         raise ProtocolError(f"expected {len(targets)} GET results, got {response!r}")
     statuses = list(response.statuses)
-    filled: list[memoryview | None] = [None] * len(targets)
+    filled: list[Target | None] = [None] * len(targets)
     sinks: list[memoryview] = []
     scratch: memoryview | None = None  # only for blocks that do not fit their target
     for i, (target, length) in enumerate(zip(targets, response.lengths, strict=True)):
@@ -211,7 +212,7 @@ def _get_answer(
             target = memoryview(bytearray(length))
         if len(target) == length:
             filled[i] = target
-            sinks.append(target)
+            sinks.extend(spans(target))
         else:
             statuses[i] = ErrorCode.SIZE_MISMATCH
             scratch = scratch or memoryview(bytearray(min(_DRAIN_CHUNK, max(response.lengths))))
@@ -219,12 +220,12 @@ def _get_answer(
     yield ReceiveInto(sinks)
     if verify:
         for i, view in enumerate(filled):
-            if view is not None and xxhash.xxh3_64_intdigest(view) != response.checksums[i]:
+            if view is not None and checksum_of(view) != response.checksums[i]:
                 statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled
 
 
-def _get_one(status: int, length: int, checksum: int, target: memoryview | None, verify: bool) -> Exchange[GetAnswer]:
+def _get_one(status: int, length: int, checksum: int, target: Target | None, verify: bool) -> Exchange[GetAnswer]:
     """The rest of :func:`get` for one key whose answer :func:`decode_get_one` read: what the
     general path returns for it, without its per-key lists."""
     if status != ErrorCode.OK:
@@ -234,8 +235,8 @@ def _get_one(status: int, length: int, checksum: int, target: memoryview | None,
     if len(target) != length:
         yield ReceiveInto(_scratch_slices(memoryview(bytearray(min(_DRAIN_CHUNK, length))), length))
         return [int(ErrorCode.SIZE_MISMATCH)], [None]
-    yield ReceiveInto([target])
-    if verify and xxhash.xxh3_64_intdigest(target) != checksum:
+    yield ReceiveInto(list(spans(target)))
+    if verify and checksum_of(target) != checksum:
         return [int(ErrorCode.CHECKSUM_MISMATCH)], [None]
     return [status], [target]
 
@@ -254,7 +255,7 @@ class SingleGet:
     request_id: int
     namespace: str
     block: bytes
-    target: memoryview
+    target: Target
     limits: WireLimits
     verify: bool
 
@@ -268,15 +269,15 @@ class SingleGet:
         one = decode_get_one(head, request_id, self.limits)
         if one is None or one[0] != ErrorCode.OK or one[1] != len(target):  # a miss, an error, another size
             return run_sync(connection, _get_answer(head, request_id, [target], self.limits, self.verify))
-        connection.recv_into([target])
-        if self.verify and xxhash.xxh3_64_intdigest(target) != one[2]:
+        connection.recv_into(list(spans(target)))
+        if self.verify and checksum_of(target) != one[2]:
             return [int(ErrorCode.CHECKSUM_MISMATCH)], [None]
         return [int(ErrorCode.OK)], [target]
 
 
 def get_shared(
     request: LocateRequest,
-    targets: Sequence[memoryview | None],
+    targets: Sequence[Target | None],
     limits: WireLimits,
     verify: bool,
     arena: MappedArena,
@@ -306,7 +307,7 @@ def get_shared(
     if response.arena_id != arena.arena_id:
         arena.stale = True  # the node restarted: its arena is another file now
         count = len(targets)
-        filled: list[memoryview | None] = [None] * count
+        filled: list[Target | None] = [None] * count
         statuses, again = [int(ErrorCode.NOT_IN_ARENA)] * count, list(range(count))
     else:
         statuses, filled, again = _copy_located(response, targets, arena, verify)
@@ -325,7 +326,7 @@ def get_shared(
 def copy_known(
     namespace: str,
     hashes: Sequence[bytes],
-    targets: Sequence[memoryview | None],
+    targets: Sequence[Target | None],
     arena: MappedArena,
     verify: bool,
 ) -> GetAnswer | None:
@@ -342,12 +343,12 @@ def copy_known(
         for block, view in zip(hashes, given, strict=True):
             if not copy_known_one(namespace, block, view, arena, verify):
                 return None
-        return [int(ErrorCode.OK)] * len(given), list[memoryview | None](given)
+        return [int(ErrorCode.OK)] * len(given), list[Target | None](given)
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
     verify = verify or arena.info.verify_checksums
-    filled: list[memoryview | None] = []
+    filled: list[Target | None] = []
     for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
         target = memoryview(bytearray(location.length)) if target is None else target
         if not _copy_known(namespace, block, location, checksum, target, arena, verify):
@@ -356,7 +357,7 @@ def copy_known(
     return [int(ErrorCode.OK)] * len(filled), filled
 
 
-def copy_known_one(namespace: str, block: bytes, target: memoryview, arena: MappedArena, verify: bool) -> bool:
+def copy_known_one(namespace: str, block: bytes, target: Target, arena: MappedArena, verify: bool) -> bool:
     """:func:`copy_known` of one block into a given target, without its lists: whether it was copied.
 
     The compiled reader serves it in one call where it can (:meth:`MappedArena.read_published`).
@@ -374,7 +375,7 @@ def _copy_known(
     block: bytes,
     location: SlotLocation,
     checksum: int,
-    target: memoryview,
+    target: Target,
     arena: MappedArena,
     verify: bool,
 ) -> bool:
@@ -385,19 +386,19 @@ def _copy_known(
     """
     if len(target) != location.length:
         return False  # the node's answer reports it
-    if not arena.copy_held(location, target) or (verify and xxhash.xxh3_64_intdigest(target) != checksum):
+    if not arena.copy_held(location, target) or (verify and checksum_of(target) != checksum):
         arena.known.forget(namespace, block)
         return False
     return True
 
 
 def _copy_located(
-    response: LocateResponse, targets: Sequence[memoryview | None], arena: MappedArena, verify: bool
-) -> tuple[list[int], list[memoryview | None], list[int]]:
+    response: LocateResponse, targets: Sequence[Target | None], arena: MappedArena, verify: bool
+) -> tuple[list[int], list[Target | None], list[int]]:
     """Copy each located block into its target: (statuses, filled buffers, indices to GET instead)."""
     statuses = list(response.statuses)
-    filled: list[memoryview | None] = [None] * len(targets)
-    copied: list[tuple[int, SlotLocation, memoryview]] = []
+    filled: list[Target | None] = [None] * len(targets)
+    copied: list[tuple[int, SlotLocation, Target]] = []
     for i, target in enumerate(targets):
         if statuses[i] != ErrorCode.OK:
             continue
@@ -414,7 +415,7 @@ def _copy_located(
         if not arena.unchanged(location):
             filled[i] = None
             again.append(i)
-        elif verify and xxhash.xxh3_64_intdigest(target) != response.checksums[i]:
+        elif verify and checksum_of(target) != response.checksums[i]:
             statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled, sorted(again)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvpool_client import batching
+from kvpool_client.buffers import Target
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member
@@ -89,7 +90,7 @@ def put(
 
 def get(
     keys: Sequence[BlockKey],
-    targets: Sequence[memoryview | None],
+    targets: Sequence[Target | None],
     requests: batching.RequestFactory,
     gate: Gate,
 ) -> Operation[GetResult]:
@@ -98,7 +99,7 @@ def get(
     more goes out as up to ``requests.streams`` frames at once, when every target's size is known."""
     batching.check_keys(keys)
     plan = ReadPlan(keys, (yield from read_orders(keys)))
-    filled: list[memoryview | None] = [None] * len(keys)
+    filled: list[Target | None] = [None] * len(keys)
 
     def answer(job: batching.Job, outcome: Outcome) -> list[int]:
         codes, views = batching.get_answer(job, outcome)
@@ -204,7 +205,7 @@ def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]
     """The result of a get of ``count`` keys that was the exchanges of a direct job's streams
     (:func:`batching.streams`): :func:`get_result` of each piece, put back in the batch's order."""
     codes: list[int] = [ErrorCode.UNAVAILABLE] * count
-    views: list[memoryview | None] = [None] * count
+    views: list[Target | None] = [None] * count
     causes: dict[str, None] = {}
     for piece, outcome in outcomes:
         piece_codes, piece_views = batching.get_answer(piece, outcome)

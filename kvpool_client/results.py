@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvpool_client.buffers import Target
 from kvpool_client.core.errors import ErrorCode, KVPoolError, error_for_code
 
 # A put that finds the block stored, or being stored by another writer, counts as success (see PutResult).
@@ -101,7 +102,7 @@ class GetResult(BatchResult):
     NOT_FOUND is a miss, not an error: :attr:`ok` is True only if every key hit.
     """
 
-    buffers: tuple[memoryview | None, ...] = ()
+    buffers: tuple[Target | None, ...] = ()
 
 
 _CODES = {int(code): code for code in ErrorCode}  # a lookup: ErrorCode(s) costs a microsecond a key

@@ -38,9 +38,11 @@ from bench.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, Figure, KVShape, median_
 from bench.servers import kvpool_daemon  # noqa: E402
 from bench.vllm.harness import attention_spec, model_dir, vllm_config  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
-from kvpool_client.core.keys import Namespace  # noqa: E402
 from kvpool_client.integrations.vllm.blocks import BlockLayers  # noqa: E402
-from kvpool_client.integrations.vllm.scheduler import SchedulerPlan, TransferJob  # noqa: E402
+from kvpool_client.integrations.vllm.lookup import RankLookup  # noqa: E402
+from kvpool_client.integrations.vllm.scheduler import SchedulerPlan, StepPlan, TransferJob  # noqa: E402
+from kvpool_client.integrations.vllm.shape import CacheShape, EngineNamespaces  # noqa: E402
+from kvpool_client.integrations.vllm.streams import HostOrder  # noqa: E402
 from kvpool_client.integrations.vllm.worker import WorkerTransfers  # noqa: E402
 
 PREFIX_BLOCKS = 32
@@ -81,16 +83,23 @@ STEP_S = 0.001  # what a scheduler step takes besides the connector (a GPU step 
 POLL_S = 0.0002  # how often the benchmark asks the worker side whether a transfer ended
 
 
-def lookup_round(client: KVPoolClient, namespace: Namespace, hashes: list[bytes], repeat: int) -> tuple[float, float]:
+def namespaces(name: str) -> EngineNamespaces:
+    return CacheShape(name, "bfloat16", "bench", "mha", 2, 2, 64, BLOCK_TOKENS).namespaces()
+
+
+def lookup_round(
+    client: KVPoolClient, spaces: EngineNamespaces, hashes: list[bytes], repeat: int
+) -> tuple[float, float]:
     """(connector lookups/s, SDK lookups/s) for one round.
 
     The connector's figure is the scheduler's view: ``repeat`` waiting requests asked at
     each step (one step every :data:`STEP_S`) until every one has its answer.
     """
     # The SDK's caller builds the keys from the hashes too, as the connector does.
-    sdk = 1 / _timed(lambda: client.lookup([BlockKey(namespace.id, h) for h in hashes]), repeat)
+    namespace = spaces.of(0, 0).id
+    sdk = 1 / _timed(lambda: client.lookup([BlockKey(namespace, h) for h in hashes]), repeat)
     with ThreadPoolExecutor(1) as pool:
-        plan = SchedulerPlan(client.lookup, pool, namespace, 16)
+        plan = SchedulerPlan(RankLookup(client), pool, spaces, 16)
         waiting = [_Request(f"r{i}", hashes, 16) for i in range(repeat)]
         start = time.perf_counter()
         while waiting:
@@ -129,24 +138,32 @@ class Cache:
         )
         for tensor in {id(t.untyped_storage()): t for t in caches.values()}.values():
             torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).random_(0, 256)
-        self.transfers = WorkerTransfers(client, self.layers)
-        self.namespace = f"bench-{shape.name}-{layout}"
+        self.transfers = WorkerTransfers(client, self.layers, HostOrder())
+        self.namespaces = namespaces(f"bench-{shape.name}-{layout}")
         self._serial = 0
 
     def keys(self) -> list[BlockKey]:
+        """Fresh keys in the namespace the connector stores in (what a job of :meth:`job` moves)."""
         self._serial += 1
-        return [BlockKey(self.namespace, h) for h in _hashes(f"k{self._serial}", PREFIX_BLOCKS)]
+        namespace = self.namespaces.of(0, 0).id
+        return [BlockKey(namespace, h) for h in _hashes(f"k{self._serial}", PREFIX_BLOCKS)]
+
+    def job(self, req: str, keys: list[BlockKey], first_block: int) -> TransferJob:
+        block_ids = tuple(range(first_block, first_block + PREFIX_BLOCKS))
+        return TransferJob(req, tuple(k.hash for k in keys), 0, block_ids, self.namespaces)
 
     def save(self, keys: list[BlockKey]) -> None:
         req = f"s{self._serial}"
-        self.transfers.start_saves([TransferJob(req, tuple(keys), tuple(range(PREFIX_BLOCKS)))], [req])
-        while not (self.transfers.finished({req})[0] or set()) & {req}:
+        plan = StepPlan(saves=[self.job(req, keys, 0)], finishing=frozenset({req}))
+        self.transfers.begin_step(plan)
+        self.transfers.start_saves(plan)
+        while not (self.transfers.finished()[0] or set()) & {req}:
             time.sleep(POLL_S)
 
     def load(self, keys: list[BlockKey]) -> None:
         req = f"l{self._serial}"
-        self.transfers.start_loads([TransferJob(req, tuple(keys), tuple(range(PREFIX_BLOCKS, 2 * PREFIX_BLOCKS)))])
-        while req not in (self.transfers.finished(())[1] or set()):
+        self.transfers.begin_step(StepPlan(loads=[self.job(req, keys, PREFIX_BLOCKS)]))
+        while req not in (self.transfers.finished()[1] or set()):
             time.sleep(POLL_S)
         errors = self.transfers.load_errors()
         assert not errors, f"load errors: {sorted(errors)}"
@@ -200,11 +217,12 @@ def main() -> int:
         clients = {t: KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=t)) for t in TRANSPORTS}
         try:
             client = clients["tcp"]
-            namespace = Namespace("bench", "bf16", "lookup")
+            spaces = namespaces("bench-lookup")
             hashes = _hashes("lookup", LOOKUP_BLOCKS)
-            client.put([BlockKey(namespace.id, h) for h in hashes], [bytes(64)] * LOOKUP_BLOCKS).raise_for_errors()
-            lookup_round(client, namespace, hashes, lookups)  # warm-up: connections, threads
-            per_round = [lookup_round(client, namespace, hashes, lookups) for _ in range(rounds)]
+            stored = [BlockKey(spaces.of(0, 0).id, h) for h in hashes]
+            client.put(stored, [bytes(64)] * LOOKUP_BLOCKS).raise_for_errors()
+            lookup_round(client, spaces, hashes, lookups)  # warm-up: connections, threads
+            per_round = [lookup_round(client, spaces, hashes, lookups) for _ in range(rounds)]
             figures += _lookup_figures(per_round)
             for shape in SHAPES:
                 figures += _transfers(clients, shape, Path(work), rounds, repeat)

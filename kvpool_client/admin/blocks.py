@@ -137,6 +137,7 @@ def run_get(args: argparse.Namespace) -> ExitCode:
     status, buffer = result.statuses[0], result.buffers[0]
     if status is not ErrorCode.OK or buffer is None:
         raise from_status(status, str(key), node)
+    assert isinstance(buffer, memoryview)  # a get without destinations gives a buffer a block
     write_bytes(args.output, buffer)
     if args.output != "-":
         _print_block(args, key, node, len(buffer), status, output=args.output)

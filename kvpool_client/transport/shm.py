@@ -47,8 +47,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import xxhash
-
+from kvpool_client.buffers import Regions, Target
+from kvpool_client.buffers import checksum as checksum_of
 from kvpool_client.core.channels.copy import address, copy_into
 from kvpool_client.core.channels.copy import route as copy_route
 from kvpool_client.core.control import SharedArenaInfo
@@ -184,8 +184,8 @@ class MappedArena:
     def arena_id(self) -> int:
         return self.header.arena_id
 
-    def copy_into(self, location: SlotLocation, target: memoryview) -> None:
-        """Copy the located block into ``target`` (exactly its length).
+    def copy_into(self, location: SlotLocation, target: Target) -> None:
+        """Copy the located block into ``target`` (exactly its length; regions span by span).
 
         Raises:
             ProtocolError: the location lies outside the arena (the node lied).
@@ -193,9 +193,15 @@ class MappedArena:
         end = location.offset + location.length
         if end > self.info.capacity_bytes or len(target) != location.length:
             raise ProtocolError(f"block at {location.offset}+{location.length} lies outside the arena")
-        copy_into(target, self._view[location.offset : end], self._address + location.offset)
+        if not isinstance(target, Regions):
+            copy_into(target, self._view[location.offset : end], self._address + location.offset)
+            return
+        at = location.offset
+        for view in target.views:
+            copy_into(view, self._view[at : at + len(view)], self._address + at)
+            at += len(view)
 
-    def copy_held(self, location: SlotLocation, target: memoryview) -> bool:
+    def copy_held(self, location: SlotLocation, target: Target) -> bool:
         """Copy the located block into ``target`` if its slot's generation holds before the copy
         and after it: whether it did (False: the block was removed or its slot reused, and
         ``target`` holds nothing usable).
@@ -209,7 +215,7 @@ class MappedArena:
         self.copy_into(location, target)
         return generations[index] == location.generation
 
-    def read_published(self, namespace: str, block: bytes, target: memoryview, verify: bool) -> bool | None:
+    def read_published(self, namespace: str, block: bytes, target: Target, verify: bool) -> bool | None:
         """A block read through the published index in one compiled call: found, its generation
         checked before and after its copy into ``target``, its read marked. Whether it was copied
         (False: removed, its slot reused, or ``target`` not its length; ask the node); None: no
@@ -227,13 +233,14 @@ class MappedArena:
         if now is None:
             return None
         low, high = reader.digest(namespace, block)
+        spans = target.views if isinstance(target, Regions) else target  # regions: copied span by span
         try:
-            found = self._compiled.read(low, high, target, now >> MARK_SHIFT)
+            found = self._compiled.read(low, high, spans, now >> MARK_SHIFT)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from exc
         if found is None:
             return None
-        return found[5] and (not verify or xxhash.xxh3_64_intdigest(target) == found[3])
+        return found[5] and (not verify or checksum_of(target) == found[3])
 
     def vouched_for(self) -> bool:
         """Whether the node's heartbeat vouches for it now: what a read that takes no connection

@@ -27,11 +27,13 @@ BLOCKS = 8
 
 
 class NotedLayers(BlockLayers):
-    """The real cache view, noting each copy on the recording double (the stream it is issued on)."""
+    """The real cache view, copied through staging buffers as a GPU cache is, noting each copy on
+    the recording double (the stream it is issued on)."""
 
-    def __init__(self, cuda: RecordingCuda) -> None:
+    def __init__(self, cuda: RecordingCuda, device_memory: bool = True) -> None:
         caches = {f"l{i}": torch.zeros(2, BLOCKS, 4, 2, 8, dtype=torch.bfloat16) for i in range(2)}  # K/V outermost
         super().__init__(caches, list(caches), BLOCKS)
+        self.host_memory = not device_memory
         self._cuda = cuda
 
     def gather(self, block_id: int, out: torch.Tensor) -> None:
@@ -70,7 +72,6 @@ def gpu(client: KVPoolClient) -> Iterator[tuple[WorkerTransfers, RecordingCuda, 
     """Transfers of rank 0 as on a GPU: staging copies ordered by CudaOrder over the recording double."""
     cuda = RecordingCuda()
     layers = NotedLayers(cuda)
-    assert not layers.direct, "a layer-major cache is copied through staging buffers"
     transfers = WorkerTransfers(client, layers, CudaOrder(torch.device("cuda", 0), cuda))
     yield transfers, cuda, layers
     for released in cuda._held.values():

@@ -11,6 +11,7 @@ files: the daemon's writer fills in-memory buffers.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -77,7 +78,7 @@ class Node:
             self.python_marks.mark(found.slot, tick)
         return found.slot, found.offset, found.length, found.checksum, found.generation, copied
 
-    def compiled_read(self, key: StoreKey, target: memoryview, tick: int) -> Read:
+    def compiled_read(self, key: StoreKey, target: memoryview | tuple[memoryview, ...], tick: int) -> Read:
         return self.compiled.read(*self.reader.digest(*key), target, tick)
 
 
@@ -87,6 +88,12 @@ def destination(length: int, source: int, distance: int) -> memoryview:
     raw = bytearray(length + PAGE)
     start = (source + distance - address(memoryview(raw))) % PAGE
     return memoryview(raw)[start : start + length]
+
+
+def spans(target: memoryview, cuts: list[int]) -> tuple[memoryview, ...]:
+    """``target`` cut at ``cuts`` (clipped to its length) into consecutive spans, empty ones included."""
+    points = [0, *sorted(min(c, len(target)) for c in cuts), len(target)]
+    return tuple(target[a:b] for a, b in itertools.pairwise(points))
 
 
 class ReaderMachine(RuleBasedStateMachine):
@@ -130,19 +137,26 @@ class ReaderMachine(RuleBasedStateMachine):
         base = HEADER_WORDS + entry * ENTRY_WORDS
         words[base] += 1
         try:
-            self.read(data.draw(st.integers(0, len(KEYS) - 1)), 0, 0)
+            self.read(data.draw(st.integers(0, len(KEYS) - 1)), 0, False, [])
         finally:
             words[base] += 1
 
-    @rule(i=st.integers(0, len(KEYS) - 1), distance=st.sampled_from([0, 16, 64, 1, 2064]), short=st.booleans())
-    def read(self, i: int, distance: int, short: bool) -> None:
+    @rule(
+        i=st.integers(0, len(KEYS) - 1),
+        distance=st.sampled_from([0, 16, 64, 1, 2064]),
+        short=st.booleans(),
+        cuts=st.lists(st.integers(0, 8192), max_size=5),
+    )
+    def read(self, i: int, distance: int, short: bool, cuts: list[int]) -> None:
+        """``cuts`` split the compiled read's destination into spans (a block whose layers lie apart):
+        the spans, in order, must end up holding what one buffer holds."""
         node, self.tick = self.node, self.tick + 1
         found = node.reader.find(*KEYS[i])
         length = (found.length if found is not None else 4096) - short
         source = address(memoryview(node.arena)) + (found.offset if found is not None else 0)
         ours, theirs = destination(length, source, distance), destination(length, source, distance)
         expected = node.python_read(KEYS[i], theirs, self.tick)
-        got = node.compiled_read(KEYS[i], ours, self.tick)
+        got = node.compiled_read(KEYS[i], spans(ours, cuts) if cuts else ours, self.tick)
         assert got == expected, f"key {i}: compiled read {got}, Python read {expected}"
         event("not published" if got is None else "copied" if got[5] else "not copied (generation or length)")
         if got is not None and got[5] and length >= VECTOR_FROM:

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpool_client.buffers import Regions, spans
 from kvpool_client.core.errors import UsageError
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
 
@@ -57,9 +58,31 @@ def test_a_block_major_cache_is_read_in_place() -> None:
     tensors = caches(3, 4, 64, block_major=True)
     paged = BlockLayers(tensors, list(tensors), 4)
     assert paged.direct
-    paged.view(2).fill_(7)
+    block = paged.block(2)
+    assert isinstance(block, memoryview), "one slice of the cache"
+    block[:] = b"\x07" * len(block)
     assert all(bool((t[2] == 7).all()) and not bool((t[1] == 7).any()) for t in tensors.values())
     assert not BlockLayers(caches(3, 4, 64, block_major=False), [f"layer.{i}" for i in range(3)], 4).direct
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers=st.integers(1, 4), page=st.sampled_from([16, 64]), kv_split=st.booleans(), data=st.data())
+def test_a_layer_major_blocks_regions_are_its_bytes_in_block_order(
+    layers: int, page: int, kv_split: bool, data: st.DataObject
+) -> None:
+    tensors = caches(layers, 4, page, block_major=False, kv_split=kv_split)
+    paged = BlockLayers(tensors, list(tensors), 4)
+    block = data.draw(st.integers(0, 3))
+    written = data.draw(st.binary(min_size=paged.block_nbytes, max_size=paged.block_nbytes))
+    target = paged.block(block)
+    assert isinstance(target, Regions) != paged.direct and len(target) == paged.block_nbytes
+    at = 0
+    for view in spans(target):  # what a get does: fill the regions in order
+        view[:] = written[at : at + len(view)]
+        at += len(view)
+    out = torch.empty(paged.block_nbytes, dtype=torch.uint8)
+    paged.gather(block, out)
+    assert out.numpy().tobytes() == written, "the regions are not the block's bytes in the order a gather reads"
 
 
 def test_layer_order_is_the_group_order() -> None:

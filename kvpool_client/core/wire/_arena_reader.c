@@ -111,11 +111,48 @@ static int holding(const ArenaReader *self) {
     return 0;
 }
 
+/* The writable spans a block is copied into: target itself, or each buffer of a tuple, in order.
+ * Returns how many (into *spans, which is one when target is no tuple); -1 with an error set. */
+static Py_ssize_t take_spans(PyObject *target, Py_buffer *one, Py_buffer **spans, Py_ssize_t *total) {
+    const int flags = PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS;
+    if (!PyTuple_Check(target)) {
+        if (PyObject_GetBuffer(target, one, flags) < 0) return -1;
+        *spans = one, *total = one->len;
+        return 1;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(target), sum = 0;
+    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
+    if (views == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(target, i), &views[i], flags) < 0) {
+            while (i--) PyBuffer_Release(&views[i]);
+            PyMem_Free(views);
+            return -1;
+        }
+        sum += views[i].len;
+    }
+    *spans = views, *total = sum;
+    return count;
+}
+
+static void release_spans(Py_buffer *spans, Py_ssize_t count, Py_buffer *one) {
+    for (Py_ssize_t i = 0; i < count; i++) PyBuffer_Release(&spans[i]);
+    if (spans != one) PyMem_Free(spans);
+}
+
+static void copy_spans(Py_buffer *spans, Py_ssize_t count, const char *src, int vector_near) {
+    for (Py_ssize_t i = 0; i < count; src += spans[i].len, i++) copy_block(spans[i].buf, src, spans[i].len, vector_near);
+}
+
 PyDoc_STRVAR(read_doc,
     "read(low, high, target, tick) -> (slot, offset, length, checksum, generation, copied) | None\n\n"
     "Find the key whose digest is (low, high) in the table and, when its slot's generation holds\n"
-    "before and after, copy its block into target (exactly its length) and mark the read at tick.\n"
-    "copied is False when the generation moved or target's length differs; None: not published.\n"
+    "before and after, copy its block into target (exactly its length; a tuple of buffers takes the\n"
+    "block span by span, in order) and mark the read at tick. copied is False when the generation\n"
+    "moved or target's length differs; None: not published.\n"
     "Raises ValueError for an entry that is not a slot of the arena.");
 
 static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -132,21 +169,22 @@ static PyObject *ArenaReader_read(ArenaReader *self, PyObject *const *args, Py_s
     if (slot < 0) Py_RETURN_NONE;
     uint64_t offset = fields[OFFSET], length = fields[LENGTH], generation = fields[GENERATION];
     if (!is_slot(self, offset, length)) return NULL;
-    Py_buffer target;
-    if (PyObject_GetBuffer(args[2], &target, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_buffer one, *spans;
+    Py_ssize_t total, count = take_spans(args[2], &one, &spans, &total);
+    if (count < 0) return NULL;
     const uint64_t *held = (const uint64_t *)self->generations.buf + offset / self->granule;
     int copied = 0;
-    if ((uint64_t)target.len == length && load(held) == generation) {
+    if ((uint64_t)total == length && load(held) == generation) {
         const char *src = (const char *)self->arena.buf + offset;
         if (length >= RELEASE_GIL_FROM) {
-            Py_BEGIN_ALLOW_THREADS copy_block(target.buf, src, length, self->vector_near);
+            Py_BEGIN_ALLOW_THREADS copy_spans(spans, count, src, self->vector_near);
             Py_END_ALLOW_THREADS
         } else {
-            copy_block(target.buf, src, length, self->vector_near);
+            copy_spans(spans, count, src, self->vector_near);
         }
         copied = load(held) == generation;
     }
-    PyBuffer_Release(&target);
+    release_spans(spans, count, &one);
     if (copied) mark(self, slot, tick);
     return Py_BuildValue("(nKKKKO)", slot, (unsigned long long)offset, (unsigned long long)length,
                          (unsigned long long)fields[CHECKSUM], (unsigned long long)generation,

@@ -6,10 +6,11 @@ inside a block: the layout is in the namespace, so bytes are never reinterpreted
 tensor indexes blocks in dimension 0 (``(num_blocks, ...)``, one region per block) or in
 dimension 1 under a leading K/V dimension (``(2, num_blocks, ...)``, two regions).
 
-Where every region of a block follows the previous one in memory (a block-major CPU
-cache), the block is one slice of the cache: the client reads into it and writes from it
-directly. Otherwise a save gathers the regions into a staging buffer (pinned host memory
-for a GPU cache) and a load scatters them back: one copy each way.
+In host memory a block goes to and from the pool with no copy of ours: where every region
+of a block follows the previous one (a block-major cache) it is one slice of the cache, and
+otherwise (vLLM's layer-major default) the client reads into and writes from its regions as
+one I/O vector (:class:`~kvpool_client.buffers.Regions`). A GPU cache goes through staging
+buffers (pinned host memory): a save gathers the regions into one, a load scatters it back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvpool_client.buffers import Regions, Target
 from kvpool_client.core.errors import UsageError
 
 
@@ -88,7 +90,12 @@ class BlockLayers:
         self.num_blocks = num_blocks
         self.regions = [r for name, t in zip(layer_names, tensors, strict=True) for r in _regions(name, t, num_blocks)]
         self.block_nbytes = sum(r.nbytes for r in self.regions)
-        self.direct = self.device.type == "cpu" and _adjacent(self.regions)
+        self.host_memory = self.device.type == "cpu"  # else the pool's client cannot reach it: staging
+        self.direct = self.host_memory and _adjacent(self.regions)
+        # Each region's storage as one memoryview, sliced per block by block(): no tensor per block.
+        self._spans = (
+            [(_bytes_of(r.raw), r.offset, r.stride, r.nbytes) for r in self.regions] if self.host_memory else []
+        )
         self._by_block = _uniform_view(self.regions, num_blocks)
         # On the CPU, numpy copies: one memcpy per row in this thread. torch's copy_ hands
         # larger copies to its intra-op thread pool, which on a busy host was 4x slower.
@@ -100,11 +107,15 @@ class BlockLayers:
         if bad:
             raise UsageError(f"block ids {bad[:4]} out of range 0..{self.num_blocks - 1}")
 
-    def view(self, block_id: int) -> torch.Tensor:
-        """Block ``block_id`` as one uint8 slice of the cache (only when :attr:`direct`)."""
-        first = self.regions[0]
-        start = first.offset + block_id * first.stride
-        return first.raw[start : start + self.block_nbytes]
+    def block(self, block_id: int) -> Target:
+        """Block ``block_id`` where it lies in host memory: one slice (:attr:`direct`), else its
+        regions in block-byte order. Only for a cache in host memory (:attr:`host_memory`)."""
+        if self.direct:
+            memory, offset, stride, _ = self._spans[0]
+            start = offset + block_id * stride
+            return memory[start : start + self.block_nbytes]
+        views = tuple(memory[o + block_id * s : o + block_id * s + n] for memory, o, s, n in self._spans)
+        return Regions(views, self.block_nbytes, True)
 
     def gather(self, block_id: int, out: torch.Tensor) -> None:
         """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`); on a
@@ -132,6 +143,11 @@ class BlockLayers:
         for region in self.regions:
             region.of(block_id).copy_(src[at : at + region.nbytes], non_blocking=True)
             at += region.nbytes
+
+
+def _bytes_of(raw: torch.Tensor) -> memoryview:
+    """A host tensor's whole storage as a writable byte memoryview (shared with the tensor)."""
+    return raw.numpy().data
 
 
 def _adjacent(regions: Sequence[Region]) -> bool:

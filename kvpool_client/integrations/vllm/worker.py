@@ -1,6 +1,8 @@
 """The worker side: run the plan's loads and saves off the forward pass, and report them.
 
-Loads and saves run on two threads of their own, each in order, so the forward pass never
+A cache in host memory is read and written in place (its blocks' regions, see
+:mod:`.blocks`); a GPU cache through staging buffers. Loads and saves run on two threads of
+their own, each in order, so the forward pass never
 waits for the pool (except for the saves of a request vLLM preempts, whose blocks it is
 about to reuse) and a load for a waiting request never queues behind a long prefill's saves.
 On a GPU each copy is ordered after the work vLLM had queued when it called the connector
@@ -28,6 +30,7 @@ from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
 from kvpool_client.integrations.vllm.scheduler import StepPlan, TransferJob
 from kvpool_client.integrations.vllm.streams import CopyOrder
+from kvpool_client.results import GetResult, PutResult
 
 log = logging.getLogger("kvpool.vllm")
 
@@ -136,21 +139,15 @@ class WorkerTransfers:
 
     def _load_batch(self, req_id: str, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> int:
         """Fetch one batch into its blocks; returns how many leading blocks arrived whole."""
-        direct = self._layers.direct
-        buffers = [self._layers.view(b) for b in block_ids] if direct else self._staging.take(len(keys))
         try:
-            result = self._client.get(keys, buffers)
+            if self._layers.host_memory:
+                result = self._client.get(keys, [self._layers.block(b) for b in block_ids])
+            else:
+                result = self._load_staged(keys, block_ids, mark)
             arrived = result.prefix_hits
-            if not direct:
-                with self._order.after(mark):
-                    for block_id, buffer in zip(block_ids[:arrived], buffers, strict=False):
-                        self._layers.scatter(block_id, buffer)
         except Exception as exc:  # never let a pool failure reach the forward pass
             log.warning("kvpool load of %d blocks for %s failed: %s", len(keys), req_id, exc)
             return 0
-        finally:
-            if not direct:
-                self._staging.give_back(buffers)
         if arrived < len(keys):
             status = result.statuses[arrived].name
             log.info("kvpool load for %s: %d of %d blocks arrived (then %s)", req_id, arrived, len(keys), status)
@@ -161,21 +158,38 @@ class WorkerTransfers:
             stop = min(start + BATCH_BLOCKS, len(job.hashes))
             self._save_batch(job.req_id, self._keys(job, start, stop), job.block_ids[start:stop], mark)
 
-    def _save_batch(self, req_id: str, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> None:
-        direct = self._layers.direct
-        buffers = [self._layers.view(b) for b in block_ids] if direct else self._staging.take(len(keys))
+    def _load_staged(self, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> GetResult:
+        """A device cache's load: into staging buffers, then copied into the blocks."""
+        buffers = self._staging.take(len(keys))
         try:
-            if not direct:
-                with self._order.after(mark):
-                    for block_id, buffer in zip(block_ids, buffers, strict=True):
-                        self._layers.gather(block_id, buffer)
-            result = self._client.put(keys, buffers)
+            result = self._client.get(keys, buffers)
+            with self._order.after(mark):
+                for block_id, buffer in zip(block_ids[: result.prefix_hits], buffers, strict=False):
+                    self._layers.scatter(block_id, buffer)
+            return result
+        finally:
+            self._staging.give_back(buffers)
+
+    def _save_batch(self, req_id: str, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> None:
+        try:
+            if self._layers.host_memory:
+                result = self._client.put(keys, [self._layers.block(b) for b in block_ids])
+            else:
+                result = self._save_staged(keys, block_ids, mark)
         except Exception as exc:  # a failed save costs future hits, never this request
             log.warning("kvpool save of %d blocks for %s failed: %s", len(keys), req_id, exc)
             return
-        finally:
-            if not direct:
-                self._staging.give_back(buffers)
         failed = [s.name for s in result.statuses if s not in _STORED]
         if failed:
             log.info("kvpool save for %s: %d of %d blocks not stored (%s)", req_id, len(failed), len(keys), failed[0])
+
+    def _save_staged(self, keys: Sequence[BlockKey], block_ids: Sequence[int], mark: Any) -> PutResult:
+        """A device cache's save: its blocks copied into staging buffers, which are sent."""
+        buffers = self._staging.take(len(keys))
+        try:
+            with self._order.after(mark):
+                for block_id, buffer in zip(block_ids, buffers, strict=True):
+                    self._layers.gather(block_id, buffer)
+            return self._client.put(keys, buffers)
+        finally:
+            self._staging.give_back(buffers)
