@@ -114,8 +114,8 @@ class BlockLayers:
             memory, offset, stride, _ = self._spans[0]
             start = offset + block_id * stride
             return memory[start : start + self.block_nbytes]
-        views = tuple(memory[o + block_id * s : o + block_id * s + n] for memory, o, s, n in self._spans)
-        return Regions(views, self.block_nbytes, True)
+        views = [memory[o + block_id * s : o + block_id * s + n] for memory, o, s, n in self._spans]
+        return Regions(tuple(views), self.block_nbytes, True)
 
     def gather(self, block_id: int, out: torch.Tensor) -> None:
         """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`); on a

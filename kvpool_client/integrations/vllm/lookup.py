@@ -26,7 +26,7 @@ class RankLookup:
 
     def __call__(self, namespaces: EngineNamespaces, hashes: Sequence[bytes], first: int) -> int:
         writers = namespaces.writers()
-        keys = [BlockKey(ns.id, h, first + i) for ns in writers for i, h in enumerate(hashes)]
+        keys = [BlockKey(ns, h, first + i) for ns in writers for i, h in enumerate(hashes)]
         if len(writers) == 1:
             return self._client.lookup(keys)
         found = self._client.exists(keys)

@@ -8,6 +8,7 @@ parallel rank whose shard a block is.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from dataclasses import dataclass, replace
 
@@ -92,11 +93,17 @@ class EngineNamespaces:
         """Whether TP rank ``tp_rank`` stores blocks (MLA: rank 0 alone)."""
         return self.per_tp_rank or tp_rank == 0
 
-    def writers(self) -> list[Namespace]:
-        """The namespace of every rank that stores blocks: a block is in the pool when it is in each."""
+    def writers(self) -> list[str]:
+        """The namespace id of every rank that stores blocks: a block is in the pool when it is in each."""
         tp_ranks = range(self.tp_size) if self.per_tp_rank else range(1)
-        return [self.of(tp, pp) for pp in range(self.pp_size) for tp in tp_ranks]
+        return [namespace_id(self, tp, pp) for pp in range(self.pp_size) for tp in tp_ranks]
 
     def renewed(self) -> EngineNamespaces:
         """The same namespaces under a new random generation: no block stored before is read again."""
         return replace(self, generation=secrets.token_hex(4))
+
+
+@functools.lru_cache(maxsize=256)
+def namespace_id(spaces: EngineNamespaces, tp_rank: int, pp_rank: int) -> str:
+    """``spaces.of(tp_rank, pp_rank).id``, built and checked once: every transfer and lookup asks."""
+    return spaces.of(tp_rank, pp_rank).id
