@@ -1,8 +1,9 @@
 """SGLang's real host KV pools and storage configs on a CPU, for kvpool's tests and benchmark.
 
-The host pools are SGLang's own classes (``MHATokenToKVPoolHost``, ``MLATokenToKVPoolHost``)
-built from a small CPU device pool, as SGLang's server builds them from its GPU pool; the
-only difference is ``pin_memory=False`` (pinning needs CUDA). The backend is attached the
+The host pools are SGLang's own classes (``MHATokenToKVPoolHost``, its asymmetric twin for
+models whose K and V head sizes differ, ``MLATokenToKVPoolHost``) built from a small CPU device
+pool, chosen as SGLang's server chooses them from its GPU pool; the only difference is
+``pin_memory=False`` (pinning needs CUDA). The backend is attached the
 way ``HiCacheController.attach_storage_backend`` does it: factory, then registration.
 """
 
@@ -33,7 +34,7 @@ _TORCHVISION_OPS = _define_torchvision_ops()
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
@@ -45,8 +46,8 @@ class PoolShape:
     """A model's KV shape as SGLang's host pool holds it.
 
     Attributes:
-        kind: ``mha`` or ``mla``; heads/head_dim: MHA's KV heads and head size; MLA's
-            latent dimension is ``kv_lora_rank + rope_dim``.
+        kind: ``mha`` or ``mla``; heads/head_dim: MHA's KV heads and head size (``v_head_dim``
+            the V heads' when it differs); MLA's latent dimension is ``kv_lora_rank + rope_dim``.
     """
 
     name: str
@@ -58,15 +59,19 @@ class PoolShape:
     rope_dim: int = 0
     page_size: int = 4
     dtype: torch.dtype = torch.bfloat16
+    v_head_dim: int | None = None
 
     @property
     def page_nbytes(self) -> int:
-        per_token = 2 * self.heads * self.head_dim if self.kind == "mha" else self.kv_lora_rank + self.rope_dim
+        mha = self.heads * (self.head_dim + (self.v_head_dim or self.head_dim))
+        per_token = mha if self.kind == "mha" else self.kv_lora_rank + self.rope_dim
         return per_token * self.layers * self.page_size * self.dtype.itemsize
 
 
 TINY_MHA = PoolShape("tiny-mha", "mha", layers=2, heads=2, head_dim=8)
 TINY_MLA = PoolShape("tiny-mla", "mla", layers=2, kv_lora_rank=16, rope_dim=8)
+# V heads smaller than K heads (MiMo-V2's kind): SGLang keeps K and V in two buffers.
+TINY_ASYMMETRIC = PoolShape("tiny-asymmetric", "mha", layers=2, heads=2, head_dim=8, v_head_dim=4)
 
 
 def device_pool(shape: PoolShape, tokens: int) -> Any:
@@ -81,7 +86,7 @@ def device_pool(shape: PoolShape, tokens: int) -> Any:
     )
     if shape.kind == "mla":
         return MLATokenToKVPool(kv_lora_rank=shape.kv_lora_rank, qk_rope_head_dim=shape.rope_dim, **common)
-    return MHATokenToKVPool(head_num=shape.heads, head_dim=shape.head_dim, **common)
+    return MHATokenToKVPool(head_num=shape.heads, head_dim=shape.head_dim, v_head_dim=shape.v_head_dim, **common)
 
 
 def host_pool(shape: PoolShape, layout: str, pages: int) -> Any:
@@ -103,7 +108,7 @@ def host_pool(shape: PoolShape, layout: str, pages: int) -> Any:
         return MLATokenToKVPoolHost(
             info, target_layer_num=device.layer_num, override_kv_cache_dim=device.kv_cache_dim, **common
         )
-    return MHATokenToKVPoolHost(info, **common)
+    return get_mha_host_pool_cls(info)(info, **common)
 
 
 def storage_config(

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.mem_cache.pool_host.mha import AsymmetricMHATokenToKVPoolHost, get_mha_host_pool_cls
+from sglang.srt.mem_cache.pool_host.mha import AsymmetricMHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mha_mxfp8 import MHATokenToKVPoolMXFP8Host
 
 from bench.sglang.pools import (
+    TINY_ASYMMETRIC,
     TINY_MHA,
     TINY_MLA,
     PoolShape,
@@ -252,39 +252,15 @@ def test_a_pool_down_at_start_only_costs_hits(backends: Callable[..., tuple[KVPo
     assert backend.batch_get_v1(keys, host.alloc(8)) == [False, False]
 
 
-V_HEAD_DIM = 4  # TINY_MHA's K heads have 8 channels: a model whose V heads are smaller (MiMo-V2's kind)
+V_HEAD_DIM = TINY_ASYMMETRIC.v_head_dim
 
 
 def asymmetric_host_pool(layout: str, pages: int = 16) -> Any:
-    """SGLang's host pool for a model whose K and V head sizes differ, chosen by SGLang's own
-    ``get_mha_host_pool_cls`` from a CPU device pool, as its server does from its GPU pool."""
-    shape = TINY_MHA
-    device = MHATokenToKVPool(
-        size=2 * shape.page_size,
-        page_size=shape.page_size,
-        dtype=shape.dtype,
-        head_num=shape.heads,
-        head_dim=shape.head_dim,
-        v_head_dim=V_HEAD_DIM,
-        layer_num=shape.layers,
-        device="cpu",
-        enable_memory_saver=False,
-    )
-    info = device.get_device_pool_infos()[0].buffer_info
-    cls = get_mha_host_pool_cls(info)
-    assert cls is AsymmetricMHATokenToKVPoolHost
-    return cls(
-        info,
-        host_to_device_ratio=1.0,
-        host_size=0,
-        page_size=shape.page_size,
-        layout=layout,
-        pin_memory=False,
-        device="cpu",
-        device_capacity_tokens=pages * shape.page_size,
-        start_layer=device.start_layer,
-        end_layer=device.end_layer,
-    )
+    """SGLang's host pool for a model whose K and V head sizes differ, of the class SGLang's own
+    ``get_mha_host_pool_cls`` picks from a CPU device pool, as its server does from its GPU pool."""
+    host = host_pool(TINY_ASYMMETRIC, layout, pages)
+    assert isinstance(host, AsymmetricMHATokenToKVPoolHost)
+    return host
 
 
 def k_and_v(host: Any, start: int) -> tuple[torch.Tensor, torch.Tensor]:
