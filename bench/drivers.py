@@ -21,7 +21,7 @@ import redis
 from bench import mooncake_peer, sockio
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient, Namespace
-from kvpool_client.core.wire.codec import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one_request
+from kvpool_client.core.wire.one_key import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one_request
 
 _DELETE_CHUNK = 1024
 

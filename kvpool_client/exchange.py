@@ -39,10 +39,10 @@ from kvpool_client.core.wire import (
     decode_message,
     encode,
 )
-from kvpool_client.core.wire.codec import (
+from kvpool_client.core.wire.codec import answer_meta_size
+from kvpool_client.core.wire.one_key import (
     GET_ONE_ANSWER_SIZE,
     PUT_ONE_ANSWER_SIZE,
-    answer_meta_size,
     decode_get_one,
     decode_put_one_answer,
     encode_get_one_request,
@@ -54,7 +54,7 @@ T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20
 
 
-# Steps are not frozen: three are made per request, and a frozen one costs twice as much.
+# Steps are not frozen: three are made per request, and a frozen one sets each field through object.__setattr__.
 @dataclass(slots=True)
 class Send:
     buffers: list[bytes | memoryview]
@@ -158,7 +158,7 @@ def put(request: PutRequest, blocks: Sequence[Target], limits: WireLimits) -> Ex
     head = encode_put_one_request(request.request_id, request.namespace, request.hashes[0], request.lengths[0], depth)
     yield Send([head, *spans(blocks[0])])
     answer: bytes = yield ReceiveUpTo(PUT_ONE_ANSWER_SIZE)
-    status = decode_put_one_answer(answer, request.request_id)
+    status = decode_put_one_answer(answer, request.request_id, limits)
     if status is None:  # an error, or an answer in pieces: read the general way
         meta = answer_meta_size(Op.PUT, 1)
         return _statuses((yield from _response(request.request_id, Op.PUT, limits, meta, answer)), 1)
@@ -247,8 +247,8 @@ class SingleGet:
 
     Over a transport that runs exchanges (ucx, asyncio) it is :meth:`steps`, the :func:`get`
     exchange. Over a blocking socket, :meth:`run_sync` performs the usual answer (the block,
-    of the target's size) in line, without the exchange's generator and steps (15-25 us of a
-    cache-cold 64 KiB get's client CPU); any other answer is read by :func:`get`'s own code
+    of the target's size) in line, without the exchange's generator and steps (their cost shows
+    in a one-block get's client CPU); any other answer is read by :func:`get`'s own code
     from where :meth:`run_sync` stopped. Both return what :func:`get` returns.
     """
 

@@ -30,8 +30,8 @@ from kvpool_client.core.wire import (
     WireLimits,
     encode,
 )
-from kvpool_client.core.wire.codec import encode_get_one
 from kvpool_client.core.wire.connection import Request
+from kvpool_client.core.wire.one_key import encode_get_one
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import checksum

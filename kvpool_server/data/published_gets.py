@@ -1,8 +1,8 @@
 """One-key GETs of published blocks, answered by the compiled reader without the DRAM tier's Python.
 
 The usual answer to a one-key GET finds the key in the DRAM tier's index, pins the
-block, refreshes its recency, sends it and unpins it: some 20 us of Python per get,
-as much as the two syscalls around it. A block that is published (the table same-node
+block, refreshes its recency, sends it and unpins it: Python that costs a get as much
+as the two syscalls around it. A block that is published (the table same-node
 clients read, :mod:`kvpool_server.tiers.shared_index`) can be sent without any of it:
 the compiled reader finds it in the table and sends its slot while holding the GIL, which
 keeps the slot from being freed, so reused, meanwhile (``_arena_reader.c`` says why that
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import WireLimits
-from kvpool_client.core.wire.codec import encode_get_one
+from kvpool_client.core.wire.one_key import encode_get_one
 from kvpool_client.core.wire.published import MARK_SHIFT
 from kvpool_server.index.published import PublishedIndex
 from kvpool_server.stats import Counters
@@ -38,7 +38,7 @@ SendPublished = Callable[[int, str, bytes], bytes | None]
 
 _OK = int(ErrorCode.OK)
 # Larger blocks take the Python path, whose send lets the GIL go: the kernel's copy of this many
-# bytes takes about as long as the Python it saves (some 20 us), and the GIL is held through it.
+# bytes takes about as long as the Python it saves, and the GIL is held through it.
 HOLD_GIL_UP_TO = 256 * 1024
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import Op, PutRequest, StatusResponse, encode
-from kvpool_client.core.wire.codec import encode_put_one_answer
+from kvpool_client.core.wire.one_key import encode_put_one_answer
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import Reply
 from kvpool_server.index import BlockEntry, StoreKey

@@ -20,7 +20,7 @@ from kvpool_client.core.errors import AuthenticationError, ErrorCode, UsageError
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.core.wire import HelloRequest, PutRequest, WireLimits, decode_header, encode
-from kvpool_client.core.wire.codec import HEADER_SIZE
+from kvpool_client.core.wire.layout import HEADER_SIZE
 from tests.support.daemon import DaemonProcess
 from tests.support.waiting import wait_until
 

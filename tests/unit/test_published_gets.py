@@ -25,7 +25,7 @@ import xxhash
 
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import WireLimits
-from kvpool_client.core.wire.codec import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one
+from kvpool_client.core.wire.one_key import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one
 from kvpool_client.core.wire.published import MARK_SHIFT
 from kvpool_server.data.published_gets import PublishedGets
 from kvpool_server.index import BlockEntry

@@ -12,22 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvpool_client.core.errors import ErrorCode, LimitExceeded, ProtocolError
-from kvpool_client.core.wire.codec import (
-    HEADER_SIZE,
-    decode_get_one,
-    decode_get_one_request,
-    decode_header,
-    decode_message,
-    decode_put_one_answer,
-    decode_put_one_request,
-    encode,
-    encode_get_one,
-    encode_get_one_request,
-    encode_put_one_answer,
-    encode_put_one_request,
-    payload_length,
-    payload_lengths,
-)
+from kvpool_client.core.wire.codec import decode_header, decode_message, encode, payload_length, payload_lengths
 from kvpool_client.core.wire.frames import (
     MAX_HASH_BYTES,
     MAX_NAMESPACE_BYTES,
@@ -48,6 +33,17 @@ from kvpool_client.core.wire.frames import (
     PutRequest,
     StatusResponse,
     WireLimits,
+)
+from kvpool_client.core.wire.layout import HEADER_SIZE
+from kvpool_client.core.wire.one_key import (
+    decode_get_one,
+    decode_get_one_request,
+    decode_put_one_answer,
+    decode_put_one_request,
+    encode_get_one,
+    encode_get_one_request,
+    encode_put_one_answer,
+    encode_put_one_request,
 )
 
 LIMITS = WireLimits(max_keys=8, max_block_size=1024, max_payload=1 << 20)
@@ -550,6 +546,15 @@ def test_locate_response_lists_must_match_the_statuses(field):
 
 # -- the one-key GET and PUT, read and written in one step (decode_*_one*, encode_*_one*) --------
 
+# Limits around the frames the strategies draw, down to none at all: a one-key decoder applies
+# every rule the general decoder applies, whatever the limits (it once ignored max_keys).
+limit_sets = st.builds(
+    WireLimits,
+    max_keys=st.integers(0, 2),
+    max_block_size=st.integers(0, LIMITS.max_block_size + 1),
+    max_payload=st.integers(0, LIMITS.max_payload),
+)
+
 
 def general_or_none(frame: bytes, limits: WireLimits = LIMITS):
     """What the general decoder makes of one whole frame, or None when it rejects it."""
@@ -568,20 +573,22 @@ one_key_answers = st.builds(
 )
 
 
-@given(one_key_answers, st.lists(mutations, max_size=3))
+@given(one_key_answers, st.lists(mutations, max_size=3), st.one_of(st.just(LIMITS), limit_sets))
+@example(GetResponse(7, [ErrorCode.OK], [4], [1]), [], WireLimits(max_keys=0))
 @FUZZ
-def test_a_one_key_answer_reads_as_the_general_decoder_reads_it(message, changes):
+def test_a_one_key_answer_reads_as_the_general_decoder_reads_it(message, changes, limits):
     message.lengths[0] *= message.statuses[0] == ErrorCode.OK  # else encode refuses it
     frame = encode(message)
     for change in changes:
         frame = mutate(frame, change)
-    fast = decode_get_one(frame, message.request_id, LIMITS)
-    general = general_or_none(frame)
+    fast = decode_get_one(frame, message.request_id, limits)
+    general = general_or_none(frame, limits)
     if fast is not None:  # never accepts what the general path rejects, and reads the same
+        assert general is not None, (fast, frame)
         expected = (general.request_id, general.statuses, general.lengths, general.checksums)
         assert (message.request_id, [fast[0]], [fast[1]], [fast[2]]) == expected, (fast, general)
     elif not changes:  # a well-formed answer is read here unless the general path rejects it too
-        assert general is None and message.lengths[0] > LIMITS.max_block_size, (message, general)
+        assert general is None, (message, general)
 
 
 @pytest.mark.parametrize(
@@ -613,13 +620,13 @@ def test_encode_get_one_writes_what_encode_writes(request_id, status, length, ch
     assert decode_get_one(expected, request_id, LIMITS) == (status, length, checksum)
 
 
-def _read_get_one(data: bytearray) -> tuple[GetRequest, int] | None:
-    fast = decode_get_one_request(data, LIMITS)
+def _read_get_one(data: bytearray, limits: WireLimits) -> tuple[GetRequest, int] | None:
+    fast = decode_get_one_request(data, limits)
     return None if fast is None else (GetRequest(fast[0], fast[1], [fast[2]]), fast[3])
 
 
-def _read_put_one(data: bytearray) -> tuple[PutRequest, int] | None:
-    return decode_put_one_request(data, LIMITS)
+def _read_put_one(data: bytearray, limits: WireLimits) -> tuple[PutRequest, int] | None:
+    return decode_put_one_request(data, limits)
 
 
 one_key_requests = st.one_of(
@@ -629,22 +636,27 @@ one_key_requests = st.one_of(
 
 
 @pytest.mark.parametrize(("read_one", "kind"), [(_read_get_one, GetRequest), (_read_put_one, PutRequest)])
-@given(st.one_of(messages, one_key_requests), st.lists(mutations, max_size=3), st.binary(max_size=40))
+@given(
+    st.one_of(messages, one_key_requests),
+    st.lists(mutations, max_size=3),
+    st.binary(max_size=40),
+    st.one_of(st.just(LIMITS), limit_sets),
+)
 # A cut frame that the following byte completes: the one-key reader reads the whole head.
-@example(GetRequest(0, "00000\x80\U00010000\U00010000", [b"\x00" * 20]), [("truncate", 488)], b"\x00")
+@example(GetRequest(0, "00000\x80\U00010000\U00010000", [b"\x00" * 20]), [("truncate", 488)], b"\x00", LIMITS)
 @FUZZ
-def test_a_one_key_request_reads_as_the_general_decoder_reads_it(read_one, kind, message, changes, after):
+def test_a_one_key_request_reads_as_the_general_decoder_reads_it(read_one, kind, message, changes, after, limits):
     frame = encode(message)
     for change in changes:
         frame = mutate(frame, change)
     stream = frame + after  # a put's payload or the next frame may follow the head
-    fast = read_one(bytearray(stream))
-    general = general_or_none(frame)
+    fast = read_one(bytearray(stream), limits)
+    general = general_or_none(frame, limits)
     if fast is not None:
         request, size = fast
         # The head ends where its header says: the general decoder reads the same bytes of the
         # stream (which a cut mutation may have completed with bytes of ``after``).
-        alone = general_or_none(stream[:size])
+        alone = general_or_none(stream[:size], limits)
         assert alone == request and general in (alone, None), (fast, general)
     elif isinstance(general, kind) and len(general.hashes) == 1:
         raise AssertionError(f"a one-key {kind.__name__} was left to the general path: {general}")
@@ -707,7 +719,26 @@ def test_encode_put_one_answer_writes_what_encode_writes(request_id, status):
             encode_put_one_answer(request_id, status)
         return
     assert encode_put_one_answer(request_id, status) == expected
-    assert decode_put_one_answer(expected, request_id) == status
+    assert decode_put_one_answer(expected, request_id, LIMITS) == status
+
+
+@given(
+    st.builds(StatusResponse, request_ids, st.just(Op.PUT), st.lists(statuses, min_size=1, max_size=1)),
+    st.lists(mutations, max_size=3),
+    st.one_of(st.just(LIMITS), limit_sets),
+)
+@example(StatusResponse(7, Op.PUT, [ErrorCode.OK]), [], WireLimits(max_keys=0))
+@FUZZ
+def test_a_one_block_put_answer_reads_as_the_general_decoder_reads_it(message, changes, limits):
+    frame = encode(message)
+    for change in changes:
+        frame = mutate(frame, change)
+    fast = decode_put_one_answer(frame, message.request_id, limits)
+    general = general_or_none(frame, limits)
+    if fast is not None:
+        assert general == StatusResponse(message.request_id, Op.PUT, [fast]), (fast, general)
+    elif not changes:
+        assert general is None, (message, general)
 
 
 @pytest.mark.parametrize(
@@ -722,4 +753,4 @@ def test_encode_put_one_answer_writes_what_encode_writes(request_id, status):
     ids=["error", "other-id", "two-keys", "other-op", "short"],
 )
 def test_a_frame_that_is_not_a_one_block_put_answer_is_left_to_the_general_path(frame):
-    assert decode_put_one_answer(frame, 7) is None
+    assert decode_put_one_answer(frame, 7, LIMITS) is None

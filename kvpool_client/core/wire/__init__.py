@@ -1,7 +1,6 @@
 """The data-plane wire protocol, shared by client and daemon (sans-IO)."""
 
 from kvpool_client.core.wire.codec import (
-    HEADER_SIZE,
     decode_header,
     decode_message,
     encode,
@@ -32,6 +31,7 @@ from kvpool_client.core.wire.frames import (
     StatusResponse,
     WireLimits,
 )
+from kvpool_client.core.wire.layout import HEADER_SIZE
 
 __all__ = [
     "HEADER_SIZE",

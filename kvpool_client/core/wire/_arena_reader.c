@@ -11,8 +11,8 @@
  * Copies whose destination lies a few bytes past the source modulo a page (a page-aligned slot
  * into a large numpy array, at a page plus 16) go through a loop of unaligned 16-byte loads and
  * aligned stores where the process measured memcpy clearly slower for them (glibc's memcpy takes
- * `rep movsb` for them, five to ten times slower on some CPUs; kvpool_client.core.channels.copy
- * measures, and says more); every other copy is a memcpy.
+ * `rep movsb` for them, far slower on some CPUs; kvpool_client.core.channels.copy measures,
+ * and says more); every other copy is a memcpy.
  *
  * The daemon reads its own table with the same type (locate, send): it answers a one-key GET
  * by sending the published slot's bytes to the client's socket while it holds the GIL. Every

@@ -29,14 +29,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from kvpool_client.core.errors import AuthenticationError, KVPoolError, ProtocolError
-from kvpool_client.core.wire.codec import (
-    HEADER_SIZE,
-    decode_get_one_request,
-    decode_header,
-    decode_message,
-    decode_put_one_request,
-    header_identity,
-)
+from kvpool_client.core.wire.codec import decode_header, decode_message, header_identity
 from kvpool_client.core.wire.frames import (
     MAX_TOKEN_BYTES,
     DeleteRequest,
@@ -50,6 +43,8 @@ from kvpool_client.core.wire.frames import (
     PutRequest,
     WireLimits,
 )
+from kvpool_client.core.wire.layout import HEADER_SIZE
+from kvpool_client.core.wire.one_key import decode_get_one_request, decode_put_one_request
 
 NEEDS_TOKEN = (
     "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
