@@ -24,8 +24,8 @@ from kvpool_client.transport.shm import MappedArena, SharedArenaUnavailable
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
 _DEFAULT_BLOCK_LIMIT = WireLimits().max_block_size  # a node's limit until its own is known
-# The least payload worth a connection of its own (:func:`streams`): a second thread costs
-# about 50-100 us a batch, a 4 MiB transfer over loopback about 1.5 ms.
+# The least payload worth a connection of its own (:func:`streams`): a second connection costs a
+# thread hand-off, which must stay small beside the transfer it overlaps with the first.
 STREAM_BYTES = 4 << 20
 
 

@@ -59,7 +59,8 @@ class Counters:
             return dict(self._values) if zeros else {name: value for name, value in self._values.items() if value}
 
 
-# Upper bounds in seconds: a small get on loopback takes ~100 us, a batch of MiBs ~10 ms.
+# Upper bounds in seconds: the first resolve small gets on loopback, the middle batches of MiBs,
+# the last requests that stalled.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 

@@ -1,7 +1,7 @@
 """Block keys to dense integer ids, in flat arrays: the index's only per-key map.
 
-A daemon holds millions of blocks, so a dict of key tuples to objects (about 680
-bytes a block, measured) is too dear. Here a key costs its hash's bytes in a cell
+A daemon holds millions of blocks, so a dict of key tuples to objects (an object, a
+tuple and a dict entry a block) is too dear. Here a key costs its hash's bytes in a cell
 of one bytearray, a namespace number, and a slot in an open-addressing table of
 64-bit digests and 32-bit ids (linear probing, at most 70% full, deletion by
 backward shift so no tombstones pile up). Everything else a tier knows about a

@@ -72,8 +72,7 @@ def open_segment(path: Path, flags: int) -> int:
 
     Reads walk a segment front to back (a batch's stretches, a prefix chain's records
     one batch after another), so ``POSIX_FADV_SEQUENTIAL`` doubles the kernel's
-    read-ahead window: more of the next batch is on its way while this one is sent
-    (about 1.1x the SSD tier's get rate in a same-run A/B here).
+    read-ahead window: more of the next batch is on its way while this one is sent.
     """
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | flags, 0o644)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)

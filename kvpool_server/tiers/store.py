@@ -88,7 +88,7 @@ class TierReport:
 _Read = tuple[int, BlockEntry | None, memoryview]
 
 
-@dataclass(slots=True)  # not frozen: one is made per block read, and frozen ones cost twice as much
+@dataclass(slots=True)  # not frozen: one is made per block read, and a frozen one sets each field by object.__setattr__
 class HeldBlock:
     """A block's bytes held for a reader until :meth:`BlockStore.release` (read-only to holders).
 
@@ -405,8 +405,7 @@ class BlockStore:
     def _start_read_ahead(self, keys: list[StoreKey]) -> None:
         """Read ``keys`` ahead as one pool task. Stretches planned one after another are
         read side by side, but each by one task: several readers of one segment file make
-        the kernel's read-ahead lose track of them (pieces of 4 MiB, each a task, were 1.01x
-        faster than no read-ahead in an A/B; one task per stretch 1.16x)."""
+        the kernel's read-ahead lose track of them, which undoes what reading ahead gains."""
         with self._reading_ahead_lock:
             keys = [key for key in keys if key not in self._reading_ahead and not self.dram.contains(key)]
             if not keys:

@@ -1,9 +1,9 @@
 """Scatter/gather I/O on a non-blocking socket for an asyncio (uvloop) event loop.
 
-asyncio streams copy every chunk into their own buffer and were ten times slower
-than raw sockets here for large messages. This channel calls ``sendmsg`` and
-``recvmsg_into`` directly on the caller's memoryviews (arena slices, tensors) and
-only parks on the loop when the kernel says it would block.
+asyncio streams copy every chunk into their own buffer: one copy too many for
+large messages. This channel calls ``sendmsg`` and ``recvmsg_into`` directly on
+the caller's memoryviews (arena slices, tensors) and only parks on the loop when
+the kernel says it would block.
 """
 
 from __future__ import annotations

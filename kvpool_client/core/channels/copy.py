@@ -3,22 +3,22 @@
 glibc's x86-64 memcpy copies the sizes between its ``rep_movsb_threshold`` (about 2 KiB)
 and its ``rep_movsb_stop_threshold`` (the L2 size on AMD, far more on Intel) with
 ``rep movsb``. On some CPUs (AMD EPYC hosts under Debian's glibc 2.36, the VM kvpool is
-developed on included, some days) that instruction runs five to ten times slower when
-the destination lies a few bytes past the source modulo a page: measured, 0 < (dst - src)
-mod 4096 < 32 (a 256 KiB copy 104 us against 10-13 us at every other distance). That is
-exactly a page-aligned arena slot copied into a large numpy array (malloc maps those and
-returns the page's address plus 16), and nobody can ask an engine's users to set
-``GLIBC_TUNABLES``. Torch tensors (64-byte aligned, from their own allocator) rarely are.
+developed on included, some days) that instruction runs far slower when the destination
+lies a few bytes past the source modulo a page (0 < (dst - src) mod 4096 < 32 where it was
+seen). That is exactly a page-aligned arena slot copied into a large numpy array (malloc
+maps those and returns the page's address plus 16), and nobody can ask an engine's users
+to set ``GLIBC_TUNABLES``. Torch tensors (64-byte aligned, from their own allocator)
+rarely are.
 
 glibc keeps another copy routine callable: ``memcpy@GLIBC_2.2.5``, the symbol it keeps
 for programs linked before 2.14, is its SSE2 ``memmove`` entry that never takes the
 ``rep movsb`` path (unaligned loads, aligned stores). Where ``rep movsb`` is fast it
-is the slower of the two (0.5-0.8x memcpy), so a process measures both once, on its
-first large copy (:func:`measure_route`, ~0.3 ms), and sends copies of
-:data:`VECTOR_FROM` bytes or more at a short page distance (:func:`short_page_distance`)
-through that entry only where memcpy is clearly slower for them. Every other copy is a
-memoryview assignment (memcpy). ``bench/copies.py`` measures these against the
-alternatives (numpy, torch, chunked and split copies).
+is the slower of the two, so a process measures both once, on its first large copy
+(:func:`measure_route`), and sends copies of :data:`VECTOR_FROM` bytes or more at a
+short page distance (:func:`short_page_distance`) through that entry only where memcpy
+is clearly slower for them. Every other copy is a memoryview assignment (memcpy).
+``bench/copies.py`` measures these against the alternatives (numpy, torch, chunked and
+split copies).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 PAGE = 4096
 SHORT_DISTANCE = 64  # page distances below this (but 0) take the candidate; 1-31 measured slow, the rest for margin
 # Below ~2 KiB glibc copies with vector loops anyway; up to here a slow rep movsb costs
-# less than the ctypes call (~0.3 us) that avoids it.
+# less than the ctypes call that avoids it.
 VECTOR_FROM = 4 << 10
 PROBE_BYTES = 256 << 10  # inside every CPU's rep movsb range, inside L2: measures the instruction, not DRAM
 PROBE_DISTANCE = 16  # the probe's destination lies this far past its source modulo a page, as a numpy array's data
@@ -94,7 +94,7 @@ class Copier:
             dst: a writable, C-contiguous buffer of ``src``'s length in bytes.
             src: the bytes to copy, C-contiguous (read-only allowed); must not overlap ``dst``.
             src_address: where ``src`` starts in memory, when the caller knows it (finding
-                a read-only buffer's address costs ~1.5 us).
+                a read-only buffer's address takes a buffer request through ctypes).
 
         Raises:
             ValueError: the lengths differ.
