@@ -30,7 +30,7 @@ from kvpool_client.core.wire import (
     WireLimits,
     encode,
 )
-from kvpool_client.core.wire.connection import Request
+from kvpool_client.core.wire.connection import GetOne, Request
 from kvpool_client.core.wire.one_key import encode_get_one
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters, Latencies
@@ -41,6 +41,7 @@ log = logging.getLogger("kvpool.data")
 
 OP_NAMES = {op: op.name.lower() for op in Op}  # latency histogram labels
 _REQUEST_OPS: dict[type, Op] = {
+    GetOne: Op.GET,
     GetRequest: Op.GET,
     LocateRequest: Op.LOCATE,
     ExistsRequest: Op.EXISTS,
@@ -51,7 +52,7 @@ _REQUEST_OPS: dict[type, Op] = {
 Reply = list[bytes | memoryview]
 
 
-def request_op(request: Request | PutRequest) -> Op:
+def request_op(request: GetOne | Request | PutRequest) -> Op:
     return _REQUEST_OPS[type(request)]
 
 
@@ -59,7 +60,7 @@ def request_op(request: Request | PutRequest) -> Op:
 class Answer:
     """A request being answered: the blocks it holds pinned, and the reply not sent yet."""
 
-    request: Request | PutRequest  # a put only once stored, its reply still to send
+    request: GetOne | Request | PutRequest  # a put only once stored, its reply still to send
     keys: list[StoreKey]  # the blocks it reads (GET, LOCATE)
     held: list[HeldBlock | None]
     started: float  # perf_counter when its head was in
@@ -79,15 +80,17 @@ class Answers:
         peer: str,
     ) -> None:
         self._store = store
-        self._tier = store.dram
         self._counters = counters
         self._latencies = latencies
         self._limits = limits
         self._verify = verify_checksum_on_get
         self._peer = peer
 
-    def begin(self, request: Request, started: float) -> Answer:
+    def begin(self, request: GetOne | Request, started: float) -> Answer:
         """Pin the request's blocks that DRAM holds (a GET or LOCATE)."""
+        if type(request) is GetOne:  # the usual single-block get, without a list comprehension
+            key = (request.namespace, request.block)
+            return Answer(request, [key], [self._store.acquire_dram_one(key)], started)
         if not isinstance(request, (GetRequest, LocateRequest)):
             return Answer(request, [], [], started)
         keys = [(request.namespace, h) for h in request.hashes]
@@ -101,6 +104,8 @@ class Answers:
     def reply(self, answer: Answer) -> Reply:
         request = answer.request
         match request:
+            case GetOne():
+                return self._get_one_reply(request.request_id, answer.held[0])
             case GetRequest():
                 return self._get_reply(request, answer.held)
             case LocateRequest():
@@ -120,7 +125,7 @@ class Answers:
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
         if len(held) == 1:
-            return self.get_one_reply(request.request_id, held[0])
+            return self._get_one_reply(request.request_id, held[0])
         statuses, lengths, sums, views = [], [], [], []
         for block in held:
             status = self._check(block)
@@ -138,8 +143,8 @@ class Answers:
         self._counters.add("bytes_out", sum(lengths))
         return [encode(GetResponse(request.request_id, statuses, lengths, sums)), *views]
 
-    def get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
-        """What :meth:`_get_reply` answers a get of one key, in one pack."""
+    def _get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
+        """:meth:`_get_reply` of one key, in one pack."""
         status = self._check(block)
         if block is None or status is not ErrorCode.OK:
             return [encode_get_one(request_id, int(status), 0, 0)]
@@ -156,8 +161,8 @@ class Answers:
         Each block is held only while its location and slot generation are read:
         the reader detects a reuse of the slot by the generation, not by a pin.
         """
-        generations = self._tier.generations
-        if generations is None:
+        arena_id = self._store.arena_id
+        if arena_id is None:
             return [
                 self.error_frame(
                     request.request_id, Op.LOCATE, KVPoolError("no shared arena", ErrorCode.INVALID_ARGUMENT)
@@ -165,7 +170,7 @@ class Answers:
             ]
         rows = [self._location(key, block) for key, block in zip(keys, held, strict=True)]
         columns = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(5)]
-        response = LocateResponse(request.request_id, generations.arena_id, *columns)
+        response = LocateResponse(request.request_id, arena_id, *columns)
         self._counters.add("bytes_out_shm", sum(response.lengths))
         return [encode(response)]
 
@@ -179,7 +184,7 @@ class Answers:
         entry = block.entry
         if entry is None:  # a private copy (acquire(arena_only=True) does not hand out one)
             return int(ErrorCode.NOT_IN_ARENA), 0, 0, 0, 0
-        return int(status), entry.offset, entry.length, entry.checksum, self._tier.generation(entry)
+        return int(status), entry.offset, entry.length, entry.checksum, self._store.generation(entry)
 
     def _check(self, block: HeldBlock | None) -> ErrorCode:
         if block is None:
@@ -187,7 +192,7 @@ class Answers:
         entry = block.entry  # bytes read from SSD were verified on the way
         if entry is not None and self._verify and checksum(block.view) != entry.checksum:
             log.error("checksum mismatch, block dropped", extra={"key": entry.key[1].hex(), "ns": entry.key[0]})
-            self._tier.discard_corrupt(entry)
+            self._store.discard_corrupt(entry)
             return ErrorCode.CHECKSUM_MISMATCH
         return ErrorCode.OK
 

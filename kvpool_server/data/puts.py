@@ -4,11 +4,14 @@ A block takes its slot only once its first bytes are here (the session waits for
 only while the slots of blocks still arriving, over every connection, stay under the
 admission budget: past it the block is refused ``OVERLOADED`` and its bytes go to the shared
 sink. Its budget comes back once its bytes are in, or are not coming. Nothing here touches a
-socket, so the session's readiness callback and its coroutine store puts alike, as
-:mod:`kvpool_server.data.answers` answers reads.
+socket: :meth:`Puts.store` is one procedure that yields what it waits for, and the session's
+readiness callback and its coroutine both drive it, as both take their answers to reads from
+:mod:`kvpool_server.data.answers`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Generator
 
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import Op, PutRequest, StatusResponse, encode
@@ -20,14 +23,17 @@ from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore
 
 Outcome = BlockEntry | ErrorCode  # a block's reserved slot, or why it has none
+# A block takes its slot once this many of its first bytes are here (all of a smaller one): a
+# peer that announces more than it sends evicts nothing for what it did not send, and one
+# trickling a byte at a time reaches its deadline first.
+FIRST_BYTES = 512
 
 
 class Puts:
-    """Stores the blocks of one connection's puts in a :class:`BlockStore`'s DRAM tier."""
+    """Stores the blocks of one connection's puts in a :class:`BlockStore`."""
 
     def __init__(self, store: BlockStore, admission: Admission, counters: Counters) -> None:
         self._store = store
-        self._tier = store.dram  # writes go to DRAM
         self._admission = admission
         self._counters = counters
 
@@ -36,52 +42,70 @@ class Puts:
         """A put is acknowledged only once its blocks are on SSD (see :meth:`BlockStore.persist`)."""
         return self._store.write_through
 
+    def store(self, request: PutRequest, writable: bool) -> Generator[int | memoryview, None, list[Outcome]]:
+        """Store a put's blocks as their bytes arrive, whichever driver moves the bytes.
+
+        Yields what it waits for, in order: a count (wait until that many payload bytes are
+        buffered: a block takes its slot only once its first bytes are here), or a buffer to
+        fill with the next payload bytes (a block's slot, or a piece of the shared sink for a
+        block refused). Returns each block's outcome, the stored ones committed (and, on a
+        write-through node, still pinned for :meth:`persist`). A put cut short, by an error
+        thrown in or by closing the generator, aborts its reservations: nothing half-written
+        ever becomes readable.
+
+        Args:
+            request: the put, its head read.
+            writable: False while the node drains: every block is refused ``DRAINING``.
+        """
+        outcomes: list[Outcome] = []
+        try:
+            for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
+                if writable and length > 0:
+                    yield min(length, FIRST_BYTES)
+                outcome = self._admit((request.namespace, h), length, depth) if writable else ErrorCode.DRAINING
+                outcomes.append(outcome)
+                if not isinstance(outcome, BlockEntry):
+                    yield from self.sink(length)
+                    continue
+                try:
+                    yield self._store.slot(outcome)
+                finally:
+                    self._admission.give(outcome.slot_size)  # its bytes are in, or not coming
+        except BaseException:
+            for outcome in outcomes:
+                if isinstance(outcome, BlockEntry):
+                    self._store.abort(outcome)
+            raise
+        # The chain's tail goes first: LRU then evicts tails before heads (a head without its
+        # tail is still a usable prefix; a tail without its head is not).
+        for outcome in reversed(outcomes):
+            if isinstance(outcome, BlockEntry):
+                self._store.commit(outcome)
+        return outcomes
+
+    async def persist(self, outcomes: list[Outcome]) -> None:
+        """Write a put's committed blocks through to SSD (a write-through node), then unpin them."""
+        stored = [o for o in outcomes if isinstance(o, BlockEntry)]
+        if stored:
+            await self._store.persist(stored)
+
     def sink(self, nbytes: int) -> list[memoryview]:
         """Where ``nbytes`` of refused payload are received and dropped, piece by piece: the one
         sink every connection shares."""
         sink = self._admission.sink
         return [sink[: min(len(sink), nbytes - start)] for start in range(0, nbytes, len(sink))]
 
-    def admit(self, key: StoreKey, length: int, depth: int) -> Outcome:
+    def _admit(self, key: StoreKey, length: int, depth: int) -> Outcome:
         """A slot for one block whose bytes are next on the wire, taken from the admission budget."""
-        slot = self._tier.slot_size(length)
+        slot = self._store.slot_size(length)
         if slot is None:
-            return self._tier.reserve(key, length, depth)  # refused whatever the budget: says why
+            return self._store.reserve(key, length, depth)  # refused whatever the budget: says why
         if not self._admission.take(slot):
             return ErrorCode.OVERLOADED
-        outcome = self._tier.reserve(key, length, depth)
+        outcome = self._store.reserve(key, length, depth)
         if not isinstance(outcome, BlockEntry):
             self._admission.give(slot)
         return outcome
-
-    def slot(self, entry: BlockEntry) -> memoryview:
-        """The reserved slot a block's bytes go into."""
-        return self._tier.view(entry)
-
-    def received(self, entry: BlockEntry) -> None:
-        """The block's bytes are in, or will not come: its budget goes back."""
-        self._admission.give(entry.slot_size)
-
-    def commit(self, outcomes: list[Outcome]) -> list[BlockEntry]:
-        """Make a put's stored blocks readable (still pinned for a write-through); returns them.
-
-        The chain's tail goes first: LRU then evicts tails before heads (a head without
-        its tail is still a usable prefix; a tail without its head is not).
-        """
-        stored = [o for o in reversed(outcomes) if isinstance(o, BlockEntry)]
-        for entry in stored:
-            self._tier.commit(entry, keep_pin=self._store.write_through)
-        return stored
-
-    async def persist(self, stored: list[BlockEntry]) -> None:
-        """Write committed blocks through to SSD (a write-through node), then unpin them."""
-        await self._store.persist(stored)
-
-    def abort(self, outcomes: list[Outcome]) -> None:
-        """Free the slots of a put that ended before its blocks were committed."""
-        for outcome in outcomes:
-            if isinstance(outcome, BlockEntry):
-                self._tier.abort(outcome)
 
     def reply(self, request: PutRequest, outcomes: list[Outcome]) -> Reply:
         """The put's answer: OK for each block stored, else why not."""

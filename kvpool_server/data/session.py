@@ -19,13 +19,15 @@ Errors and the connection:
 - a peer that disappears mid-frame aborts its reservations: nothing half-written
   ever becomes readable.
 
-On a channel that can call back when its socket turns readable (plain TCP), a
-request whose frame has arrived whole, a put's payload included, is answered inside
-that callback: received, served from DRAM and sent without waking a coroutine, which
-took more of a small request's time than serving it. Anything that must wait (a
-put's payload still arriving, a frame still arriving, an SSD read or write, a reply
-the socket does not take at once) is handed to the coroutine loop, which serves it
-as above.
+Every event is served by one step (:meth:`Session._step`), which goes as far as it can
+without waiting: a read answered from DRAM and sent as far as the socket takes it, a put
+whose payload has all arrived stored and answered. What is left (an SSD read or write, a
+put's payload still arriving, the rest of a reply, a HELLO, a refusal) is finished by the
+coroutine (:meth:`Session._complete`), which may wait. Two drivers call the step: on a
+channel that can call back when its socket turns readable (plain TCP) the callback steps
+every request whose frame has arrived whole, without waking a coroutine, which took more
+of a small request's time than serving it; otherwise, and for whatever the callback hands
+over, the coroutine reads the next frame's head and steps it.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.core.errors import KVPoolError, NodeUnavailable
 from kvpool_client.core.wire import (
-    GetRequest,
     HelloResponse,
     LocateRequest,
     Op,
@@ -60,8 +61,7 @@ from kvpool_client.core.wire.connection import (
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
 from kvpool_server.data.published_gets import SendPublished
-from kvpool_server.data.puts import Outcome, Puts, depths
-from kvpool_server.index import BlockEntry
+from kvpool_server.data.puts import Outcome, Puts
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.store import BlockStore
 
@@ -104,9 +104,12 @@ class PollableChannel(Channel, Protocol):
     def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]: ...
 
 
-# What the readiness callback hands the coroutine: a request begun, an event to serve, or
-# None for the next frame, still arriving.
-Handover = Answer | PutRequest | Hello | Refusal | None
+# What a step leaves for the coroutine: a request begun, a put whose bytes are on their way, a
+# HELLO or a refusal to answer.
+Pending = Answer | PutRequest | Hello | Refusal
+# What the readiness callback hands the coroutine: something pending, or None for the next
+# frame, still arriving.
+Handover = Pending | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,10 @@ class SessionConfig:
         they evicted) for ever.
         """
         return self.io_timeout_s + nbytes / _MIN_PAYLOAD_RATE
+
+
+def _nothing_sent(reply: Reply) -> Reply:
+    return reply
 
 
 class Session:
@@ -153,6 +160,10 @@ class Session:
         self._send_published = send_published  # one-key GETs of published blocks, in compiled code
         self.busy = False  # True while a request is in flight; shutdown waits for it
         self._pollable = channel if isinstance(channel, PollableChannel) else None
+        # A step sends what the socket takes at once; without callbacks, the coroutine sends it all.
+        self._send_at_once: Callable[[Reply], Sequence[bytes | memoryview]] = (
+            self._pollable.send_now if self._pollable is not None else _nothing_sent
+        )
         self._chunk = memoryview(bytearray(HEAD_CHUNK))  # recv_now's: done when it returns, so one serves all
         self._turn: asyncio.Future[Handover] | None = None  # what the callback hands over
         self._last_served = 0.0  # monotonic time the callback last answered a request
@@ -175,9 +186,9 @@ class Session:
                 return
             self.busy = True
             try:
-                if isinstance(handed, Answer):
-                    await self._finish(handed)
-                elif not await self._serve(handed if handed is not None else await self._next_event()):
+                if handed is None:  # the next frame is still arriving (always, without callbacks)
+                    handed = self._step(await self._next_event())
+                if not await self._complete(handed):
                     return
             except (NodeUnavailable, TimeoutError) as exc:
                 log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
@@ -211,7 +222,98 @@ class Session:
                     event = connection.next_event()
         return event
 
-    # -- answering in the readiness callback ------------------------------------
+    # -- one request as far as it goes without waiting: what both drivers call ---
+
+    def _step(self, event: Event) -> Pending | None:
+        """Serve ``event`` as far as it goes without waiting.
+
+        Returns:
+            None once it is answered; else what :meth:`_complete` must finish (it may wait):
+            a request begun (blocks to read from SSD, or the rest of its reply to send), a
+            put whose bytes are still on their way, a HELLO, a refusal.
+        """
+        started = time.perf_counter()
+        if type(event) is GetOne:  # the usual single-block get
+            return self._get_one(event, started)
+        match event:
+            case PutRequest():
+                return self._put_now(event, started)
+            case Hello() | Refusal():
+                return event
+            case NeedData():
+                raise AssertionError("a driver receives a frame's whole head before its step")
+            case _:
+                self._counters.add(_REQUEST_COUNTERS[request_op(event)])
+                return self._answer(self._answers.begin(event, started))
+
+    def _get_one(self, get: GetOne, started: float) -> Answer | None:
+        """A one-key GET: sent from the published table where it can be, else answered as any read."""
+        if self._send_published is not None:
+            try:
+                rest = self._send_published(*get)
+            except OSError as exc:
+                raise NodeUnavailable(f"send to {self._channel.peer} failed: {exc}") from exc
+            if rest:  # the socket took part: the rest is a copy (nothing is pinned)
+                return Answer(get, [], [], started, [rest])
+            if rest is not None:
+                self._latencies.observe(_GET, time.perf_counter() - started)
+                return None
+        self._counters.add("requests_get")
+        return self._answer(self._answers.begin(get, started))
+
+    def _answer(self, answer: Answer) -> Answer | None:
+        """Reply to a read begun, unless some of its blocks must be read from SSD first."""
+        if self._store.wants_ssd(answer.keys, answer.held):
+            return answer
+        return self._send_now(answer, self._answers.reply(answer))
+
+    def _put_now(self, request: PutRequest, started: float) -> Answer | PutRequest | None:
+        """Store a put whose whole payload has arrived; the request, untouched, when it must wait
+        (bytes still on their way, a write-through, a channel without callbacks)."""
+        if self._pollable is None or self._puts.write_through:
+            return request
+        if self._connection.payload_buffered + self._pollable.pending() < self._connection.payload_left:
+            return request
+        self._counters.add("requests_put")
+        steps = self._puts.store(request, self._accepting_writes())
+        try:
+            wait = next(steps)
+            while True:
+                if isinstance(wait, memoryview):
+                    self._receive_payload_now(wait)
+                wait = next(steps)  # otherwise a count of bytes to wait for: all are here
+        except StopIteration as done:
+            outcomes: list[Outcome] = done.value
+        finally:
+            steps.close()  # a put cut short aborts its reservations
+        return self._send_now(Answer(request, [], [], started), self._puts.reply(request, outcomes))
+
+    def _send_now(self, answer: Answer, reply: Reply) -> Answer | None:
+        """Send what the channel takes of ``reply`` at once; ``answer`` with the rest, or None
+        once all is sent and the answer ended."""
+        try:
+            unsent = self._send_at_once(reply)
+        except BaseException:
+            self._store.release(answer.held)
+            raise
+        if unsent:
+            answer.unsent = [*unsent]
+            return answer
+        self._answers.end(answer)
+        return None
+
+    def _receive_payload_now(self, target: memoryview) -> None:
+        """Fill ``target`` with payload bytes the connection or the kernel already holds."""
+        assert self._pollable is not None
+        rest = target[self._connection.take_payload(target) :]
+        while len(rest):
+            received = self._pollable.recv_now(rest)
+            if not received:  # the kernel counted them: a bug, not the peer's doing
+                raise RuntimeError(f"payload from {self._channel.peer} announced as arrived is missing")
+            self._connection.payload_received(received)
+            rest = rest[received:]
+
+    # -- the readiness callback: a driver ------------------------------------------
 
     async def _handed_over(self, idle: float | None) -> Handover:
         """Answer requests in the readiness callback until one needs this coroutine."""
@@ -271,129 +373,27 @@ class Session:
             self._turn.set_result(handed)
 
     def _answer_buffered(self, get: GetOne | None = None) -> Handover | Literal[False]:
-        """Answer ``get`` (a request taken off the socket whole), then every buffered request that needs no waiting.
+        """Step ``get`` (a request taken off the socket whole), then every buffered request,
+        until one must wait.
 
         Returns:
             False when all are answered; else what :meth:`run` must take over.
         """
-        assert self._pollable is not None
         if get is not None:
-            begun = self._answer_get_one(get)
-            if begun is not None:
-                return begun
+            pending = self._step(get)
+            if pending is not None:
+                return pending
         while self._connection.buffered:
             event = self._connection.next_event()
-            if isinstance(event, GetOne):  # the usual single-block get
-                begun = self._answer_get_one(event)
-                if begun is not None:
-                    return begun
-                continue
             if isinstance(event, NeedData):
                 if not self._receive_head_now():
                     return None
                 continue
-            if isinstance(event, PutRequest):
-                put = self._put_now(event)
-                if put is False:
-                    return event
-                if put is not None:
-                    return put
-                continue
-            if isinstance(event, (Hello, Refusal)):
-                return event
-            self._counters.add(_REQUEST_COUNTERS[request_op(event)])
-            answer = self._answers.begin(event, time.perf_counter())
-            if self._store.wants_ssd(answer.keys, answer.held):
-                return answer
-            if self._send_now(answer, self._answers.reply(answer)):
-                return answer
-            self._answers.end(answer)
+            pending = self._step(event)
+            if pending is not None:
+                return pending
         self._last_served = time.monotonic()
         return False
-
-    def _answer_get_one(self, get: GetOne) -> Answer | None:
-        """Answer a one-key GET as :meth:`Answers.begin`, ``reply`` and ``end`` answer a GET,
-        without their per-key lists; returns the request begun when :meth:`run` must finish
-        it (its block is on SSD, or the socket did not take the whole reply), None once answered."""
-        assert self._pollable is not None
-        started = time.perf_counter()
-        request_id, namespace, block = get
-        if self._send_published is not None:
-            try:
-                rest = self._send_published(request_id, namespace, block)
-            except OSError as exc:
-                raise NodeUnavailable(f"send to {self._channel.peer} failed: {exc}") from exc
-            if rest:  # the socket took part: run() sends the rest, a copy (nothing is pinned)
-                return Answer(GetRequest(request_id, namespace, [block]), [], [], started, [rest])
-            if rest is not None:
-                self._latencies.observe(_GET, time.perf_counter() - started)
-                return None
-        self._counters.add("requests_get")
-        key = (namespace, block)
-        held = self._store.acquire_dram_one(key)
-        if held is None and self._store.on_ssd(key):
-            return Answer(GetRequest(request_id, namespace, [block]), [key], [None], started)
-        try:
-            unsent = self._pollable.send_now(self._answers.get_one_reply(request_id, held))
-        except BaseException:
-            self._store.release((held,))
-            raise
-        if unsent:  # the rest goes out from run(); the answer is made only now, for speed
-            return Answer(GetRequest(request_id, namespace, [block]), [key], [held], started, [*unsent])
-        self._store.release((held,))
-        self._latencies.observe(_GET, time.perf_counter() - started)
-        return None
-
-    def _put_now(self, request: PutRequest) -> Answer | Literal[False] | None:
-        """Store a put whose whole payload has arrived, as :meth:`_put` does, without waiting.
-
-        Returns:
-            False when it must wait (bytes still on the way, an SSD write, a draining node)
-            and nothing of it was taken; the put begun when :meth:`run` must send the rest
-            of its reply; None once answered.
-        """
-        assert self._pollable is not None
-        arrived = self._connection.payload_buffered + self._pollable.pending()
-        if arrived < self._connection.payload_left or self._puts.write_through or not self._accepting_writes():
-            return False
-        started = time.perf_counter()
-        self._counters.add("requests_put")
-        outcomes: list[Outcome] = []
-        try:
-            for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
-                outcomes.append(self._puts.admit((request.namespace, h), length, depth))
-                self._receive_block_now(outcomes[-1], length)
-        except BaseException:
-            self._puts.abort(outcomes)
-            raise
-        self._puts.commit(outcomes)
-        unsent = self._pollable.send_now(self._puts.reply(request, outcomes))
-        if unsent:  # the peer is not reading: run() sends the rest
-            return Answer(request, [], [], started, [*unsent])
-        self._latencies.observe(_PUT, time.perf_counter() - started)
-        return None
-
-    def _receive_block_now(self, outcome: Outcome, length: int) -> None:
-        """:meth:`_receive_block` of a block whose bytes have all arrived."""
-        if not isinstance(outcome, BlockEntry):
-            for piece in self._puts.sink(length):
-                self._receive_payload_now(piece)
-            return
-        try:
-            self._receive_payload_now(self._puts.slot(outcome))
-        finally:
-            self._puts.received(outcome)
-
-    def _receive_payload_now(self, target: memoryview) -> None:
-        """:meth:`_receive_payload` of bytes the kernel already holds."""
-        assert self._pollable is not None
-        rest = target[self._connection.take_payload(target) :]
-        while len(rest):
-            received = self._pollable.recv_now(rest)
-            if not received:  # the kernel counted them: a bug, not the peer's doing
-                raise RuntimeError(f"payload from {self._channel.peer} announced as arrived is missing")
-            self._connection.payload_received(received)
-            rest = rest[received:]
 
     def _receive_head_now(self) -> bool:
         """Receive the rest of a frame's head when the kernel already holds it: a batch's keys
@@ -407,43 +407,24 @@ class Session:
         self._connection.receive_data(rest[: self._pollable.recv_now(rest)])
         return True
 
-    def _send_now(self, answer: Answer, reply: Reply) -> bool:
-        """Send what the socket takes of ``reply`` now; True when some is left (kept in ``answer``)."""
-        assert self._pollable is not None
-        try:
-            unsent = self._pollable.send_now(reply)
-        except BaseException:
-            self._store.release(answer.held)
-            raise
-        answer.unsent = [*unsent] if unsent else None
-        return bool(unsent)
+    # -- the coroutine: the other driver ---------------------------------------------
 
-    # -- the coroutine loop ------------------------------------------------------
-
-    async def _serve(self, event: Event) -> bool:
-        """Serve one event; False when the connection must close."""
-        started = time.perf_counter()
-        match event:
-            case GetOne():
-                self._counters.add("requests_get")
-                request = GetRequest(event.request_id, event.namespace, [event.block])
-                await self._finish(self._answers.begin(request, started))
+    async def _complete(self, pending: Pending | None) -> bool:
+        """Finish what :meth:`_step` left, waiting as it must; False when the connection must close."""
+        match pending:
+            case None:
+                pass
+            case Answer():
+                await self._finish(pending)
             case PutRequest():
-                self._counters.add("requests_put")
-                await self._put(event)
-                self._latencies.observe(_PUT, time.perf_counter() - started)
+                await self._put(pending)
             case Hello():
-                await self._channel.send([encode(HelloResponse(event.request_id))])
+                await self._channel.send([encode(HelloResponse(pending.request_id))])
             case Refusal():
-                if not event.close:
+                if not pending.close:
                     await self._drop(self._connection.payload_left)
-                await self._send_error(event.request_id, event.op, event.error)
-                return not event.close
-            case NeedData():
-                raise AssertionError("_next_event returns whole events")
-            case _:
-                self._counters.add(_REQUEST_COUNTERS[request_op(event)])
-                await self._finish(self._answers.begin(event, started))
+                await self._send_error(pending.request_id, pending.op, pending.error)
+                return not pending.close
         return True
 
     async def _finish(self, answer: Answer) -> None:
@@ -460,49 +441,34 @@ class Session:
         self._answers.end(answer)
 
     async def _put(self, request: PutRequest) -> None:
-        """Store the blocks a put carries, reserving each block's slot only as its bytes arrive.
-
-        A block takes its slot (and evicts for it) only once its first bytes are here (up to
-        ``HEAD_CHUNK``: a peer trickling a byte at a time reaches its deadline first), so a
-        peer that announces more than it sends evicts nothing for what it did not send; the
-        slots of blocks still arriving, over every connection, stay under the admission
-        budget (past it a block is refused OVERLOADED and its bytes dropped). Blocks that
-        arrived whole wait, reserved, for the end of the put.
-        """
-        ns, lengths = request.namespace, request.lengths
-        writable = self._accepting_writes()
-        outcomes: list[Outcome] = []
+        """Store a put as its bytes arrive (:meth:`Puts.store`), each block taking its slot only
+        once its first bytes are here; the whole payload may take
+        :meth:`SessionConfig.payload_deadline`. A write-through put is answered once on SSD."""
+        started = time.perf_counter()
+        self._counters.add("requests_put")
+        steps = self._puts.store(request, self._accepting_writes())
         try:
-            async with asyncio.timeout(self._config.payload_deadline(sum(lengths))):
-                for h, length, depth in zip(request.hashes, lengths, depths(request), strict=True):
-                    if writable and length > 0:  # its first bytes are here: now it may take a slot
-                        await self._payload_buffered(min(length, HEAD_CHUNK))
-                    outcome = self._puts.admit((ns, h), length, depth) if writable else ErrorCode.DRAINING
-                    outcomes.append(outcome)
-                    await self._receive_block(outcome, length)
-        except BaseException:
-            self._puts.abort(outcomes)
-            raise
-        stored = self._puts.commit(outcomes)
-        if self._puts.write_through and stored:
-            await self._puts.persist(stored)  # acknowledged once on SSD
+            async with asyncio.timeout(self._config.payload_deadline(sum(request.lengths))):
+                wait = next(steps)
+                while True:
+                    if isinstance(wait, memoryview):
+                        await self._receive_payload(wait)
+                    else:
+                        await self._payload_buffered(wait)
+                    wait = next(steps)
+        except StopIteration as done:
+            outcomes: list[Outcome] = done.value
+        finally:
+            steps.close()  # a put cut short aborts its reservations
+        if self._puts.write_through:
+            await self._puts.persist(outcomes)  # acknowledged once on SSD
         await self._channel.send(self._puts.reply(request, outcomes))
+        self._latencies.observe(_PUT, time.perf_counter() - started)
 
     async def _payload_buffered(self, nbytes: int) -> None:
-        """Wait, without a time limit of its own, until ``nbytes`` (<= ``HEAD_CHUNK``) of the payload are here."""
+        """Wait, without a time limit of its own, until ``nbytes`` of the payload are here."""
         while self._connection.payload_buffered < nbytes:
             await self._receive_some()
-
-    async def _receive_block(self, outcome: Outcome, length: int) -> None:
-        """One block's bytes: into its reserved slot (its budget back once they are in, or not
-        coming), or through the shared sink when it was refused."""
-        if not isinstance(outcome, BlockEntry):
-            await self._drop(length)
-            return
-        try:
-            await self._receive_payload(self._puts.slot(outcome))
-        finally:
-            self._puts.received(outcome)
 
     async def _receive_payload(self, target: memoryview) -> None:
         """Fill ``target`` with payload: the bytes that came with the head, then straight from the socket."""

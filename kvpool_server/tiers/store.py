@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import takewhile
 
+from kvpool_client.core.errors import ErrorCode
 from kvpool_server.index import BlockEntry, BlockStatus, StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import DramTier
@@ -105,7 +106,7 @@ class BlockStore:
     """Reads, lookups and deletes across the DRAM and SSD tiers.
 
     Args:
-        dram: the DRAM tier; writes go to it directly (``store.dram``).
+        dram: the DRAM tier; writes land in it (:meth:`reserve`, :meth:`commit`).
         ssd: the SSD tier, or None for a DRAM-only node.
         counters: the daemon's counters.
         promote_on_hit: copy a block read from SSD into DRAM.
@@ -213,6 +214,29 @@ class BlockStore:
         """
         keys = {key for key in self.readable_keys() if matches(key[0])}
         return sum(self.delete(key) for key in keys)
+
+    # -- writes: a put reserves, fills, then commits or aborts -------------------
+
+    def slot_size(self, length: int) -> int | None:
+        """The slot a block of ``length`` bytes takes; None where :meth:`reserve` refuses the length."""
+        return self.dram.slot_size(length)
+
+    def reserve(self, key: StoreKey, length: int, depth: int) -> BlockEntry | ErrorCode:
+        """A DRAM slot for a new block, evicting for it; or why there is none (the block exists,
+        its length is refused, nothing could be evicted)."""
+        return self.dram.reserve(key, length, depth)
+
+    def slot(self, entry: BlockEntry) -> memoryview:
+        """The reserved slot a block's bytes go into."""
+        return self.dram.view(entry)
+
+    def commit(self, entry: BlockEntry) -> None:
+        """Make a filled block readable; it stays pinned for :meth:`persist` on a write-through node."""
+        self.dram.commit(entry, keep_pin=self.write_through)
+
+    def abort(self, entry: BlockEntry) -> None:
+        """Free a reservation whose bytes never all arrived: nothing of it was ever readable."""
+        self.dram.abort(entry)
 
     # -- write-through ----------------------------------------------------------
 
@@ -333,6 +357,20 @@ class BlockStore:
     def _release_load(self, load: Future[list[HeldBlock | None]]) -> None:
         if not load.cancelled() and load.exception() is None:
             self.release(load.result())
+
+    @property
+    def arena_id(self) -> int | None:
+        """The id of the shared arena same-node readers map; None where DRAM is not shared."""
+        generations = self.dram.generations
+        return None if generations is None else generations.arena_id
+
+    def generation(self, entry: BlockEntry) -> int:
+        """The generation of a held block's slot: a same-node reader checks it around its copy."""
+        return self.dram.generation(entry)
+
+    def discard_corrupt(self, entry: BlockEntry) -> None:
+        """Drop a DRAM block whose bytes no longer match its checksum."""
+        self.dram.discard_corrupt(entry)
 
     def release(self, held: Iterable[HeldBlock | None]) -> None:
         for block in held:
