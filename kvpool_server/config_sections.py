@@ -108,7 +108,7 @@ class UcxSection:
 
     port: int = setting(
         -1,
-        "UCX data-plane port, on every interface (0: ephemeral, -1: off); needs ucxx (pip install kvpool[ucx])",
+        "UCX data-plane port, on every interface (0: ephemeral, -1: off); needs ucxx (kvpool's ucx extra)",
         doc="See [docs/transports.md](transports.md)",
     )
     tls: str = setting(
@@ -312,8 +312,8 @@ class SsdSection:
         256 * MiB,
         "bytes per SSD segment file; at least slab_size + 4KiB",
         unit="bytes",
-        doc="Each segment file is a fresh start for the kernel's read-ahead: 16 MiB segments read half as fast "
-        "as 256 MiB ones here",
+        doc="Each segment file is a fresh start for the kernel's read-ahead: small segments read markedly "
+        "slower (docs/performance.md)",
     )
     fsync: bool = setting(False, "fdatasync each SSD write: blocks survive power loss, not only a crash")
     io_threads: int = setting(4, "threads that read blocks from the SSD tier")

@@ -12,14 +12,16 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvpool_client.admin.exits import CliError, ExitCode, etcd_unreachable
 from kvpool_client.core.auth import TlsFiles
 from kvpool_client.core.membership.cluster import NodeListing, list_nodes, read_config, update_config
 from kvpool_client.core.membership.errors import EtcdError, EtcdUnavailable, RecordError
-from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, NodeState
+
+if TYPE_CHECKING:  # etcd's client comes with the etcd extra: commands without --etcd run without it
+    from kvpool_client.core.membership.etcd import EtcdStore
 
 T = TypeVar("T")
 
@@ -49,13 +51,19 @@ class ClusterSession:
         timeout_s: bound on each etcd call.
         tls: TLS to etcd (None: plaintext, or system roots for https:// endpoints).
     Raises:
-        CliError: on enter, UNREACHABLE if etcd does not answer.
+        CliError: USAGE if etcd's client is not installed; on enter, UNREACHABLE if etcd does not answer.
     """
 
     def __init__(self, endpoints: str, cluster: str, timeout_s: float, tls: TlsFiles | None = None) -> None:
+        try:
+            from kvpool_client.core.membership.etcd import EtcdStore
+        except ImportError as exc:
+            raise CliError(
+                ExitCode.USAGE, f"--etcd needs kvpool's etcd extra (pip install './kvpool[etcd]'): {exc}"
+            ) from None
         self.endpoints = endpoints
         self.cluster = cluster
-        self.store = EtcdStore(endpoints, request_timeout_s=min(timeout_s, _MAX_ETCD_TIMEOUT_S), tls=tls)
+        self.store: EtcdStore = EtcdStore(endpoints, request_timeout_s=min(timeout_s, _MAX_ETCD_TIMEOUT_S), tls=tls)
         self._runner = asyncio.Runner()
 
     def __enter__(self) -> ClusterSession:

@@ -14,14 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.cluster import config_json, config_line, record_json
 from kvpool_client.admin.exits import CliError, ExitCode
 from kvpool_client.admin.session import open_session
-from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import ClusterConfig, NodeRecord
-from kvpool_client.core.membership.view import Membership, MembershipView
+
+if TYPE_CHECKING:  # etcd's client comes with the etcd extra, and watch runs only with --etcd
+    from kvpool_client.core.membership.etcd import EtcdStore
+    from kvpool_client.core.membership.view import Membership
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,8 @@ async def follow(
     on_start: Callable[[Membership], None],
 ) -> None:
     """Call ``on_change`` for each membership change until ``count`` of them (None: forever)."""
+    from kvpool_client.core.membership.view import MembershipView
+
     snapshots: asyncio.Queue[Membership] = asyncio.Queue()
     view = MembershipView(store, cluster)
     view.subscribe(snapshots.put_nowait)

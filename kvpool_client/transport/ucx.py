@@ -13,7 +13,7 @@ starts on the first ucx connection and stops with the client (or at exit), after
 aborting its connections: nothing is left posted into a caller's buffer.
 
 ucxx is imported only when a node is first dialled over ucx: without it
-installed (``pip install kvpool[ucx]``), ``auto`` uses tcp and ``ucx`` fails
+installed (kvpool's ``ucx`` extra), ``auto`` uses tcp and ``ucx`` fails
 those nodes with ``UNAVAILABLE``. A UCX worker cannot cross ``fork``: an engine
 used from a forked child refuses (start such workers with ``spawn``).
 """

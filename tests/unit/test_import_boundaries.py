@@ -99,3 +99,31 @@ def test_every_public_name_resolves() -> None:
     assert missing == []
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         kvpool_client.NoSuchThing  # noqa: B018
+
+
+# A client installed without the etcd extra (as beside LMCache, whose grpcio pin it conflicts
+# with): a meta path finder in a fresh interpreter refuses etcd3aio as pip would have left it out.
+_WITHOUT_ETCD = """
+import sys
+class NoEtcd:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "etcd3aio":
+            raise ImportError("No module named 'etcd3aio'")
+sys.meta_path.insert(0, NoEtcd())
+from kvpool_client.admin.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def kvpoolctl_without_etcd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ETCD, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_kvpoolctl_runs_without_the_etcd_extra_and_says_what_etcd_commands_need() -> None:
+    helped = kvpoolctl_without_etcd("--help")
+    assert helped.returncode == 0 and "kvpoolctl" in helped.stdout, helped
+    refused = kvpoolctl_without_etcd("config", "get", "--etcd", "127.0.0.1:1")
+    assert refused.returncode == 2, refused
+    assert "etcd extra" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

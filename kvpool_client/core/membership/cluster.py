@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kvpool_client.core.membership.errors import RecordError
-from kvpool_client.core.membership.etcd import EtcdError, EtcdStore
+from kvpool_client.core.membership.errors import EtcdError, RecordError
 from kvpool_client.core.membership.records import ClusterConfig, NodeRecord, config_key, nodes_prefix
+
+if TYPE_CHECKING:  # etcd's client comes with the etcd extra; these functions get a store made with it
+    from kvpool_client.core.membership.etcd import EtcdStore
 
 log = logging.getLogger("kvpool.membership.cluster")
 
