@@ -1,15 +1,17 @@
 """Client settings: where the nodes are (a static list or etcd) and how long to wait for them.
 
-:class:`ClientSettings` declares what a client's environment (``KVPOOL_*``) and kvpoolctl
-read, through the loader every kvpool program shares (:mod:`kvpool_client.core.settings`);
-:class:`ClientConfig` is what a client runs with, its defaults taken from those declarations.
+:class:`ClientOptions` declares each setting a client runs with, once: its default, its
+help and its ``KVPOOL_*`` variable. Two records share them: :class:`ClientSettings`, what a
+client's environment, kvpoolctl and an engine's config hold (the credentials as file names,
+read through the loader every kvpool program shares, :mod:`kvpool_client.core.settings`), and
+:class:`ClientConfig`, what a client runs with (the credentials read, every value checked).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 from kvpool_client.core.auth import Credentials, TlsFiles, read_token
@@ -21,29 +23,59 @@ TRANSPORTS = ("auto", "tcp", "shm", "ucx")  # how block bytes move; see ClientCo
 
 
 @dataclass(frozen=True, slots=True)
-class ClientSettings:
-    """The client's settings as users write them: ``KVPOOL_<NAME>`` where ``env`` is not False.
-
-    The rules on values are :class:`ClientConfig`'s; here only types and choices are checked.
-    """
+class ClientOptions:
+    """The settings every client takes, declared once (``KVPOOL_<NAME>`` where ``env`` is not False)."""
 
     nodes: tuple[str, ...] = setting((), "control addresses of the nodes, host:port, comma separated")
     etcd_endpoints: tuple[str, ...] = setting(
         (), "etcd client URLs (http://host:port), comma separated: the nodes come from etcd and follow it live"
     )
     cluster: str = setting("default", "cluster name in etcd: /kvpool/<cluster>/")
-    transport: str = setting("auto", "how block bytes move: auto, tcp, shm or ucx", choices=TRANSPORTS)
-    request_timeout_s: float = setting(10.0, "most seconds one request to one node may take")
-    connect_timeout_s: float = setting(3.0, "most seconds to open a connection", env=False)
+    transport: str = setting(
+        "auto",
+        "how block bytes move: auto, tcp, shm or ucx",
+        choices=TRANSPORTS,
+        doc="``auto`` copies gets out of a node's shared-memory arena when the node runs on this "
+        "machine (``shm``), else uses ``ucx`` when the node offers it and ucxx is installed, else "
+        "``tcp``, falling back to tcp when ucx fails; ``tcp`` always uses the socket; ``shm`` "
+        "requires the arena (puts and the rest over tcp); ``ucx`` requires UCX for every op. A node "
+        "that cannot do a required transport fails its keys with ``UNAVAILABLE``.",
+    )
+    request_timeout_s: float = setting(
+        10.0,
+        "most seconds one request to one node may take",
+        doc="A node that takes longer is treated as down (its circuit opens).",
+    )
+    connect_timeout_s: float = setting(
+        3.0, "most seconds to open a connection (and to wait for the first read of the membership)", env=False
+    )
     location_ttl_s: float = setting(
-        0.5, "over shm, seconds a block's place in a node's arena is reused (0: ask each get)"
+        0.5,
+        "over shm, seconds a block's place in a node's arena is reused (0: ask each get)",
+        doc="A repeat read is then one memcpy. Safe at any length (the slot's generation shows a "
+        "deleted, evicted or overwritten block); the node does not see such reads, so this bounds "
+        "how stale its eviction order gets, and how long a restarted node goes unnoticed.",
     )
     replicas: int | None = setting(None, "copies per key; none: the cluster config's in etcd, else 1")
     write_quorum: int | None = setting(None, "owners that must store a key for a put to succeed; none: as replicas")
     verify_checksums: bool = setting(False, "check each received block against the node's checksum", env=False)
     max_idle_connections: int = setting(8, "idle data connections kept per node", env=False)
     io_threads: int = setting(8, "threads the blocking client uses to talk to several nodes at once", env=False)
-    streams_per_node: int = setting(2, "connections one get or put of 8 MiB and more to a node uses at once")
+    streams_per_node: int = setting(
+        2,
+        "connections one get or put of 8 MiB and more to a node uses at once",
+        doc="Its keys are split into that many frames of at least 4 MiB each, sent together, so the "
+        "node's work on one overlaps the transfer of another (1: one frame).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings(ClientOptions):
+    """The client's settings as users write them, the credentials as files.
+
+    The rules on values are :class:`ClientConfig`'s; here only types and choices are checked.
+    """
+
     auth_token_file: str = setting("", "file with the cluster's shared token, for nodes that require one")
     tls_ca_file: str = setting("", "PEM CA verifying the nodes' gRPC certificates: gRPC over TLS")
     tls_client_cert_file: str = setting("", "PEM client certificate for nodes that require one (mTLS)")
@@ -70,24 +102,13 @@ class ClientSettings:
         Raises:
             UsageError: the token file cannot be read or holds no valid token.
         """
-        values: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN}
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(ClientOptions)}
         values["auth_token"] = read_token(self.auth_token_file) if self.auth_token_file else None
         values["tls"], values["etcd_tls"] = self.tls(), self.etcd_tls()
         return values
 
 
 CLIENT_SCHEMA = Schema(ClientSettings)
-_DEFAULTS = ClientSettings()
-_FILES = (
-    "auth_token_file",
-    "tls_ca_file",
-    "tls_client_cert_file",
-    "tls_client_key_file",
-    "etcd_ca_file",
-    "etcd_cert_file",
-    "etcd_key_file",
-)
-_PLAIN = tuple(key for key in CLIENT_SCHEMA.settings if key not in _FILES)
 
 # Every variable a client reads. The daemon reads some as its own settings too, and ignores
 # the rest, so a client's environment never stops a daemon.
@@ -122,41 +143,16 @@ def etcd_tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
 
 
 @dataclass(frozen=True, slots=True)
-class ClientConfig:
-    """Settings of a kvpool client.
+class ClientConfig(ClientOptions):
+    """Settings of a kvpool client: every :class:`ClientOptions` setting (nodes, etcd_endpoints,
+    cluster, transport, timeouts, replicas, write_quorum, ...; each one's help says what it
+    does), and the credentials.
+
+    ``nodes`` is required unless ``etcd_endpoints`` is given: the nodes then come from the
+    cluster's membership in etcd and follow it live. ``replicas`` and ``write_quorum`` left
+    None take the cluster config's in etcd, else 1; the quorum is clamped to the owners placed.
 
     Args:
-        nodes: control-plane addresses (``host:port``) of the nodes; required
-            unless ``etcd_endpoints`` is given.
-        request_timeout_s: most seconds one request to one node may take; a node
-            that takes longer is treated as down (its circuit opens).
-        connect_timeout_s: most seconds to open a connection (and to wait for the
-            first read of the membership at start).
-        max_idle_connections: idle data connections kept per node.
-        verify_checksums: check each received block against the node's checksum.
-        etcd_endpoints: etcd client URLs (``http://host:port``); when given, the
-            nodes come from the cluster's membership in etcd and follow it live.
-        cluster: the cluster name in etcd (``/kvpool/<cluster>/``).
-        replicas: copies per key (R); None: the cluster config's in etcd, else 1.
-        write_quorum: owners that must store a key for a put to succeed; None: the
-            cluster config's in etcd, else 1. Clamped to the owners placed.
-        io_threads: threads the blocking client uses to talk to several nodes at once.
-        streams_per_node: connections a large get or put to one node uses at once: its
-            keys are split into that many frames of at least 4 MiB each, sent together,
-            so the node's work on one overlaps the transfer of another (1: one frame).
-        transport: how block bytes move: ``auto`` copies gets out of a node's
-            shared-memory arena when the node runs on this machine (``shm``), else
-            uses ``ucx`` when the node offers it and ucxx is installed, else
-            ``tcp``, falling back to tcp when ucx fails; ``tcp`` always uses the
-            socket; ``shm`` requires the arena (puts and the rest over tcp);
-            ``ucx`` requires UCX for every op. A node that cannot do a required
-            transport fails its keys with ``UNAVAILABLE``.
-        location_ttl_s: over ``shm``, how long a block's place in the node's arena,
-            once learned, is reused without asking the node (0: ask on every get).
-            A repeat read is then one memcpy. Safe at any length (the slot's
-            generation shows a deleted, evicted or overwritten block); the node does
-            not see such reads, so this bounds how stale its eviction order gets,
-            and how long a restarted node goes unnoticed.
         auth_token: the cluster's shared token, for nodes that require one
             (proved on every data connection and gRPC call).
         tls: CA (and client certificate) files for nodes whose gRPC port is TLS.
@@ -167,19 +163,6 @@ class ClientConfig:
             range, or an unknown transport.
     """
 
-    nodes: tuple[str, ...] = field(default_factory=tuple)
-    request_timeout_s: float = _DEFAULTS.request_timeout_s
-    connect_timeout_s: float = _DEFAULTS.connect_timeout_s
-    max_idle_connections: int = _DEFAULTS.max_idle_connections
-    verify_checksums: bool = _DEFAULTS.verify_checksums
-    etcd_endpoints: tuple[str, ...] = field(default_factory=tuple)
-    cluster: str = _DEFAULTS.cluster
-    replicas: int | None = None
-    write_quorum: int | None = None
-    io_threads: int = _DEFAULTS.io_threads
-    streams_per_node: int = _DEFAULTS.streams_per_node
-    transport: str = _DEFAULTS.transport
-    location_ttl_s: float = _DEFAULTS.location_ttl_s
     auth_token: bytes | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
     etcd_tls: TlsFiles | None = None
