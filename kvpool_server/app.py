@@ -38,12 +38,14 @@ from kvpool_server.config import ConfigError, ServerConfig, load_config
 from kvpool_server.control.auth import TokenInterceptor
 from kvpool_server.control.malformed import MalformedBodyInterceptor
 from kvpool_server.control.service import ControlService, NodeIdentity, SharedArenaIdentity
+from kvpool_server.control.tls import CertificateFiles
 from kvpool_server.data.plane import DataPlane
 from kvpool_server.data.published_gets import PublishedGets
 from kvpool_server.logs import configure_logging
 from kvpool_server.membership.handoff import hand_off
+from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
-from kvpool_server.membership.repair import MembershipRepair
+from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.node import NodeTiers
@@ -51,7 +53,6 @@ from kvpool_server.tiers.store import BlockStore
 
 if TYPE_CHECKING:
     from kvpool_server.config_sections import NetSettings
-    from kvpool_server.control.tls import CertificateFiles
 
 log = logging.getLogger("kvpool.server")
 
@@ -71,7 +72,10 @@ class Daemon:
         self._token = token  # the cluster's shared token; None: no authentication
         self.counters = Counters()
         self.latencies = Latencies()
-        self.presence = config.membership.presence()
+        membership = config.membership
+        self.presence = NodePresence(
+            membership.etcd_endpoints, membership.cluster, membership.lease_ttl_s, membership.etcd_tls()
+        )
         self._tiers: NodeTiers | None = None
         self._data: DataPlane | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -85,7 +89,10 @@ class Daemon:
     async def start(self) -> None:
         """Tiers, data plane, control plane, then membership and health."""
         cfg = self.config
-        self._certificates = cfg.tls.certificates()
+        tls = cfg.tls
+        self._certificates = (
+            CertificateFiles(tls.cert_file, tls.key_file, tls.client_ca_file) if tls.cert_file else None
+        )
         self._tiers = await NodeTiers.open(cfg.dram, cfg.ssd, self.counters)
         store = self._tiers.store
         data = self._start_data_plane(store)
@@ -268,7 +275,7 @@ class Daemon:
             node_id,
             self.counters,
             self._credentials(),
-            repair.settings(),
+            RepairSettings(repair.settle_s, repair.bandwidth, repair.replicas),
         )
         await self._repair.start()
 

@@ -100,9 +100,10 @@ CLIENT_ENV_VARS = client_config.ENV_VARS
 class ServerConfig:
     """Settings of one kvpool-server; build it with :func:`load_config`, which checks it.
 
-    Components take their section (``config.ssd``), or what a section builds for them
-    (``config.ssd.tier(...)``, ``config.tls.certificates()``); what needs settings of several
-    sections is built here (:meth:`wire_limits`, :meth:`admission_limits`, :meth:`session_config`).
+    Sections hold values; the daemon wires its components from them
+    (:class:`~kvpool_server.app.Daemon`, the tiers in :mod:`kvpool_server.tiers.node`). Values
+    derived from several sections are made here (:meth:`wire_limits`, :meth:`admission_limits`,
+    :meth:`session_config`).
     A setting can also be read by its flat key (``config.dram_capacity``), as users write it.
     """
 

@@ -4,38 +4,21 @@ The flat keys (``dram_capacity``, ``ssd_dir``, ...) are what users write in YAML
 ``KVPOOL_*`` variables and as flags; see :mod:`kvpool_client.core.settings.schema` for how a
 field's key is made. Rules that span sections are :meth:`ServerConfig.check`'s.
 
-A section also builds what its component takes (``ssd.tier(...)``, ``tls.certificates()``), so
-the daemon wires components without copying settings one by one. The components are imported
-inside those methods: loading and checking a config needs neither numpy, grpc, etcd nor ucxx.
+A section holds values and checks them; it builds no component: the daemon wires its
+components in one place each (:mod:`kvpool_server.app`, the tiers in
+:mod:`kvpool_server.tiers.node`). Loading and checking a config needs neither numpy, grpc,
+etcd nor ucxx.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvpool_client.core.auth import TlsFiles, read_token
 from kvpool_client.core.membership.records import MAX_REPLICAS
 from kvpool_client.core.settings import GiB, MiB, SectionReport, setting
-
-if TYPE_CHECKING:
-    from kvpool_client.core.channels.ucx_channel import UcxSettings
-    from kvpool_server.alloc.arena import SharedArena
-    from kvpool_server.alloc.generations import SlotGenerations
-    from kvpool_server.control.tls import CertificateFiles
-    from kvpool_server.eviction import EvictionPolicy
-    from kvpool_server.index import StoreKey
-    from kvpool_server.index.published import PublishedIndex
-    from kvpool_server.membership.presence import NodePresence
-    from kvpool_server.membership.repair import RepairSettings
-    from kvpool_server.stats import Counters
-    from kvpool_server.tiers.demoter import Demoter
-    from kvpool_server.tiers.dram import DramTier
-    from kvpool_server.tiers.ssd import SsdConfig, SsdTier
-    from kvpool_server.tiers.store import BlockStore
 
 PAGE_SIZE = 4096
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -126,16 +109,6 @@ class UcxSection:
         if not -1 <= self.port <= 65535:
             report.fail("port", f"{_PORT} or -1 (off)")
 
-    def settings(self) -> UcxSettings:
-        """How the UCX context is made.
-
-        Raises:
-            ImportError: ucxx is not installed (importing the settings imports it).
-        """
-        from kvpool_client.core.channels.ucx_channel import UcxSettings
-
-        return UcxSettings(self.tls, self.progress_mode, self.net_devices)
-
 
 @dataclass(frozen=True, slots=True)
 class MembershipSection:
@@ -167,12 +140,6 @@ class MembershipSection:
             return None
         return TlsFiles(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file)
 
-    def presence(self) -> NodePresence:
-        """This node's registration (in etcd when ``etcd_endpoints`` is set), not started."""
-        from kvpool_server.membership.presence import NodePresence
-
-        return NodePresence(self.etcd_endpoints, self.cluster, self.lease_ttl_s, self.etcd_tls())
-
 
 @dataclass(frozen=True, slots=True)
 class RepairSection:
@@ -192,12 +159,6 @@ class RepairSection:
             report.fail("settle_s", "must be >= 0")
         if not 0 <= self.replicas <= MAX_REPLICAS:
             report.fail("replicas", f"must be in 0..{MAX_REPLICAS} (0: the cluster config's)")
-
-    def settings(self) -> RepairSettings:
-        """The repair loop's settings (imported here: the loop needs etcd, the config does not)."""
-        from kvpool_server.membership.repair import RepairSettings
-
-        return RepairSettings(self.settle_s, self.bandwidth, self.replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,46 +217,6 @@ class DramSection:
 
         return extra_bytes(self.capacity, self.index_entries())
 
-    def arena(self, name: str) -> SharedArena:
-        """A new arena file ``name`` in ``shm_dir``: the blocks, their generations and the shared index.
-
-        Raises:
-            OSError: the file cannot be created or sized.
-        """
-        from kvpool_server.alloc.arena import SharedArena
-
-        extra = self.arena_extra_bytes()
-        return SharedArena(self.shm_dir, name, self.capacity, prefault=self.prefault_arena, extra=extra)
-
-    def policy(self) -> Callable[[], EvictionPolicy]:
-        """The eviction policy's factory (the SSD tier evicts in the same order)."""
-        from kvpool_server.eviction import POLICIES
-
-        return POLICIES[self.eviction_policy]
-
-    def tier(
-        self,
-        arena: SharedArena,
-        counters: Counters,
-        generations: SlotGenerations,
-        published: PublishedIndex | None,
-        on_evict: Callable[[StoreKey], None] | None,
-    ) -> DramTier:
-        """The DRAM tier over ``arena``, cut into slabs of ``slab_size``."""
-        from kvpool_server.alloc.slab import SlabAllocator
-        from kvpool_server.tiers.dram import DramTier
-
-        return DramTier(
-            arena,
-            SlabAllocator(self.capacity, self.slab_size),
-            counters,
-            policy_factory=self.policy(),
-            on_evict=on_evict,
-            generations=generations,
-            namespace_quota=self.namespace_quota,
-            published=published,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class SsdSection:
@@ -352,49 +273,6 @@ class SsdSection:
             report.fail("capacity", f"must be >= 4 x {report.describe('segment_size')}")
         if self.dir and not os.path.isdir(os.path.dirname(os.path.abspath(self.dir))):
             report.fail("dir", "its parent directory does not exist")
-
-    def tier_config(self) -> SsdConfig:
-        """The tier's settings (imported here: the tier needs numpy, the config does not)."""
-        from kvpool_server.tiers.ssd import SsdConfig
-
-        return SsdConfig(
-            self.dir,
-            self.capacity,
-            self.segment_size,
-            self.fsync,
-            gc_live_ratio=self.gc_live_ratio,
-            namespace_quota=self.namespace_quota,
-        )
-
-    def tier(self, counters: Counters, policy: Callable[[], EvictionPolicy]) -> SsdTier:
-        """The SSD tier over ``dir``, its segments scanned (slow: call it off the event loop).
-
-        Raises:
-            OSError: ``dir`` cannot be created or read.
-        """
-        from kvpool_server.tiers.ssd import SsdTier
-
-        return SsdTier(self.tier_config(), counters, policy)
-
-    def store(self, dram: DramTier, ssd: SsdTier | None, counters: Counters, dram_capacity: int) -> BlockStore:
-        """The block store over both tiers; ``read_ahead`` is held to a quarter of ``dram_capacity``."""
-        from kvpool_server.tiers.store import BlockStore
-
-        return BlockStore(
-            dram,
-            ssd,
-            counters,
-            promote_on_hit=self.promote_on_hit,
-            write_through=self.write_through,
-            io_threads=self.io_threads,
-            read_ahead=min(self.read_ahead, dram_capacity // 4),
-        )
-
-    def demoter(self, store: BlockStore) -> Demoter:
-        """The thread that copies DRAM's coldest ``demote_share`` to SSD, not started."""
-        from kvpool_server.tiers.demoter import Demoter
-
-        return Demoter(store, self.demote_share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,18 +350,6 @@ class TlsSection:
             report.fail("client_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
         if self.data and not self.cert_file:
             report.fail("data", "TLS on the data plane needs tls_cert_file and tls_key_file")
-
-    def certificates(self) -> CertificateFiles | None:
-        """The server's certificate files, re-read when they change; None: no TLS.
-
-        Raises:
-            OSError: a file cannot be read.
-        """
-        if not self.cert_file:
-            return None
-        from kvpool_server.control.tls import CertificateFiles
-
-        return CertificateFiles(self.cert_file, self.key_file, self.client_ca_file)
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,9 +166,12 @@ def _start_ucx(cfg: ServerConfig, handler: Serve, max_segment: int) -> UcxListen
         KVPoolError: ucxx is missing, or UCX cannot listen on ``ucx_port``.
     """
     try:
+        from kvpool_client.core.channels.ucx_channel import UcxSettings
         from kvpool_server.data.ucx import UcxListener
     except ImportError as exc:
-        raise KVPoolError(f"ucx_port is set but ucxx cannot be imported ({exc}); pip install 'kvpool[ucx]'") from exc
-    listener = UcxListener(cfg.ucx.port, handler, cfg.ucx.settings(), cfg.data.io_timeout_s, max_segment)
+        raise KVPoolError(f"ucx_port is set but ucxx cannot be imported ({exc}): install kvpool's ucx extra") from exc
+    ucx = cfg.ucx
+    settings = UcxSettings(ucx.tls, ucx.progress_mode, ucx.net_devices)
+    listener = UcxListener(ucx.port, handler, settings, cfg.data.io_timeout_s, max_segment)
     listener.start()
     return listener

@@ -19,8 +19,12 @@ from typing import TYPE_CHECKING
 
 from kvpool_server.alloc.arena import ARENA_PREFIX, SharedArena, remove_stale_arenas
 from kvpool_server.alloc.generations import SlotGenerations
+from kvpool_server.alloc.slab import SlabAllocator
+from kvpool_server.eviction import POLICIES
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
+from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.shared_index import SharedIndex
+from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
 
 if TYPE_CHECKING:
@@ -65,15 +69,30 @@ class NodeTiers:
             index = SharedIndex(arena, entries, arena_id) if entries else None
             if index is not None:
                 undo.callback(index.close)
-            disk = await asyncio.to_thread(ssd.tier, counters, dram.policy()) if ssd.dir else None
+            policy = POLICIES[dram.eviction_policy]  # the SSD tier evicts in the same order
+            disk = await asyncio.to_thread(SsdTier, ssd_config(ssd), counters, policy) if ssd.dir else None
             if disk is not None:
                 undo.callback(disk.close)
-            on_evict = count_lost_evictions(disk, counters) if disk is not None else None
-            published = index.table if index is not None else None
-            store = ssd.store(
-                dram.tier(arena, counters, generations, published, on_evict), disk, counters, dram.capacity
+            memory = DramTier(
+                arena,
+                SlabAllocator(dram.capacity, dram.slab_size),
+                counters,
+                policy_factory=policy,
+                on_evict=count_lost_evictions(disk, counters) if disk is not None else None,
+                generations=generations,
+                namespace_quota=dram.namespace_quota,
+                published=index.table if index is not None else None,
             )
-            demoter = ssd.demoter(store) if disk is not None else None
+            store = BlockStore(
+                memory,
+                disk,
+                counters,
+                promote_on_hit=ssd.promote_on_hit,
+                write_through=ssd.write_through,
+                io_threads=ssd.io_threads,
+                read_ahead=min(ssd.read_ahead, dram.capacity // 4),
+            )
+            demoter = Demoter(store, ssd.demote_share) if disk is not None else None
             if demoter is not None:
                 demoter.start()
             undo.pop_all()
@@ -95,6 +114,18 @@ class NodeTiers:
         _unmap(self.arena)
 
 
+def ssd_config(ssd: SsdSection) -> SsdConfig:
+    """The SSD tier's settings."""
+    return SsdConfig(
+        ssd.dir,
+        ssd.capacity,
+        ssd.segment_size,
+        ssd.fsync,
+        gc_live_ratio=ssd.gc_live_ratio,
+        namespace_quota=ssd.namespace_quota,
+    )
+
+
 def _map_arena(dram: DramSection) -> SharedArena:
     """A new arena in ``shm_dir``, after removing the arenas of daemons that died."""
     for stale in remove_stale_arenas(dram.shm_dir):
@@ -102,7 +133,8 @@ def _map_arena(dram: DramSection) -> SharedArena:
     if dram.prefault_arena:  # seconds per GiB: say so before the wait
         log.info("prefaulting the DRAM arena", extra={"bytes": dram.capacity, "shm_dir": dram.shm_dir})
     started = time.monotonic()
-    arena = dram.arena(f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}")
+    name = f"{ARENA_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
+    arena = SharedArena(dram.shm_dir, name, dram.capacity, prefault=dram.prefault_arena, extra=dram.arena_extra_bytes())
     log.info("DRAM arena ready", extra={"bytes": dram.capacity, "seconds": round(time.monotonic() - started, 2)})
     return arena
 

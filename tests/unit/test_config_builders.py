@@ -1,5 +1,5 @@
-"""What the daemon's config builds for its components: limits, admission budgets, the session's
-settings, TLS certificates, the token and the node's presence, each from the sections' settings."""
+"""What the daemon's config derives for its components (limits, admission budgets, the session's
+settings, the token), and the node's presence the daemon wires from the membership section."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from kvpool_client.core.errors import UsageError
 from kvpool_client.core.wire import WireLimits
+from kvpool_server.app import Daemon
 from kvpool_server.config import GiB, MiB, ServerConfig, load_config
 from kvpool_server.data.admission import AdmissionLimits
 
@@ -40,10 +41,6 @@ def test_session_config_carries_the_token_timeouts_and_limits() -> None:
     assert config.session_config(None).token is None
 
 
-def test_no_certificates_without_a_certificate_file() -> None:
-    assert ServerConfig().tls.certificates() is None
-
-
 def test_the_token_is_read_from_its_file(tmp_path: Path) -> None:
     assert ServerConfig().auth.token() is None
     path = tmp_path / "token"
@@ -56,6 +53,6 @@ def test_the_token_is_read_from_its_file(tmp_path: Path) -> None:
 
 def test_presence_without_etcd_is_standalone(tmp_path: Path) -> None:
     config = load_config(["--cluster", "c-1", "--shm-dir", str(tmp_path)], {})
-    presence = config.membership.presence()
+    presence = Daemon(config).presence
     assert presence.store is None and presence.cluster == "c-1", presence
     asyncio.run(presence.close())

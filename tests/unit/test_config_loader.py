@@ -28,6 +28,7 @@ from kvpool_client.core.settings import (
 )
 from kvpool_client.core.settings.render import add_setting_flags, help_line, markdown_tables
 from kvpool_server.config import SCHEMA, ServerConfig, load_config
+from kvpool_server.tiers.node import ssd_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +214,8 @@ def test_every_daemon_section_is_a_frozen_dataclass_with_its_settings() -> None:
     config = ServerConfig()
     for name, info in SCHEMA.sections.items():
         assert isinstance(getattr(config, name), info.cls)
-    assert config.repair.settings().bandwidth == config.repair_bandwidth
-    assert config.ssd.tier_config().segment_size == config.ssd_segment_size
+    assert config.repair.bandwidth == config.repair_bandwidth
+    assert ssd_config(config.ssd).segment_size == config.ssd_segment_size
     assert ServerConfig.of(ssd_dir="/x").ssd.dir == "/x"
     with pytest.raises(AttributeError):
         config.no_such_setting  # noqa: B018
