@@ -31,8 +31,8 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.local.daemons import LocalCluster
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from tests.support.daemon import LocalCluster
 
 BLOCK = 384 << 10
 BATCH = 32

@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
-from bench.local.daemons import start_daemon
 from bench.pki import issue, make_ca
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.core.auth import TlsFiles
+from tests.support.daemon import start_daemon
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = (384 * KiB, 2 * MiB)

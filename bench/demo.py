@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.local.daemons import LocalCluster
 from kvpool_client import BlockKey, BlockKeyBuilder, ClientConfig, KVPoolClient, Namespace
 from kvpool_client.core.membership.records import ClusterConfig
+from tests.support.daemon import LocalCluster
 
 # Qwen2.5-0.5B's KV shape: 24 layers x (K, V) x 2 KV heads x head_dim 64, 16 tokens per block, bf16.
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS = 24, 2, 64, 16

@@ -49,10 +49,7 @@ tree, transports, block, gets = sys.argv[1], sys.argv[2].split(","), int(sys.arg
 kinds = sys.argv[5].split(",")
 sys.path.insert(0, tree)
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-try:
-    from bench.local.daemons import start_daemon
-except ImportError:  # a revision from before the local daemons left the daemon package
-    from kvpool_server.local import start_daemon
+from tests.support.daemon import start_daemon  # every revision's tests have it
 
 def destinations(kind, count):  # count buffers of kind
     if kind == "numpy":  # 16 past a 64-byte boundary, where numpy's allocator usually puts them
@@ -114,10 +111,7 @@ kinds = sys.argv[5].split(",")
 sys.path.insert(0, tree)
 import numpy
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
-try:
-    from bench.local.daemons import start_daemon
-except ImportError:  # a revision from before the local daemons left the daemon package
-    from kvpool_server.local import start_daemon
+from tests.support.daemon import start_daemon  # every revision's tests have it
 
 def destination(kind):  # as in the hot measurement
     if kind == "numpy":

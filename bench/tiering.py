@@ -47,8 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.local.daemons import DaemonProcess, start_daemon
 from kvpool_client import BlockKey, KVPoolClient
+from tests.support.daemon import DaemonProcess, start_daemon
 
 BLOCK = 384 << 10
 BATCH = 32  # an engine loads a prefix of tens of blocks in one get

@@ -45,13 +45,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bench.drivers import RedisDriver, SocketDriver
-from bench.local.daemons import start_daemon
 from bench.machine import process_cpu_ns
 from bench.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines, scaling_ceiling
 from bench.servers import redis_server, socket_server
 from bench.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
+from tests.support.daemon import start_daemon
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)

@@ -17,12 +17,12 @@ from pathlib import Path
 import grpc
 
 from bench.chaos.settings import CLUSTER, DISK_NODE, NODES, NS, TMPFS_SIZE, SoakSettings
-from bench.local.daemons import DaemonProcess, start_daemon, write_cluster_config
-from bench.local.etcd import LocalEtcd
 from kvpool_client import KVPoolClient
 from kvpool_client.core.membership.records import ClusterConfig
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
+from tests.support.daemon import DaemonProcess, start_daemon, write_cluster_config
+from tests.support.etcd import LocalEtcd
 
 
 @dataclass

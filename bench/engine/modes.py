@@ -28,7 +28,7 @@ from bench.engine.pool_tier import SavePolicy
 from bench.engine.request import Finished
 from bench.engine.worker import BLOCK_SIZE, EngineSpec, PoolSpec, Submit, WorkerReport
 from bench.engine.workload import Workload
-from bench.local.daemons import LocalCluster
+from tests.support.daemon import LocalCluster
 
 PREFILL, DECODE = "prefill", "decode"
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from bench.fuzzing.good_client import GoodTally
 from bench.fuzzing.tally import Tally
 from bench.fuzzing.target import Memory
-from bench.local.daemons import DaemonProcess
+from tests.support.daemon import DaemonProcess
 
 if TYPE_CHECKING:
     from bench.fuzzing.run import FuzzSettings

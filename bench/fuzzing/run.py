@@ -17,7 +17,7 @@ from bench.fuzzing.dataplane import data_fuzzer
 from bench.fuzzing.good_client import GoodClient
 from bench.fuzzing.report import FuzzReport, build_report
 from bench.fuzzing.target import DAEMON_FLAGS, Memory, answers_both_planes
-from bench.local.daemons import DaemonProcess, start_daemon
+from tests.support.daemon import DaemonProcess, start_daemon
 
 
 @dataclass(frozen=True, slots=True)

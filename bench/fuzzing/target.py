@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.local.daemons import DaemonProcess
 from kvpool_client.core.wire import HEADER_SIZE, PingRequest, WireLimits, encode
+from tests.support.daemon import DaemonProcess
 
 MAX_KEYS = 64
 SLAB = 1 << 20

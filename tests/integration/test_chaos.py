@@ -22,8 +22,8 @@ import pytest
 from bench.chaos.report import print_report
 from bench.chaos.run import run_soak
 from bench.chaos.settings import SoakSettings
-from bench.local.daemons import DaemonProcess, LocalCluster, start_daemon
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, GetResult, KVPoolClient
+from tests.support.daemon import DaemonProcess, LocalCluster, start_daemon
 from tests.support.etcd import requires_etcd
 
 pytestmark = [pytest.mark.integration, requires_etcd]

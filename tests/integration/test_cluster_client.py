@@ -19,12 +19,12 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.local.daemons import DaemonProcess, LocalCluster
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.membership.records import NodeState
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.placement_source import Placement
+from tests.support.daemon import DaemonProcess, LocalCluster
 from tests.support.etcd import requires_etcd
 
 pytestmark = [pytest.mark.integration, requires_etcd]

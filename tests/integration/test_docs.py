@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.local.daemons import LocalCluster
+from tests.support.daemon import LocalCluster
 from tests.support.doc_blocks import PYTHON, Block, blocks, problems
 from tests.support.etcd import requires_etcd
 

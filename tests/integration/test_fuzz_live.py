@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from bench.fuzzing.run import FuzzSettings, run_fuzz
 from bench.fuzzing.target import DAEMON_FLAGS, IO_TIMEOUT_S, MAX_KEYS, READ_LIMITS
-from bench.local.daemons import DaemonProcess, start_daemon
 from kvpool_client.core.wire import HEADER_SIZE, Op, PingRequest, PingResponse, decode_header, decode_message, encode
+from tests.support.daemon import DaemonProcess, start_daemon
 
 pytestmark = pytest.mark.integration
 

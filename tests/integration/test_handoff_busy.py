@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.local.daemons import LocalCluster
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.wire import PutRequest, encode
 from tests.integration.test_cli import kvpoolctl
+from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
 from tests.support.rawwire import RawConnection
 

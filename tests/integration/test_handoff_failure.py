@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.local.daemons import LocalCluster
 from kvpool_client.core.membership.cluster import list_nodes
 from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import NodeState
 from kvpool_server.index import StoreKey
 from kvpool_server.membership.handoff import HandoffReport, hand_off
+from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
 from tests.unit.test_block_store import Harness
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.local.daemons import DaemonProcess, LocalCluster, start_daemon
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.membership.cluster import update_config
 from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import ClusterConfig, NodeState
 from kvpool_client.core.wire import PutRequest, encode
+from tests.support.daemon import DaemonProcess, LocalCluster, start_daemon
 from tests.support.etcd import requires_etcd
 from tests.support.rawwire import RawConnection
 from tests.support.waiting import wait_until

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.local.daemons import LocalCluster
 from kvpool_client.core.auth import Credentials
 from kvpool_client.core.membership.cluster import update_config
 from kvpool_client.core.membership.etcd import EtcdStore
@@ -23,6 +22,7 @@ from kvpool_client.core.membership.records import ClusterConfig
 from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore
+from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
 from tests.unit.test_dram_tier import Harness
 

@@ -19,12 +19,12 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.local.daemons import DaemonProcess, LocalCluster
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient, NodeUnavailable
 from kvpool_client.breaker import CircuitBreaker, CircuitState
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
 from tests.support.clock import FakeClock
+from tests.support.daemon import DaemonProcess, LocalCluster
 from tests.support.stopping import pause
 
 pytestmark = pytest.mark.integration

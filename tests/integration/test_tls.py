@@ -15,7 +15,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.local.etcd import EtcdServerTls, LocalEtcd
 from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.core.auth import Credentials, TlsFiles, open_channel
 from kvpool_client.core.channels.tcp import TcpConnection
@@ -28,7 +27,7 @@ from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.core.wire import HEADER_SIZE, PingRequest, encode
 from tests.integration.test_cli import kvpoolctl
 from tests.support.daemon import DaemonProcess
-from tests.support.etcd import requires_etcd
+from tests.support.etcd import EtcdServerTls, LocalEtcd, requires_etcd
 from tests.support.pki import issue, make_ca, requires_openssl
 
 pytestmark = requires_openssl
