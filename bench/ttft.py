@@ -42,7 +42,7 @@ from bench.engine.modes import (
 )
 from bench.engine.worker import BLOCK_SIZE, PoolSpec
 from bench.engine.workload import Workload, WorkloadSpec, build_workload, long_prefix_prompts
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "venvs"
-SERVER_PYTHON_ENV = "KVPOOL_TEST_SERVER_PYTHON"  # read by bench.local.daemons.start_daemon
+SERVER_PYTHON_ENV = "KVPOOL_TEST_SERVER_PYTHON"  # read by tests.support.daemon.start_daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,8 @@ class Environment:
         return CACHE / f"{self.name}-{self.digest()}"
 
 
-# The client's own tests that need no server dependency: wire, exchanges, keys, routing,
-# the engine connector, and the data plane against real daemons.
+# The client's own tests that need no server dependency: wire, exchanges, keys, routing, the
+# integrations' namespaces, the reference engine's pool tier, and the data plane against real daemons.
 _CLIENT_TESTS = tuple(
     [
         f"tests/unit/test_{name}.py"
@@ -63,10 +63,11 @@ _CLIENT_TESTS = tuple(
             "batching",
             "breaker",
             "buffers",
-            "engine_connector",
+            "engine_pool_tier",
             "exchange",
             "iovec",
             "keys",
+            "namespaces",
             "operations",
             "proto_fresh",
             "replication_plan",

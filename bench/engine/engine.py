@@ -24,7 +24,7 @@ from bench.engine.pool_tier import PoolTier
 from bench.engine.prefix_cache import PrefixCache
 from bench.engine.request import Event, Finished, FirstToken, Request
 from kvpool_client import BlockKeyBuilder, Namespace
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """The paged KV cache: a fixed number of pages, the engine's scarce "VRAM".
 
 One tensor ``[pages, *block_shape]`` where a page holds the K and V of
-``block_size`` consecutive tokens for every layer, laid out as the connector's
-:class:`~kvpool_client.connector.KVLayout` says (``LKHTD``: layers x K/V x kv heads
-x tokens x head_dim). A page is contiguous, so the pool reads into and writes from
+``block_size`` consecutive tokens for every layer, laid out as its
+:class:`~kvpool_client.integrations.namespaces.KVLayout` says (``LKHTD``: layers x K/V x
+kv heads x tokens x head_dim). A page is contiguous, so the pool reads into and writes from
 it with no copy. Which page holds what is the prefix cache's business, not this
 module's.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 if TYPE_CHECKING:
     from bench.engine.model import SeqBatch
@@ -35,7 +35,7 @@ class PagedKVCache:
     """``num_pages`` pages of KV in ``layout`` (its dims must be ordered ``LKHTD``).
 
     Args:
-        layout: the block layout shared with the connector.
+        layout: the block layout (the namespace's layout field).
         num_pages: the budget of pages.
     Raises:
         ValueError: the layout's order is not ``LKHTD`` or its dtype is not a torch dtype.

@@ -1,8 +1,13 @@
-"""kvpool as the engine's second KV tier, through the engine connector.
+"""kvpool as the engine's second KV tier.
 
 On admission the engine asks the tier for the blocks right after its local prefix
-cache hits; the tier looks them up (no bytes) and loads the hits straight into the
-request's fresh pages. What goes into the pool depends on the policy:
+cache hits; the tier looks them up (one batched lookup, no bytes) and gets the hits
+straight into the request's fresh pages. A page is one contiguous block of CPU memory,
+so the client receives into it and sends from it with no copy. A load counts the
+*leading* blocks that arrived: a block evicted between the lookup and the get ends the
+usable prefix, and the engine prefills from there, never from wrong bytes.
+
+What goes into the pool depends on the policy:
 
 - ``evict``: a cached block is saved when the local cache evicts it (one batch per
   allocation, before the page is overwritten): the pool extends local memory;
@@ -20,7 +25,6 @@ from enum import Enum
 from bench.engine.pages import PagedKVCache
 from bench.engine.prefix_cache import Evicted
 from kvpool_client import BlockKey, KVPoolClient, Namespace
-from kvpool_client.connector import ConnectorScheduler, ConnectorWorker, KVPages
 
 
 class SavePolicy(Enum):
@@ -49,20 +53,17 @@ class PoolTier:
 
     Args:
         client: a connected pool client (owned by the caller).
-        namespace: the engine's namespace (model + layout).
+        namespace: the engine's namespace (model + layout); every key passed in is in it.
         kv: the engine's pages.
         policy: when blocks go to the pool.
-        seed: the block hash seed, the same as the engine's.
     """
 
-    def __init__(
-        self, client: KVPoolClient, namespace: Namespace, kv: PagedKVCache, policy: SavePolicy, seed: str
-    ) -> None:
+    def __init__(self, client: KVPoolClient, namespace: Namespace, kv: PagedKVCache, policy: SavePolicy) -> None:
         self.policy = policy
         self.stats = TierStats()
+        self._client = client
         self._namespace = namespace.id
-        self._scheduler = ConnectorScheduler(client, kv.layout, namespace, seed)
-        self._worker = ConnectorWorker(client, KVPages(kv.data, kv.layout), namespace)
+        self._kv = kv
 
     def fetch(self, keys: Sequence[BlockKey], local_blocks: int, usable_blocks: int, pages: Sequence[int]) -> int:
         """Load the pool's blocks after ``local_blocks`` (up to ``usable_blocks`` in all) into ``pages``.
@@ -71,18 +72,20 @@ class PoolTier:
             Blocks loaded: ``pages[:n]`` now hold ``keys[local_blocks:local_blocks + n]``.
         """
         started = time.perf_counter()
-        match = self._scheduler.match(keys, local_blocks, max(0, usable_blocks - local_blocks))
+        asked = list(keys[local_blocks:usable_blocks])
+        hits = self._client.lookup(asked) if asked else 0
         looked = time.perf_counter()
         self.stats.lookup_s += looked - started
-        self.stats.asked_blocks += max(0, usable_blocks - local_blocks)
-        self.stats.hit_blocks += match.blocks
-        if not match.blocks:
+        self.stats.asked_blocks += len(asked)
+        self.stats.hit_blocks += hits
+        if not hits:
             return 0
-        result = self._worker.load(match.keys, pages[: match.blocks])
+        result = self._client.get(asked[:hits], [self._kv.page(p) for p in pages[:hits]])
+        loaded = result.prefix_hits
         self.stats.load_s += time.perf_counter() - looked
-        self.stats.loaded_blocks += result.loaded
-        self.stats.loaded_bytes += result.nbytes
-        return result.loaded
+        self.stats.loaded_blocks += loaded
+        self.stats.loaded_bytes += loaded * self._kv.page_bytes
+        return loaded
 
     def save_evicted(self, evicted: Sequence[Evicted]) -> None:
         """Under the ``evict`` policy: save the evicted blocks the pool does not hold yet."""
@@ -98,11 +101,12 @@ class PoolTier:
         return True
 
     def _save(self, keys: Sequence[BlockKey], pages: Sequence[int]) -> None:
+        """Put-if-absent; a block the pool already holds (or another writer is storing) is no failure."""
         if not keys:
             return
         started = time.perf_counter()
-        result = self._worker.save(keys, pages)
+        result = self._client.put(keys, [self._kv.page(p) for p in pages])
         self.stats.save_s += time.perf_counter() - started
         self.stats.saved_blocks += result.stored
-        self.stats.saved_bytes += result.nbytes
-        self.stats.save_failures += result.failed
+        self.stats.saved_bytes += result.stored * self._kv.page_bytes
+        self.stats.save_failures += len(result.failures())

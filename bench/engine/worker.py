@@ -26,7 +26,7 @@ from bench.engine.pool_tier import PoolTier, SavePolicy, TierStats
 from bench.engine.request import Request
 from bench.procs import ignore_sigint
 from kvpool_client import ClientConfig, KVPoolClient
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 BLOCK_SIZE = 16  # tokens per KV block (vLLM's default)
 
@@ -129,10 +129,10 @@ def build_engine(spec: EngineSpec, model: Model, client: KVPoolClient | None) ->
     namespace = layout.namespace(spec.model.name)
     factory = None
     if client is not None and spec.pool is not None:
-        policy, seed = spec.pool.policy, spec.engine.seed
+        policy = spec.pool.policy
 
         def factory(kv: PagedKVCache) -> PoolTier:
-            return PoolTier(client, namespace, kv, policy, seed)
+            return PoolTier(client, namespace, kv, policy)
 
     return Engine(model, layout, namespace, spec.engine, factory)
 

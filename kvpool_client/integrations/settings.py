@@ -7,11 +7,9 @@ comes from the ``KVPOOL_*`` environment.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvpool_client.core.config import ClientConfig, ClientSettings
@@ -36,43 +34,6 @@ class EngineSettings:
 
 ENGINE_SCHEMA = Schema(EngineSettings)
 KNOWN_KEYS = tuple(ENGINE_SCHEMA.settings)
-
-
-# torch dtype name -> the namespace's dtype field (kvpool_client.connector.layout's names).
-_DTYPES = {
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8e4m3",
-    "float8_e5m2": "fp8e5m2",
-    "uint8": "u8",
-}
-
-
-def dtype_field(torch_dtype: str) -> str:
-    """A torch dtype's name (``bfloat16``, ``torch.bfloat16``) as a namespace field (``bf16``)."""
-    name = torch_dtype.removeprefix("torch.")
-    return _DTYPES.get(name, name)
-
-
-def model_field(model: str) -> str:
-    """``model`` as a namespace field.
-
-    A hub name keeps its name, '/' becoming '--' (``Qwen/Qwen2.5-0.5B`` -> ``Qwen--Qwen2.5-0.5B``). A
-    local folder becomes its last part and a digest of its resolved path (``/ckpt/run42/hf`` ->
-    ``hf-3f0c9a1e27``): checkpoints in folders of the same name never share blocks, and engines share
-    a local checkpoint's blocks when they load it from the same path (or set the same ``model_id``).
-    Whitespace and '@' become '_'.
-    """
-    text = model.rstrip("/")
-    if text.startswith(("/", ".", "~")) or os.path.isdir(text):
-        path = Path(text).expanduser().resolve()
-        digest = hashlib.sha256(str(path).encode()).hexdigest()[:_PATH_DIGEST_CHARS]
-        text = f"{path.name}-{digest}"
-    return "".join("_" if c.isspace() or c == "@" else c for c in text).replace("/", "--")
-
-
-_PATH_DIGEST_CHARS = 10  # 40 bits: folders of one name on one cluster never collide by chance
 
 
 @dataclass(frozen=True, slots=True)

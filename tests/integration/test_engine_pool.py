@@ -8,7 +8,6 @@ engine writes, decode engine reads).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ from bench.engine.model import Model, ModelConfig
 from bench.engine.pages import PagedKVCache
 from bench.engine.pool_tier import PoolTier, SavePolicy
 from bench.engine.request import Finished, Request
-from kvpool_client import AsyncKVPoolClient, KVPoolClient
-from kvpool_client.connector import AsyncConnectorScheduler, AsyncConnectorWorker, KVLayout, KVPages
+from kvpool_client import KVPoolClient
+from kvpool_client.integrations.namespaces import KVLayout
 from tests.support.daemon import DaemonProcess, start_daemon
 
 torch.set_num_threads(1)
@@ -53,7 +52,7 @@ def _engine(
 
     def tier(kv: PagedKVCache) -> PoolTier:
         assert client is not None
-        return PoolTier(client, namespace, kv, policy, seed)
+        return PoolTier(client, namespace, kv, policy)
 
     config = EngineConfig(pages, max_batch_tokens=32, prefix_cache=prefix_cache, seed=seed)
     return Engine(model, LAYOUT, namespace, config, tier if client is not None else None, keep_logits=True)
@@ -145,21 +144,3 @@ def test_blocks_of_another_model_never_match(daemon: DaemonProcess) -> None:
         assert done["r0"].pool_hit_tokens == 0
         again = _serve(_engine(16, client=client, seed="ns"), [prompt], together=False)
         assert again["r0"].pool_hit_tokens == (len(prompt) - 1) // 4 * 4
-
-
-def test_async_connector_round_trip(daemon: DaemonProcess) -> None:
-    cache = torch.randn(4, *LAYOUT.block_shape)
-    target = torch.zeros_like(cache)
-    namespace = LAYOUT.namespace("async-model")
-
-    async def run() -> tuple[int, int, int]:
-        async with AsyncKVPoolClient([daemon.address]) as client:
-            scheduler = AsyncConnectorScheduler(client, LAYOUT, namespace, seed="async")
-            keys = scheduler.block_keys(list(range(17)))
-            saved = await AsyncConnectorWorker(client, KVPages(cache, LAYOUT), namespace).save(keys[:3], [2, 0, 3])
-            match = await scheduler.match(keys)
-            loaded = await AsyncConnectorWorker(client, KVPages(target, LAYOUT), namespace).load(match.keys, [0, 1, 2])
-            return saved.stored, match.blocks, loaded.loaded
-
-    assert asyncio.run(run()) == (3, 3, 3)
-    assert torch.equal(target[:3], cache[[2, 0, 3]])

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from bench.engine.model import Model, ModelConfig, SeqBatch, apply_rope, greedy, rms_norm, rope_tables
 from bench.engine.pages import PagedKVCache
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 torch.set_num_threads(1)
 TINY = ModelConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, mlp=96, vocab=101, max_positions=512)

@@ -7,7 +7,7 @@ import torch
 
 from bench.engine.model import SeqBatch
 from bench.engine.pages import PagedKVCache
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=3, block_size=4, dtype="fp32")
 

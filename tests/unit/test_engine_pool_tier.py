@@ -1,7 +1,7 @@
-"""Engine connector: layouts and namespaces, key planning, zero-copy and staged transfers.
+"""The reference engine's connector to the pool (bench/engine/pool_tier.py): what it asks, loads and saves.
 
-The pool here is an in-memory stand-in with the client's put/get/lookup contract, so
-the connector's own logic is tested without sockets (the integration test uses a
+The pool here is an in-memory stand-in with the client's put/get/lookup contract, so the
+tier's own logic is tested without sockets (tests/integration/test_engine_pool.py uses a
 real daemon).
 """
 
@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
 import torch
 
-from kvpool_client import BlockKey, ErrorCode, UsageError
-from kvpool_client.connector import ConnectorScheduler, ConnectorWorker, KVLayout, KVPages
+from bench.engine.pages import PagedKVCache
+from bench.engine.pool_tier import PoolTier, SavePolicy
+from bench.engine.prefix_cache import Evicted
+from kvpool_client import BlockKey, BlockKeyBuilder, ErrorCode
+from kvpool_client.integrations.namespaces import KVLayout
 from kvpool_client.results import GetResult, PutResult
 
 LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=4, block_size=4, dtype="fp32")
 NS = LAYOUT.namespace("tiny-model")
-TOKENS = list(range(1, 19))  # 4 full blocks and 2 tokens
+KEYS = BlockKeyBuilder(NS, LAYOUT.block_size, seed="0").keys(list(range(1, 19)))  # 4 full blocks
 
 
 class MemoryPool:
@@ -27,13 +29,17 @@ class MemoryPool:
 
     def __init__(self) -> None:
         self.blocks: dict[BlockKey, bytes] = {}
+        self.asked: list[list[BlockKey]] = []
         self.get_targets: list[Any] = []
+        self.refuse: set[BlockKey] = set()  # puts of these fail
 
     def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         statuses = []
         for key, block in zip(keys, blocks, strict=True):
             assert block.is_contiguous()
-            if key in self.blocks:
+            if key in self.refuse:
+                statuses.append(ErrorCode.OUT_OF_SPACE)
+            elif key in self.blocks:
                 statuses.append(ErrorCode.ALREADY_EXISTS)
             else:
                 self.blocks[key] = block.numpy().tobytes()
@@ -53,127 +59,60 @@ class MemoryPool:
         return GetResult(tuple(statuses))
 
     def lookup(self, keys: Sequence[BlockKey]) -> int:
+        self.asked.append(list(keys))
         count = 0
         while count < len(keys) and keys[count] in self.blocks:
             count += 1
         return count
 
 
-def _pair(pool: MemoryPool, cache: torch.Tensor, page_dim: int = 0) -> tuple[ConnectorScheduler, ConnectorWorker]:
-    pages = KVPages(cache, LAYOUT, page_dim)
-    return ConnectorScheduler(pool, LAYOUT, NS), ConnectorWorker(pool, pages, NS)  # type: ignore[arg-type]
+def tier(pool: MemoryPool, policy: SavePolicy = SavePolicy.FINISH) -> tuple[PoolTier, PagedKVCache]:
+    """A tier over six fresh pages, and the pages."""
+    kv = PagedKVCache(LAYOUT, 6)
+    return PoolTier(pool, NS, kv, policy), kv  # type: ignore[arg-type]
 
 
-def test_layout_shapes_sizes_and_ids() -> None:
-    assert LAYOUT.block_shape == (2, 2, 2, 4, 4)
-    assert KVLayout(2, 2, 4, 4, "fp32", order="TLKHD").block_shape == (4, 2, 2, 2, 4)
-    assert LAYOUT.block_nbytes == 2 * 2 * 2 * 4 * 4 * 4 and LAYOUT.token_nbytes == LAYOUT.block_nbytes // 4
-    qwen = KVLayout(24, 2, 64, 32)  # Qwen2.5-0.5B in bf16: 12 KiB per token
-    assert qwen.id == "L24-KV2-H2-D64-T32-LKHTD" and qwen.block_nbytes == 384 * 1024
-    assert NS.id == "tiny-model@fp32@L2-KV2-H2-D4-T4-LKHTD@tp0of1"
-
-
-@pytest.mark.parametrize("bad", [dict(layers=0), dict(dtype="float32"), dict(order="LKHT"), dict(order="LKHTT")])
-def test_invalid_layouts_are_refused(bad: dict[str, Any]) -> None:
-    args: dict[str, Any] = dict(layers=2, kv_heads=2, head_dim=4, block_size=4, dtype="fp32") | bad
-    with pytest.raises(UsageError):
-        KVLayout(**args)
-
-
-def test_another_model_dtype_layout_or_rank_never_shares_a_key() -> None:
-    variants = [
-        NS,
-        LAYOUT.namespace("other-model"),
-        KVLayout(2, 2, 4, 4, "bf16").namespace("tiny-model"),
-        KVLayout(2, 2, 4, 4, "fp32", order="LKTHD").namespace("tiny-model"),
-        KVLayout(3, 2, 4, 4, "fp32").namespace("tiny-model"),
-        LAYOUT.namespace("tiny-model", tp_rank=1, tp_size=2),
-    ]
+def test_a_fetch_asks_after_the_local_blocks_and_loads_the_hits_in_place() -> None:
     pool = MemoryPool()
-    keys = [ConnectorScheduler(pool, _layout_of(v), v).block_keys(TOKENS)[0] for v in variants]  # type: ignore[arg-type]
-    assert len(set(keys)) == len(variants)
-    assert len({k.hash for k in keys}) == 1  # the hash stays vLLM's; the namespace separates
+    writer, kv = tier(pool)
+    kv.data.normal_()
+    assert writer.save_finished(KEYS[:3], [4, 1, 0])
+    assert (writer.stats.saved_blocks, writer.stats.saved_bytes) == (3, 3 * LAYOUT.block_nbytes)
+
+    reader, target = tier(pool)
+    assert reader.fetch(KEYS, local_blocks=1, usable_blocks=3, pages=[5, 2]) == 2
+    assert pool.asked[-1] == KEYS[1:3], "the blocks after the local hits, up to the usable ones"
+    assert all(t.data_ptr() == target.page(p).data_ptr() for t, p in zip(pool.get_targets, [5, 2], strict=True))
+    assert torch.equal(target.data[[5, 2]], kv.data[[1, 0]])
+    stats = reader.stats
+    assert (stats.asked_blocks, stats.hit_blocks, stats.loaded_blocks) == (2, 2, 2)
+    assert stats.loaded_bytes == 2 * LAYOUT.block_nbytes
+    assert reader.fetch(KEYS, local_blocks=3, usable_blocks=3, pages=[0]) == 0
+    assert len(pool.asked) == 1, "nothing left to ask about: no lookup"
 
 
-def _layout_of(namespace: Any) -> KVLayout:
-    layers = int(namespace.layout.split("-")[0][1:])
-    return KVLayout(layers, 2, 4, 4, namespace.dtype, namespace.layout.rsplit("-", 1)[1])
-
-
-def test_scheduler_refuses_a_namespace_of_another_layout() -> None:
-    with pytest.raises(UsageError):
-        ConnectorScheduler(MemoryPool(), LAYOUT, KVLayout(2, 2, 4, 8, "fp32").namespace("m"))  # type: ignore[arg-type]
-
-
-def test_match_starts_after_local_blocks_and_respects_the_limit() -> None:
+def test_a_block_evicted_after_the_lookup_ends_the_loaded_prefix() -> None:
     pool = MemoryPool()
-    scheduler, _ = _pair(pool, torch.zeros(4, *LAYOUT.block_shape))
-    keys = scheduler.block_keys(TOKENS)
-    assert len(keys) == 4
-    for key in keys[:3]:
-        pool.blocks[key] = b""
-    assert scheduler.match(keys).blocks == 3
-    match = scheduler.match(keys, computed_blocks=1, limit=1)
-    assert (match.first_block, match.keys, match.tokens) == (1, (keys[1],), 4)
-    assert scheduler.match(keys, computed_blocks=4).blocks == 0
+    tier(pool)[0].save_finished(KEYS, [0, 1, 2, 3])
+    reader, _ = tier(pool)
+    lookup = pool.lookup
+    pool.lookup = lambda keys: (lookup(keys), pool.blocks.pop(KEYS[1]))[0]  # type: ignore[method-assign]
+    assert reader.fetch(KEYS, local_blocks=0, usable_blocks=3, pages=[3, 2, 1]) == 1
+    assert (reader.stats.hit_blocks, reader.stats.loaded_blocks) == (3, 1)
 
 
-def test_contiguous_pages_round_trip_with_zero_copy() -> None:
+def test_evict_saves_only_what_the_pool_lacks_and_finish_saves_finished_requests() -> None:
     pool = MemoryPool()
-    cache = torch.randn(6, *LAYOUT.block_shape)
-    scheduler, worker = _pair(pool, cache)
-    keys = scheduler.block_keys(TOKENS)
-    saved = worker.save(keys, [4, 1, 0, 5])
-    assert (saved.stored, saved.already, saved.failed, saved.nbytes) == (4, 0, 0, 4 * LAYOUT.block_nbytes)
-    assert worker.save(keys[:1], [4]).already == 1
-    target = torch.zeros(6, *LAYOUT.block_shape)
-    _, reader = _pair(pool, target)
-    loaded = reader.load(keys, [2, 3, 0, 1])
-    assert loaded.loaded == 4
-    assert all(t.data_ptr() == target[p].data_ptr() for t, p in zip(pool.get_targets, [2, 3, 0, 1], strict=True))
-    assert torch.equal(target[[2, 3, 0, 1]], cache[[4, 1, 0, 5]])
+    evicting, _ = tier(pool, SavePolicy.EVICT)
+    evicted = [Evicted(2, KEYS[0].hash, in_pool=False), Evicted(3, KEYS[1].hash, in_pool=True)]
+    evicting.save_evicted(evicted)
+    assert set(pool.blocks) == {KEYS[0]}
+    assert not evicting.save_finished(KEYS[2:], [0, 1]), "evict never saves at the end"
 
-
-def test_strided_pages_go_through_staging() -> None:
-    pool = MemoryPool()
-    # vLLM-like: the page dimension inside the layer dimension, so a page is not contiguous.
-    cache = torch.randn(LAYOUT.layers, 5, *LAYOUT.block_shape[1:])
-    pages = KVPages(cache, LAYOUT, page_dim=1)
-    assert not pages.direct
-    scheduler = ConnectorScheduler(pool, LAYOUT, NS)  # type: ignore[arg-type]
-    worker = ConnectorWorker(pool, pages, NS)  # type: ignore[arg-type]
-    keys = scheduler.block_keys(TOKENS)[:2]
-    worker.save(keys, [3, 0])
-    target = torch.zeros_like(cache)
-    reader = ConnectorWorker(pool, KVPages(target, LAYOUT, page_dim=1), NS)  # type: ignore[arg-type]
-    assert reader.load(keys, [1, 4]).loaded == 2
-    assert torch.equal(target[:, 1], cache[:, 3]) and torch.equal(target[:, 4], cache[:, 0])
-    assert target[:, [0, 2, 3]].abs().sum() == 0
-
-
-def test_a_missing_block_ends_the_loaded_prefix() -> None:
-    pool = MemoryPool()
-    scheduler, worker = _pair(pool, torch.randn(4, *LAYOUT.block_shape))
-    keys = scheduler.block_keys(TOKENS)
-    worker.save(keys, [0, 1, 2, 3])
-    del pool.blocks[keys[1]]  # evicted between lookup and load
-    result = worker.load(keys[:3], [3, 2, 1])
-    assert (result.requested, result.loaded, result.nbytes) == (3, 1, LAYOUT.block_nbytes)
-    assert result.statuses == (ErrorCode.OK, ErrorCode.NOT_FOUND, ErrorCode.OK)
-
-
-def test_worker_refuses_foreign_keys_bad_pages_and_wrong_dtype() -> None:
-    pool = MemoryPool()
-    scheduler, worker = _pair(pool, torch.zeros(2, *LAYOUT.block_shape))
-    keys = scheduler.block_keys(TOKENS)
-    foreign = ConnectorScheduler(pool, _layout_of(LAYOUT.namespace("m")), LAYOUT.namespace("m"))  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match="namespace"):
-        worker.save(foreign.block_keys(TOKENS)[:1], [0])
-    with pytest.raises(UsageError, match="out of range"):
-        worker.load(keys[:1], [2])
-    with pytest.raises(UsageError, match="keys for"):
-        worker.load(keys[:2], [0])
-    with pytest.raises(UsageError, match="dtype"):
-        KVPages(torch.zeros(2, *LAYOUT.block_shape, dtype=torch.float16), LAYOUT)
-    with pytest.raises(UsageError, match="shape"):
-        KVPages(torch.zeros(2, 3, 3), LAYOUT)
+    finishing, _ = tier(pool, SavePolicy.FINISH)
+    finishing.save_evicted([Evicted(0, KEYS[3].hash, in_pool=False)])
+    assert KEYS[3] not in pool.blocks, "finish never saves on eviction"
+    pool.refuse.add(KEYS[2])
+    assert finishing.save_finished(KEYS[:3], [0, 1, 2])
+    stats = finishing.stats
+    assert (stats.saved_blocks, stats.save_failures) == (1, 1), "already stored is no failure; OUT_OF_SPACE is"

@@ -10,7 +10,7 @@ from bench.engine.engine import Engine, EngineConfig
 from bench.engine.model import Model, ModelConfig
 from bench.engine.request import Finished, FirstToken, Request
 from bench.engine.workload import WorkloadSpec, build_workload
-from kvpool_client.connector import KVLayout
+from kvpool_client.integrations.namespaces import KVLayout
 
 torch.set_num_threads(1)
 CFG = ModelConfig(layers=1, hidden=32, q_heads=2, kv_heads=1, head_dim=16, mlp=64, vocab=50, max_positions=256)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvpool_client.core.errors import UsageError
-from kvpool_client.integrations.settings import PoolSettings, model_field
+from kvpool_client.integrations.namespaces import model_field
+from kvpool_client.integrations.settings import PoolSettings
 
 SOURCE = "kv_connector_extra_config"
 

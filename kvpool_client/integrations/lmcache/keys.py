@@ -5,9 +5,10 @@ tags)``; its bytes also depend on the engine's chunk format (memory format, chun
 the chunk's shapes and dtypes), which the key does not carry. A pool key splits that in two:
 
 - the namespace ``model@dtype@layout@tp{worker_id}of{world_size}``: the model (``model_id``
-  or the key's model name, as :func:`~kvpool_client.integrations.settings.model_field`
-  writes it), the KV dtype, and a layout ``lmcache-<fmt>-T<chunk size>-<shapes>`` that
-  holds the rest of the format;
+  or the key's model name, as :func:`~kvpool_client.integrations.namespaces.model_field`
+  writes it), the KV dtype (as :func:`~kvpool_client.integrations.namespaces.dtype_field`
+  names it), and a layout ``lmcache-<fmt>-T<chunk size>-<shapes>`` that holds the rest of the
+  format;
 - the hash: the chunk hash as a 9-byte big-endian two's complement integer, so both the
   signed 64-bit hashes of Python's ``hash`` and the unsigned 64-bit ones LMCache folds
   vLLM's sha256 digests into are kept apart; a key with LMCache tags
@@ -25,27 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool_client.core.keys import BlockKey, Namespace
-from kvpool_client.integrations.settings import model_field
+from kvpool_client.core.keys import BlockKey
+from kvpool_client.integrations.namespaces import NamespaceFields, dtype_field
 
 HASH_BYTES = 9  # holds every int64 and every uint64
 _LOW, _HIGH = -(1 << (8 * HASH_BYTES - 1)), 1 << (8 * HASH_BYTES - 1)
-
-# torch dtype name -> the namespace's dtype field (the names kvpool's other integrations use).
-_DTYPES = {
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8e4m3",
-    "float8_e5m2": "fp8e5m2",
-    "uint8": "u8",
-}
-
-
-def dtype_field(dtype: Any) -> str:
-    """A torch dtype as a namespace field: ``torch.bfloat16`` -> ``bf16``."""
-    name = str(dtype).removeprefix("torch.")
-    return _DTYPES.get(name, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +96,7 @@ class ChunkKeys:
         self.chunk_format = chunk_format
         self._model_id = model_id
         # (model, world size, worker, dtype) -> namespace id: an engine has one or two.
-        self._namespaces: dict[tuple[str, int, int, str], str] = {}
+        self._namespaces: dict[tuple[str, int, int, Any], str] = {}
 
     def namespace(self, key: Any) -> str:
         """The namespace id of ``key``'s chunk.
@@ -120,14 +105,12 @@ class ChunkKeys:
             UsageError: the key's fields cannot form a namespace (a worker id outside its
                 world size, a model name too long).
         """
-        dtype = dtype_field(key.dtype)
-        ident = (key.model_name, key.world_size, key.worker_id, dtype)
+        ident = (key.model_name, key.world_size, key.worker_id, key.dtype)
         found = self._namespaces.get(ident)
         if found is None:
-            model = model_field(self._model_id or key.model_name)
-            layout = self.chunk_format.layout(dtype)
-            found = Namespace(model, dtype, layout, key.worker_id, key.world_size).id
-            self._namespaces[ident] = found
+            fields = NamespaceFields.of(self._model_id or key.model_name, key.dtype)
+            namespace = fields.namespace(self.chunk_format.layout(fields.dtype), key.worker_id, key.world_size)
+            found = self._namespaces[ident] = namespace.id
         return found
 
     def key(self, key: Any) -> BlockKey:

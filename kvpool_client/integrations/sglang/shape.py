@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from kvpool_client.core.keys import BlockKey, Namespace
-from kvpool_client.integrations.settings import dtype_field, model_field
+from kvpool_client.integrations.namespaces import NamespaceFields
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 MHA_PARTS = ("k", "v")
@@ -79,17 +79,15 @@ class PageShape:
         Raises:
             UsageError: the model name cannot be a namespace field even after cleaning.
         """
-        dtype = dtype_field(self.dtype)
         vdim = f"-V{self.v_head_dim}" if self.v_head_dim not in (None, self.head_dim) else ""
         cp = f"-cp{self.cp_rank}of{self.cp_size}" if self.cp_size > 1 else ""
         base = (
             f"sglang-{self.kind}-{self.host_layout}-L{self.layers}-H{self.heads}-D{self.head_dim}{vdim}"
             f"-P{self.page_size}-pp{self.pp_rank}of{self.pp_size}{cp}"
         )
-        model = model_field(self.model)
-        if self.kind == "mla":
-            return tuple(Namespace(model, dtype, f"{base}-{part}") for part in self.parts)
-        return tuple(Namespace(model, dtype, f"{base}-{part}", self.tp_rank, self.tp_size) for part in self.parts)
+        fields = NamespaceFields.of(self.model, self.dtype)
+        tp = (0, 1) if self.kind == "mla" else (self.tp_rank, self.tp_size)
+        return tuple(fields.namespace(f"{base}-{part}", *tp) for part in self.parts)
 
 
 class PageKeys:

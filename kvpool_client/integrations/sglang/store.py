@@ -46,8 +46,8 @@ SOURCE = "hicache-storage-backend-extra-config"
 # Keys of the extra config that SGLang itself reads (its factory and controller).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
 
-Blocks = Callable[[list[int]], tuple[list[Any], list[torch.Tensor]]]
-"""Buffers for every part of the given pages, and the staging buffers among them."""
+Blocks = Callable[[list[int]], list[Any]]
+"""Buffers for every part of the given pages, page after page."""
 
 
 class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
@@ -105,7 +105,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         log.info(
             "kvpool: SGLang pages in %s (%s)",
             ", ".join(self._keys.namespace_ids),
-            "zero copy" if self._pages.dense else "one staging copy each way",
+            "zero copy, a part one span" if self._pages.dense else "zero copy, a part one span per layer",
         )
 
     def on_host_pools_registered(self) -> None:
@@ -143,9 +143,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             pages = self._host()
             starts = pages.page_starts(host_indices, len(keys))
             valid = [s is not None for s in starts]
-            return self._write(
-                keys, valid, lambda idx: pages.blocks(_valid_starts(starts, idx), gather=True), extra_info
-            )
+            return self._write(keys, valid, lambda idx: pages.blocks(_valid_starts(starts, idx)), extra_info)
         except Exception as exc:
             log.warning("kvpool: store of %d pages failed: %s", len(keys), exc)
             return [False] * len(keys)
@@ -159,14 +157,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             pages = self._host()
             starts = pages.page_starts(host_indices, len(keys))
             valid = [s is not None for s in starts]
-
-            def blocks(idx: list[int]) -> tuple[list[Any], list[torch.Tensor]]:
-                return pages.blocks(_valid_starts(starts, idx), gather=False)
-
-            def land(idx: list[int], buffers: list[Any], arrived: list[bool]) -> None:
-                pages.scatter(_valid_starts(starts, idx), buffers, arrived)
-
-            return self._read(keys, valid, blocks, land)
+            return self._read(keys, valid, lambda idx: pages.blocks(_valid_starts(starts, idx)))
         except Exception as exc:
             log.warning("kvpool: load of %d pages failed: %s", len(keys), exc)
             return [False] * len(keys)
@@ -187,7 +178,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             targets = [self.mem_pool_host.get_dummy_flat_data_page() if t is None else t for t in targets]
             views = [self._flat_parts(t) for t in targets]
             arrived = self._read(
-                keys, [v is not None for v in views], lambda idx: ([p for i in idx for p in views[i] or ()], []), None
+                keys, [v is not None for v in views], lambda idx: [p for i in idx for p in views[i] or ()]
             )
         except Exception as exc:
             log.warning("kvpool: load of %d flat pages failed: %s", len(keys), exc)
@@ -212,7 +203,7 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
             self._host()
             views = [self._flat_parts(v) for v in (values if values is not None else [None] * len(keys))]
             stored = self._write(
-                keys, [v is not None for v in views], lambda idx: ([p for i in idx for p in views[i] or ()], []), None
+                keys, [v is not None for v in views], lambda idx: [p for i in idx for p in views[i] or ()], None
             )
             return all(stored)
         except Exception as exc:
@@ -277,41 +268,22 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         held = self._client.exists(pool_keys)
         missing = [i for i, ok in enumerate(valid) if ok and not all(held[i * parts : (i + 1) * parts])]
         if missing and self._writer:  # MLA's other ranks only report what the writer stored
-            buffers, staged = blocks(missing)
-            try:
-                result = self._client.put(_select(pool_keys, missing, parts), buffers)
-            finally:
-                self._host().release(staged)
+            result = self._client.put(_select(pool_keys, missing, parts), blocks(missing))
             for n, status in enumerate(result.statuses):
                 held[missing[n // parts] * parts + n % parts] = status in PUT_SUCCESS
             _log_failed("store", result.statuses, PUT_SUCCESS)
         return [ok and all(held[i * parts : (i + 1) * parts]) for i, ok in enumerate(valid)]
 
-    def _read(
-        self,
-        keys: list[str],
-        valid: list[bool],
-        blocks: Blocks,
-        land: Callable[[list[int], list[Any], list[bool]], None] | None,
-    ) -> list[bool]:
+    def _read(self, keys: list[str], valid: list[bool], blocks: Blocks) -> list[bool]:
         """Get the valid pages into their buffers; True per page whose every part arrived."""
         parts = self._page_keys().parts
         wanted = [i for i, ok in enumerate(valid) if ok]
         arrived = [False] * len(keys)
         if not wanted:
             return arrived
-        buffers, staged = blocks(wanted)
-        try:
-            result = self._client.get(_select(self._page_keys().of(keys), wanted, parts), buffers)
-            ok = [
-                all(s is ErrorCode.OK for s in result.statuses[n * parts : (n + 1) * parts]) for n in range(len(wanted))
-            ]
-            if land is not None:
-                land(wanted, buffers, ok)
-        finally:
-            self._host().release(staged)
+        result = self._client.get(_select(self._page_keys().of(keys), wanted, parts), blocks(wanted))
         for n, index in enumerate(wanted):
-            arrived[index] = ok[n]
+            arrived[index] = all(s is ErrorCode.OK for s in result.statuses[n * parts : (n + 1) * parts])
         _log_failed("load", result.statuses, (ErrorCode.OK,))
         return arrived
 

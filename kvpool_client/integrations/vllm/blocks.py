@@ -17,28 +17,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvpool_client.buffers import Regions, Target
+from kvpool_client.buffers import Target
 from kvpool_client.core.errors import UsageError
-
-
-@dataclass(frozen=True, slots=True)
-class Region:
-    """Where one layer's (or one half's) part of block ``b`` lies: ``raw[offset + b * stride:][:nbytes]``."""
-
-    raw: torch.Tensor  # the tensor's whole storage as uint8
-    offset: int
-    stride: int
-    nbytes: int
-
-    def of(self, block_id: int) -> torch.Tensor:
-        start = self.offset + block_id * self.stride
-        return self.raw[start : start + self.nbytes]
+from kvpool_client.integrations.regions import HostBlocks, Region, storage_bytes
 
 
 def _regions(name: str, cache: torch.Tensor, num_blocks: int) -> list[Region]:
@@ -49,7 +35,7 @@ def _regions(name: str, cache: torch.Tensor, num_blocks: int) -> list[Region]:
             one dense span of memory.
     """
     size = cache.element_size()
-    raw = torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
+    raw = storage_bytes(cache)
     if cache.dim() >= 2 and cache.shape[0] == num_blocks:
         parts = [cache]
     elif cache.dim() >= 3 and cache.shape[0] == 2 and cache.shape[1] == num_blocks:
@@ -91,17 +77,13 @@ class BlockLayers:
         self.regions = [r for name, t in zip(layer_names, tensors, strict=True) for r in _regions(name, t, num_blocks)]
         self.block_nbytes = sum(r.nbytes for r in self.regions)
         self.host_memory = self.device.type == "cpu"  # else the pool's client cannot reach it: staging
-        self.direct = self.host_memory and _adjacent(self.regions)
-        # Each region's storage as one memoryview, sliced per block by block(): no tensor per block.
-        self._spans = (
-            [(_bytes_of(r.raw), r.offset, r.stride, r.nbytes) for r in self.regions] if self.host_memory else []
-        )
-        # A block's regions as block() made them (~0.2 KB a region: a few percent of the block's own
+        # A block's regions are kept once made (~0.2 KB a region: a few percent of the block's own
         # bytes at the smallest blocks vLLM makes), since making them costs microseconds a block.
-        self._regions: dict[int, Regions] = {}
+        self._host = HostBlocks(self.regions, keep=True) if self.host_memory else None
+        self.direct = self._host is not None and self._host.direct
         self._by_block = _uniform_view(self.regions, num_blocks)
         # On the CPU, numpy copies: one memcpy per row in this thread. torch's copy_ hands
-        # larger copies to its intra-op thread pool, which on a busy host was 4x slower.
+        # larger copies to its intra-op thread pool, which is slower on a busy host.
         self._by_block_np = self._by_block.numpy() if self._by_block is not None and self.device.type == "cpu" else None
 
     def check(self, block_ids: Sequence[int]) -> None:
@@ -113,15 +95,8 @@ class BlockLayers:
     def block(self, block_id: int) -> Target:
         """Block ``block_id`` where it lies in host memory: one slice (:attr:`direct`), else its
         regions in block-byte order. Only for a cache in host memory (:attr:`host_memory`)."""
-        if self.direct:
-            memory, offset, stride, _ = self._spans[0]
-            start = offset + block_id * stride
-            return memory[start : start + self.block_nbytes]
-        regions = self._regions.get(block_id)
-        if regions is None:  # built once a block: its spans never move
-            views = [memory[o + block_id * s : o + block_id * s + n] for memory, o, s, n in self._spans]
-            regions = self._regions[block_id] = Regions(tuple(views), self.block_nbytes, True)
-        return regions
+        assert self._host is not None, "a device cache's blocks go through staging"
+        return self._host.target(block_id)
 
     def gather(self, block_id: int, out: torch.Tensor) -> None:
         """Copy block ``block_id`` of every layer into ``out`` (uint8, :attr:`block_nbytes`); on a
@@ -149,23 +124,6 @@ class BlockLayers:
         for region in self.regions:
             region.of(block_id).copy_(src[at : at + region.nbytes], non_blocking=True)
             at += region.nbytes
-
-
-def _bytes_of(raw: torch.Tensor) -> memoryview:
-    """A host tensor's whole storage as a writable byte memoryview (shared with the tensor)."""
-    return raw.numpy().data
-
-
-def _adjacent(regions: Sequence[Region]) -> bool:
-    """Whether every block's regions follow one another in one storage, at one block stride."""
-    first = regions[0]
-    at = first.offset
-    for region in regions:
-        same = region.raw.untyped_storage().data_ptr() == first.raw.untyped_storage().data_ptr()
-        if not same or region.offset != at or region.stride != first.stride:
-            return False
-        at += region.nbytes
-    return first.stride >= at - first.offset
 
 
 def _uniform_view(regions: Sequence[Region], num_blocks: int) -> torch.Tensor | None:

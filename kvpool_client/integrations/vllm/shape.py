@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, replace
 
 from kvpool_client.core.keys import Namespace
-from kvpool_client.integrations.settings import dtype_field, model_field
+from kvpool_client.integrations.namespaces import NamespaceFields
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +52,14 @@ class CacheShape:
         Raises:
             UsageError: the model name cannot be a namespace field even after cleaning.
         """
-        model = model_field(self.model) + (f"~{model_field(self.revision)}" if self.revision else "")
         quant = f"-q{self.quantization}" if self.quantization else ""
         layout = (
             f"vllm-{self.layout or 'default'}-{self.kind}{quant}-L{self.layers}-H{self.kv_heads}"
             f"-D{self.head_size}-T{self.block_size}"
         )
         per_tp_rank = self.kind == "mha"
-        spaces = EngineNamespaces(model, dtype_field(self.dtype), layout, self.tp_size, self.pp_size, per_tp_rank)
+        fields = NamespaceFields.of(self.model, self.dtype, self.revision)
+        spaces = EngineNamespaces(fields, layout, self.tp_size, self.pp_size, per_tp_rank)
         spaces.of(0, 0)  # checks the fields now, not on the first transfer
         return spaces
 
@@ -73,8 +73,7 @@ class EngineNamespaces:
     writes them. Pipeline stages hold different layers: their blocks are always apart.
     """
 
-    model: str
-    dtype: str
+    fields: NamespaceFields
     layout: str
     tp_size: int
     pp_size: int
@@ -86,8 +85,8 @@ class EngineNamespaces:
         generation = f"-g{self.generation}" if self.generation else ""
         layout = f"{self.layout}{generation}-pp{pp_rank}of{self.pp_size}"
         if self.per_tp_rank:
-            return Namespace(self.model, self.dtype, layout, tp_rank, self.tp_size)
-        return Namespace(self.model, self.dtype, layout)
+            return self.fields.namespace(layout, tp_rank, self.tp_size)
+        return self.fields.namespace(layout)
 
     def writes(self, tp_rank: int) -> bool:
         """Whether TP rank ``tp_rank`` stores blocks (MLA: rank 0 alone)."""

@@ -35,9 +35,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvpool_client.client import KVPoolClient
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.keys import BlockKey, Namespace
-from kvpool_client.integrations.settings import PoolSettings, model_field
-
-_STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)
+from kvpool_client.integrations.namespaces import NamespaceFields, model_field
+from kvpool_client.integrations.settings import PoolSettings
+from kvpool_client.results import PUT_SUCCESS
 
 
 class _PoolLookups(AsyncLookupManager):  # type: ignore[misc]
@@ -165,7 +165,7 @@ class KVPoolTier(SecondaryTierManager):  # type: ignore[misc]
 
     def _store(self, job: TransferJob) -> tuple[JobResult, list[OffloadKey]]:
         result = self._client.put(self._keys(job), self._rows_of(job.chunk_ids))
-        stored = all(s in _STORED for s in result.statuses)
+        stored = all(s in PUT_SUCCESS for s in result.statuses)
         return JobResult(job.job_id, stored, transfer_bytes=result.stored * self.block_size_bytes), []
 
     def _load(self, job: TransferJob) -> tuple[JobResult, list[OffloadKey]]:
@@ -188,7 +188,8 @@ def tier_namespace(config: Any, chunk_bytes: int, model_id: str | None) -> Names
     bytes also depend on the KV cache groups (their layers and block sizes) and on the byte
     format vLLM writes (its canonical format, or the worker's own layout; replicated across
     ranks or not), which are not interchangeable: each is in the namespace too, as vLLM's own
-    file tier keys them.
+    file tier keys them. The dtype field is vLLM's name of the dtype (``bfloat16``), not the
+    short one the connector writes (``bf16``): the chunks a deployment stored keep their keys.
     """
     parallel = config.parallel
     groups = json.dumps([[g.tokens_per_block, list(g.layer_names)] for g in config.groups])
@@ -200,4 +201,4 @@ def tier_namespace(config: Any, chunk_bytes: int, model_id: str | None) -> Names
         f"-tp{parallel.tp_size}-pp{parallel.pp_size}-pcp{parallel.pcp_size}-dcp{parallel.dcp_size}"
         f"-g{hashlib.sha256(groups.encode()).hexdigest()[:10]}-{form}{replicated}"
     )
-    return Namespace(model_field(model_id or config.model.name), config.model.dtype, layout)
+    return NamespaceFields(model_field(model_id or config.model.name), config.model.dtype).namespace(layout)

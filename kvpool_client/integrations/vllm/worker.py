@@ -26,18 +26,16 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from kvpool_client.client import KVPoolClient
-from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.integrations.vllm.blocks import BlockLayers, StagingBuffers
 from kvpool_client.integrations.vllm.scheduler import StepPlan, TransferJob
 from kvpool_client.integrations.vllm.shape import namespace_id
 from kvpool_client.integrations.vllm.streams import CopyOrder
-from kvpool_client.results import GetResult, PutResult
+from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult
 
 log = logging.getLogger("kvpool.vllm")
 
 BATCH_BLOCKS = 32  # blocks per pool request: bounds staging memory per transfer
-_STORED = (ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY)  # BUSY: another writer has it
 
 
 class _Lane:
@@ -217,7 +215,7 @@ class WorkerTransfers:
         except Exception as exc:  # a failed save costs future hits, never this request
             log.warning("kvpool save of %d blocks for %s failed: %s", len(keys), req_id, exc)
             return
-        failed = [s.name for s in result.statuses if s not in _STORED]
+        failed = [s.name for s in result.statuses if s not in PUT_SUCCESS]
         if failed:
             log.info("kvpool save for %s: %d of %d blocks not stored (%s)", req_id, len(failed), len(keys), failed[0])
 

@@ -16,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
 
 from bench.vllm.harness import block_bytes, model_dir
 from bench.vllm.offloading import TieredEngine
@@ -112,3 +119,34 @@ def test_byte_formats_and_cache_groups_have_their_own_namespaces(
     ]
     spaces = {base.id, *(tier_namespace(c, size, None).id for c in others)}
     assert len(spaces) == 4, "formats vLLM does not interchange must not share chunks"
+
+
+def offloading_config(**fields: Any) -> OffloadingConfig:
+    """vLLM's offloading config of a 2-layer model at TP 2, four 16-token blocks a chunk."""
+    base: dict[str, Any] = dict(
+        groups=(OffloadingGroupConfig(16, ("model.layers.0.attn", "model.layers.1.attn"), 0),),
+        worker_kv_bytes_per_block=4096,
+        enable_kv_cache_events=False,
+        extra_config={},
+        engine_id="e",
+        model=OffloadingModelConfig("Qwen/Qwen2.5-0.5B", "bfloat16"),
+        cache=OffloadingCacheConfig(16, 4),
+        parallel=OffloadingParallelConfig(0, 2, 2, 1, 1, 1, 0, 1, None, False),
+        kv_cache_layout="NHD",
+    )
+    return OffloadingConfig(**(base | fields))
+
+
+def test_chunks_stay_in_the_namespaces_a_deployment_stored_them_in() -> None:
+    """Literal ids: a change orphans every chunk stored before (the dtype stays vLLM's name)."""
+    canonical = offloading_config(canonical_layout=True, replicated_layout=True, kv_cache_layout="LBNHC")
+    fp8 = offloading_config(model=OffloadingModelConfig("Qwen/Qwen2.5-0.5B", "float8_e4m3fn"), kv_cache_layout=None)
+    assert [
+        tier_namespace(offloading_config(), 16384, None).id,
+        tier_namespace(canonical, 65536, "qwen-prod").id,
+        tier_namespace(fp8, 1024, None).id,
+    ] == [
+        "Qwen--Qwen2.5-0.5B@bfloat16@vllm-offload-NHD-B16384-T64-tp2-pp1-pcp1-dcp1-g5ee35b437e-direct@tp0of1",
+        "qwen-prod@bfloat16@vllm-offload-LBNHC-B65536-T64-tp2-pp1-pcp1-dcp1-g5ee35b437e-v1-nhd-replicated@tp0of1",
+        "Qwen--Qwen2.5-0.5B@float8_e4m3fn@vllm-offload-default-B1024-T64-tp2-pp1-pcp1-dcp1-g5ee35b437e-direct@tp0of1",
+    ]
