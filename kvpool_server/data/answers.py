@@ -105,7 +105,7 @@ class Answers:
         request = answer.request
         match request:
             case GetOne():
-                return self._get_one_reply(request.request_id, answer.held[0])
+                return self.get_one_reply(request.request_id, answer.held[0])
             case GetRequest():
                 return self._get_reply(request, answer.held)
             case LocateRequest():
@@ -125,7 +125,7 @@ class Answers:
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
         if len(held) == 1:
-            return self._get_one_reply(request.request_id, held[0])
+            return self.get_one_reply(request.request_id, held[0])
         statuses, lengths, sums, views = [], [], [], []
         for block in held:
             status = self._check(block)
@@ -143,7 +143,7 @@ class Answers:
         self._counters.add("bytes_out", sum(lengths))
         return [encode(GetResponse(request.request_id, statuses, lengths, sums)), *views]
 
-    def _get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
+    def get_one_reply(self, request_id: int, block: HeldBlock | None) -> Reply:
         """:meth:`_get_reply` of one key, in one pack."""
         status = self._check(block)
         if block is None or status is not ErrorCode.OK:

@@ -42,25 +42,28 @@ class Puts:
         """A put is acknowledged only once its blocks are on SSD (see :meth:`BlockStore.persist`)."""
         return self._store.write_through
 
-    def store(self, request: PutRequest, writable: bool) -> Generator[int | memoryview, None, list[Outcome]]:
+    def store(
+        self, request: PutRequest, writable: bool, outcomes: list[Outcome], *, arrived: bool = False
+    ) -> Generator[int | memoryview, None, None]:
         """Store a put's blocks as their bytes arrive, whichever driver moves the bytes.
 
         Yields what it waits for, in order: a count (wait until that many payload bytes are
         buffered: a block takes its slot only once its first bytes are here), or a buffer to
         fill with the next payload bytes (a block's slot, or a piece of the shared sink for a
-        block refused). Returns each block's outcome, the stored ones committed (and, on a
-        write-through node, still pinned for :meth:`persist`). A put cut short, by an error
-        thrown in or by closing the generator, aborts its reservations: nothing half-written
-        ever becomes readable.
+        block refused). Appends each block's outcome to ``outcomes``; when it ends, the stored
+        blocks are committed (and, on a write-through node, still pinned for :meth:`persist`).
+        A put cut short, by an error thrown in or by closing the generator, aborts its
+        reservations: nothing half-written ever becomes readable.
 
         Args:
             request: the put, its head read.
             writable: False while the node drains: every block is refused ``DRAINING``.
+            outcomes: an empty list, filled as the blocks are taken.
+            arrived: the whole payload is buffered already: no count is yielded.
         """
-        outcomes: list[Outcome] = []
         try:
             for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
-                if writable and length > 0:
+                if writable and length > 0 and not arrived:
                     yield min(length, FIRST_BYTES)
                 outcome = self._admit((request.namespace, h), length, depth) if writable else ErrorCode.DRAINING
                 outcomes.append(outcome)
@@ -81,7 +84,6 @@ class Puts:
         for outcome in reversed(outcomes):
             if isinstance(outcome, BlockEntry):
                 self._store.commit(outcome)
-        return outcomes
 
     async def persist(self, outcomes: list[Outcome]) -> None:
         """Write a put's committed blocks through to SSD (a write-through node), then unpin them."""

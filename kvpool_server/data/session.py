@@ -63,7 +63,7 @@ from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request
 from kvpool_server.data.published_gets import SendPublished
 from kvpool_server.data.puts import Outcome, Puts
 from kvpool_server.stats import Counters, Latencies
-from kvpool_server.tiers.store import BlockStore
+from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 log = logging.getLogger("kvpool.data")
 
@@ -247,7 +247,9 @@ class Session:
                 return self._answer(self._answers.begin(event, started))
 
     def _get_one(self, get: GetOne, started: float) -> Answer | None:
-        """A one-key GET: sent from the published table where it can be, else answered as any read."""
+        """A one-key GET: sent from the published table where it can be; else :meth:`_answer`
+        specialised to one key (no per-key lists, no :class:`Answer` unless something is left
+        for :meth:`_complete`), which the session's tests hold to the general answer."""
         if self._send_published is not None:
             try:
                 rest = self._send_published(*get)
@@ -259,13 +261,26 @@ class Session:
                 self._latencies.observe(_GET, time.perf_counter() - started)
                 return None
         self._counters.add("requests_get")
-        return self._answer(self._answers.begin(get, started))
+        key = (get.namespace, get.block)
+        held = self._store.acquire_dram_one(key)
+        if held is None and self._store.on_ssd(key):
+            return Answer(get, [key], [None], started)
+        unsent = self._send_now(self._answers.get_one_reply(get.request_id, held), (held,))
+        if unsent:
+            return Answer(get, [key], [held], started, unsent)
+        self._store.release((held,))
+        self._latencies.observe(_GET, time.perf_counter() - started)
+        return None
 
     def _answer(self, answer: Answer) -> Answer | None:
         """Reply to a read begun, unless some of its blocks must be read from SSD first."""
         if self._store.wants_ssd(answer.keys, answer.held):
             return answer
-        return self._send_now(answer, self._answers.reply(answer))
+        answer.unsent = self._send_now(self._answers.reply(answer), answer.held)
+        if answer.unsent:
+            return answer
+        self._answers.end(answer)
+        return None
 
     def _put_now(self, request: PutRequest, started: float) -> Answer | PutRequest | None:
         """Store a put whose whole payload has arrived; the request, untouched, when it must wait
@@ -275,32 +290,29 @@ class Session:
         if self._connection.payload_buffered + self._pollable.pending() < self._connection.payload_left:
             return request
         self._counters.add("requests_put")
-        steps = self._puts.store(request, self._accepting_writes())
+        outcomes: list[Outcome] = []
+        steps = self._puts.store(request, self._accepting_writes(), outcomes, arrived=True)
         try:
-            wait = next(steps)
-            while True:
-                if isinstance(wait, memoryview):
-                    self._receive_payload_now(wait)
-                wait = next(steps)  # otherwise a count of bytes to wait for: all are here
-        except StopIteration as done:
-            outcomes: list[Outcome] = done.value
+            for target in steps:
+                if isinstance(target, memoryview):  # the payload is all here: never a count to wait for
+                    self._receive_payload_now(target)
         finally:
             steps.close()  # a put cut short aborts its reservations
-        return self._send_now(Answer(request, [], [], started), self._puts.reply(request, outcomes))
+        unsent = self._send_now(self._puts.reply(request, outcomes), ())
+        if unsent:
+            return Answer(request, [], [], started, unsent)
+        self._latencies.observe(_PUT, time.perf_counter() - started)
+        return None
 
-    def _send_now(self, answer: Answer, reply: Reply) -> Answer | None:
-        """Send what the channel takes of ``reply`` at once; ``answer`` with the rest, or None
-        once all is sent and the answer ended."""
+    def _send_now(self, reply: Reply, held: Sequence[HeldBlock | None]) -> list[bytes | memoryview] | None:
+        """Send what the channel takes of ``reply`` at once; the rest, or None once all went.
+        ``held`` is unpinned if the send fails."""
         try:
             unsent = self._send_at_once(reply)
         except BaseException:
-            self._store.release(answer.held)
+            self._store.release(held)
             raise
-        if unsent:
-            answer.unsent = [*unsent]
-            return answer
-        self._answers.end(answer)
-        return None
+        return [*unsent] if unsent else None
 
     def _receive_payload_now(self, target: memoryview) -> None:
         """Fill ``target`` with payload bytes the connection or the kernel already holds."""
@@ -446,18 +458,15 @@ class Session:
         :meth:`SessionConfig.payload_deadline`. A write-through put is answered once on SSD."""
         started = time.perf_counter()
         self._counters.add("requests_put")
-        steps = self._puts.store(request, self._accepting_writes())
+        outcomes: list[Outcome] = []
+        steps = self._puts.store(request, self._accepting_writes(), outcomes)
         try:
             async with asyncio.timeout(self._config.payload_deadline(sum(request.lengths))):
-                wait = next(steps)
-                while True:
+                for wait in steps:
                     if isinstance(wait, memoryview):
                         await self._receive_payload(wait)
                     else:
                         await self._payload_buffered(wait)
-                    wait = next(steps)
-        except StopIteration as done:
-            outcomes: list[Outcome] = done.value
         finally:
             steps.close()  # a put cut short aborts its reservations
         if self._puts.write_through:

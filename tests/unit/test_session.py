@@ -36,9 +36,11 @@ from kvpool_client.core.wire import (
     decode_message,
     encode,
 )
+from kvpool_client.core.wire.one_key import GET_ONE_ANSWER_SIZE
 from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.data.admission import Admission, AdmissionLimits
+from kvpool_server.data.answers import Answers
 from kvpool_server.data.session import HEAD_CHUNK, Session, SessionConfig
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.dram import DramTier
@@ -384,6 +386,33 @@ async def test_a_get_of_a_block_deleted_after_it_was_pinned_still_sends_its_byte
     channel.feed(encode(GetRequest(3, NS, [h(6)])))
     (gone,) = await replies(channel, 1)
     assert isinstance(gone, GetResponse) and gone.statuses == [int(ErrorCode.NOT_FOUND)], gone
+    channel.close()
+    await task
+    assert leaked_bytes(node) == 0
+
+
+@pytest.mark.parametrize("window", [1 << 20, 1000])
+@synchronously
+async def test_a_one_key_get_answers_as_the_general_answer_does(node: Node, window: int) -> None:
+    """The step's one-key GET is a specialisation of Answers.begin/reply/end: the same bytes
+    for a hit and a miss (sent at once, or in pieces), every pin released."""
+    channel = FakeChannel(window=window)
+    task = await serving(node, channel)
+    channel.feed(put_frame(1, [1]))
+    assert await replies(channel, 1) == [StatusResponse(1, 1, [0])]
+    channel.feed(encode(GetRequest(2, NS, [h(1)])) + encode(GetRequest(3, NS, [h(9)])))
+    async with asyncio.timeout(10):
+        while len(channel.outbound) < 2 * GET_ONE_ANSWER_SIZE + BLOCK:
+            await asyncio.sleep(0)
+    specialised = bytes(channel.outbound)
+    channel.outbound.clear()
+    answers = Answers(node.store, Counters(), Latencies(), LIMITS, True, "general")
+    general = b""
+    for request in (GetRequest(2, NS, [h(1)]), GetRequest(3, NS, [h(9)])):
+        answer = answers.begin(request, 0.0)
+        general += b"".join(bytes(part) for part in answers.reply(answer))
+        answers.end(answer)
+    assert specialised == general, (specialised[:80], general[:80])
     channel.close()
     await task
     assert leaked_bytes(node) == 0
