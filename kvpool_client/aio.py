@@ -240,22 +240,11 @@ class AsyncKVPoolClient:
         return self._source.current()
 
     async def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
-        """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
-        sizes = batching.expected_sizes(targets)
-        found = await self._direct_job(keys, sizes)
+        """A get one node alone answers (:func:`operations.one_node_get`); None: it needs the plan."""
+        found = await self._direct_job(keys, batching.expected_sizes(targets))
         if found is None:
             return None
-        job, limits = found
-        copied = self._requests.copy_shared(job, targets)
-        if copied is not None:
-            return operations.get_result(job, copied)
-        lanes = batching.streams(job, sizes, batching.read_streams(targets, self._requests.streams))
-        if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
-            return operations.streamed_result(
-                len(keys), await self._run_round(lanes, self._requests.gets_into(targets), sizes)
-            )
-        fetch = self._requests.get(job, targets, limits)
-        return operations.get_result(job, await self._exchange(self._node(job.member), fetch))
+        return await self._run(operations.one_node_get(*found, targets, self._requests))
 
     async def _direct_job(
         self, keys: Sequence[BlockKey], sizes: Sequence[int] | None
@@ -271,9 +260,7 @@ class AsyncKVPoolClient:
         found = await self._direct_job(keys, None)
         if found is None:
             return await self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
-        job, limits = found
-        outcome = await self._exchange(self._node(job.member), self._requests.exists(job, limits, prefix))
-        return operations.probe_result(job, outcome, prefix)
+        return await self._run(operations.one_node_probe(*found, prefix, self._requests))
 
     async def _run(self, operation: operations.Operation[R]) -> R:
         """Drive ``operation`` to its result, awaiting each step it asks for."""
@@ -290,6 +277,8 @@ class AsyncKVPoolClient:
             return await self._placement()
         if isinstance(step, operations.FetchLimits):
             return await self._limits_of(step.members)
+        if isinstance(step, operations.RunExchange):
+            return await self._exchange(self._node(step.member), step.exchange)
         return await self._run_round(step.jobs, step.build, step.sizes)
 
     async def _run_round(

@@ -305,22 +305,12 @@ class KVPoolClient:
     # -- internals ------------------------------------------------------------
 
     def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
-        """A get one node alone answers in one frame, as one exchange; None: it needs the plan."""
+        """A get one node alone answers (:func:`operations.one_node_get`); None: it needs the plan."""
         sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
         found = self._direct_job(keys, sizes)
         if found is None:
             return None
-        job, limits = found
-        copied = self._requests.copy_shared(job, targets)
-        if copied is not None:
-            return operations.get_result(job, copied)
-        lanes = batching.streams(job, sizes, batching.read_streams(targets, self._requests.streams))
-        if len(lanes) > 1:  # a large batch: its frames at once, each on its own connection
-            return operations.streamed_result(
-                len(keys), self._run_round(lanes, self._requests.gets_into(targets), sizes)
-            )
-        fetch = self._requests.get(job, targets, limits)
-        return operations.get_result(job, self._exchange(self._node(job.member), fetch))
+        return self._run(operations.one_node_get(*found, targets, self._requests))
 
     def _get_one(self, key: BlockKey, into: Any) -> GetResult:
         """A get of one key into one buffer: :meth:`_direct_get` without a batch's lists and views."""
@@ -376,9 +366,7 @@ class KVPoolClient:
         found = self._direct_job(keys, None)
         if found is None:
             return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
-        job, limits = found
-        outcome = self._exchange(self._node(job.member), self._requests.exists(job, limits, prefix))
-        return operations.probe_result(job, outcome, prefix)
+        return self._run(operations.one_node_probe(*found, prefix, self._requests))
 
     def _run(self, operation: operations.Operation[R]) -> R:
         """Drive ``operation`` to its result, performing each step it asks for in this thread."""
@@ -395,6 +383,8 @@ class KVPoolClient:
             return self._source.current()
         if isinstance(step, operations.FetchLimits):
             return self._limits_of(step.members)
+        if isinstance(step, operations.RunExchange):
+            return self._exchange(self._node(step.member), step.exchange)
         return self._run_round(step.jobs, step.build, step.sizes)
 
     def _run_round(

@@ -60,7 +60,18 @@ class RunRound:
     sizes: Sequence[int] | None = None
 
 
-Step = CurrentPlacement | FetchLimits | RunRound
+@dataclass(frozen=True, slots=True)
+class RunExchange:
+    """Needs ``exchange`` run on a connection to ``member``.
+
+    Answer: its result, or the :class:`~kvpool_client.core.errors.KVPoolError` the node failed it with.
+    """
+
+    member: Member
+    exchange: Exchange[Any]
+
+
+Step = CurrentPlacement | FetchLimits | RunRound | RunExchange
 Operation = Generator[Step, Any, R]
 
 
@@ -144,6 +155,29 @@ def direct_job(
     if job is None or len(batching.chunk(job, limits, sizes)) != 1:
         return None  # several namespaces or hash sizes, or over the frame limits
     return job, limits
+
+
+def one_node_get(
+    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: batching.RequestFactory
+) -> Operation[GetResult]:
+    """A get that ``job``'s node alone answers (:func:`direct_job`): copied out of the node's arena
+    with no connection when every block's place is known here, else its frames at once on
+    separate connections (a large batch, :func:`batching.streams`), else one exchange."""
+    copied = requests.copy_shared(job, targets)
+    if copied is not None:
+        return get_result(job, copied)
+    sizes = batching.expected_sizes(targets)
+    lanes = batching.streams(job, sizes, batching.read_streams(targets, requests.streams))
+    if len(lanes) > 1:
+        return streamed_result(len(targets), (yield RunRound(lanes, requests.gets_into(targets), sizes)))
+    return get_result(job, (yield RunExchange(job.member, requests.get(job, targets, limits))))
+
+
+def one_node_probe(
+    job: batching.Job, limits: WireLimits, prefix: bool, requests: batching.RequestFactory
+) -> Operation[tuple[ErrorCode, ...]]:
+    """:func:`probe` of keys that ``job``'s node alone reads (:func:`direct_job`): one exchange."""
+    return probe_result(job, (yield RunExchange(job.member, requests.exists(job, limits, prefix))), prefix)
 
 
 def sole_reader(
