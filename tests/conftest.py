@@ -1,4 +1,4 @@
-"""Fixtures shared by the integration tests: real daemons in separate processes."""
+"""What every test package shares: real daemons in separate processes, hypothesis's profiles."""
 
 from __future__ import annotations
 

@@ -56,38 +56,28 @@ class Environment:
 
 # The client's own tests that need no server dependency: wire, exchanges, keys, routing, the
 # integrations' namespaces, the reference engine's pool tier, and the data plane against real daemons.
-_CLIENT_TESTS = tuple(
-    [
-        f"tests/unit/test_{name}.py"
-        for name in (
-            "batching",
-            "breaker",
-            "buffers",
-            "engine_pool_tier",
-            "exchange",
-            "iovec",
-            "keys",
-            "namespaces",
-            "operations",
-            "proto_fresh",
-            "replication_plan",
-            "replication_routing",
-            "routing",
-            "tls_records",
-            "ucx_frames",
-            "wire",
-        )
-    ]
-    + [
-        f"tests/integration/test_{name}.py"
-        for name in (
-            "bad_input",
-            "data_plane",
-            "session_callback",
-            "smoke",
-            "transport_deadline",
-        )
-    ]
+_CLIENT_TESTS = (
+    "tests/wire/test_exchange.py",
+    "tests/wire/test_iovec.py",
+    "tests/wire/test_proto_fresh.py",
+    "tests/wire/test_tls_records.py",
+    "tests/wire/test_transport_deadline.py",
+    "tests/wire/test_ucx_frames.py",
+    "tests/wire/test_wire.py",
+    "tests/client/test_batching.py",
+    "tests/client/test_breaker.py",
+    "tests/client/test_buffers.py",
+    "tests/client/test_keys.py",
+    "tests/client/test_operations.py",
+    "tests/client/test_replication_plan.py",
+    "tests/client/test_replication_routing.py",
+    "tests/client/test_routing.py",
+    "tests/integrations/test_engine_pool_tier.py",
+    "tests/integrations/test_namespaces.py",
+    "tests/server/test_bad_input.py",
+    "tests/server/test_data_plane.py",
+    "tests/server/test_session_callback.py",
+    "tests/server/test_smoke.py",
 )
 
 ENVIRONMENTS = {

@@ -1,7 +1,7 @@
 """The protocol core that the daemon and the clients share.
 
 Everything both ends must agree on lives here, and nothing here imports the rest of
-the SDK or the daemon (``tests/unit/test_import_boundaries.py`` holds that):
+the SDK or the daemon (``tests/packages/test_import_boundaries.py`` holds that):
 
 - ``wire/``: the data-plane protocol, sans-IO (frames, codec, connection state machines)
   and the layouts same-node readers share with the daemon;

@@ -1,7 +1,7 @@
 """Fenced code blocks of a Markdown page, as a reader copies them: no I/O beyond reading the file.
 
 A block in a language a user runs (``python``, ``bash``, ...) is either run by
-``tests/integration/test_docs.py`` or carries, on the line right before its fence, the
+``tests/docs/test_docs.py`` or carries, on the line right before its fence, the
 marker ``<!-- not-run: why -->`` naming why it cannot run here (it needs Kubernetes, a GPU,
 an engine, takes minutes, ...). A ``text`` block right after a runnable block is its output,
 as printed by a real run.

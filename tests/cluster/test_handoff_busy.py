@@ -16,7 +16,7 @@ import pytest
 
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.wire import PutRequest, encode
-from tests.integration.test_cli import kvpoolctl
+from tests.client.test_cli import kvpoolctl
 from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
 from tests.support.rawwire import RawConnection

@@ -22,9 +22,9 @@ from kvpool_client.core.membership.records import ClusterConfig
 from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.store import BlockStore
+from tests.server.test_dram_tier import Harness
 from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
-from tests.unit.test_dram_tier import Harness
 
 pytestmark = [pytest.mark.integration, requires_etcd]
 

@@ -1,7 +1,7 @@
 """The reference engine's connector to the pool (bench/engine/pool_tier.py): what it asks, loads and saves.
 
 The pool here is an in-memory stand-in with the client's put/get/lookup contract, so the
-tier's own logic is tested without sockets (tests/integration/test_engine_pool.py uses a
+tier's own logic is tested without sockets (tests/integrations/test_engine_pool.py uses a
 real daemon).
 """
 

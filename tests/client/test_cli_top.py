@@ -18,7 +18,7 @@ from kvpool_client.admin.completion import bash_script, collect
 from kvpool_client.admin.nodes import NodeReport
 from kvpool_client.admin.top import NodeRow, Sample, node_row, render
 from kvpool_client.core.proto import kvpool_pb2 as pb
-from tests.integration.test_cli import dead_address, kvpoolctl, one_line_error
+from tests.client.test_cli import dead_address, kvpoolctl, one_line_error
 from tests.support.daemon import DaemonProcess
 
 NS = Namespace("top-model", "fp16", "L1-H1-D8-T4")

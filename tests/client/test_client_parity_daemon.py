@@ -1,7 +1,7 @@
 """Both clients run one script against the same real daemon and must give the same answers.
 
-The unit parity test checks that the two clients have the same methods; this checks they do
-the same thing with them. Each public method of the blocking client is called at least once
+``test_client_parity.py`` checks that the two clients have the same methods; this checks
+they do the same thing with them. Each public method of the blocking client is called at least once
 (the script's coverage is checked too), then the async client repeats the script on a node
 the first run left empty. A second script runs with one node of two down: both clients must
 fail the same keys with the same codes and raise the same errors.
@@ -24,8 +24,8 @@ from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.counters import ClientStats
 from kvpool_client.placement_source import Placement
 from kvpool_client.results import BatchResult, GetResult
+from tests.client.test_client_parity import public_methods
 from tests.support.daemon import DaemonProcess
-from tests.unit.test_client_parity import public_methods
 
 NS = Namespace("parity-model", "fp16", "L1-H1-D8-T4")
 KEYS = BlockKeyBuilder(NS, block_size=4).keys(list(range(40)))  # 10 blocks of 4 tokens

@@ -1,10 +1,10 @@
 """The daemon's compiled answer to one-key GETs of published blocks, over real sockets.
 
 A real arena file with its table and a DRAM tier publishing into it (as in
-``test_shm_index``), and a socket pair for the client's connection. The properties under
-test: a published block is answered with exactly the reply the Python path sends; what
-is not published, or was freed between its lookup and its send, is left to the Python
-path with nothing sent; what the socket does not take comes back as a copy the slot's
+``tests/wire/test_shm_index.py``), and a socket pair for the client's connection. The
+properties under test: a published block is answered with exactly the reply the Python path
+sends; what is not published, or was freed between its lookup and its send, is left to the
+Python path with nothing sent; what the socket does not take comes back as a copy the slot's
 reuse cannot change; and a sender racing deletes and slot reuse by another thread, whose
 writes into the arena let the GIL go as a put's do, never sends a wrong byte.
 """
@@ -29,7 +29,7 @@ from kvpool_client.core.wire.one_key import GET_ONE_ANSWER_SIZE, decode_get_one,
 from kvpool_client.core.wire.published import MARK_SHIFT
 from kvpool_server.data.published_gets import PublishedGets
 from kvpool_server.index import BlockEntry
-from tests.unit.test_shm_index import BLOCK, LIMITS, NS, Node, close_node, data_for, k, make_node
+from tests.wire.test_shm_index import BLOCK, LIMITS, NS, Node, close_node, data_for, k, make_node
 
 pytest.importorskip("kvpool_client.core.wire._arena_reader", reason="the compiled reader was not built here")
 

@@ -36,7 +36,7 @@ from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.shared_index import SharedIndex, extra_bytes
 from tests.support.clock import FakeClock
 from tests.support.waiting import wait_until
-from tests.unit.test_shm import drive, locate_answer
+from tests.wire.test_shm import drive, locate_answer
 
 KiB = 1024
 CAPACITY, SLAB, BLOCK = 64 * KiB, 16 * KiB, 4 * KiB  # 16 slots of 4 KiB

@@ -20,7 +20,7 @@ import pytest
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.wire.published import BEAT_LIMIT_NS
 from kvpool_client.transport import shm
-from tests.integration.test_transports import connect, new_keys, pattern
+from tests.client.test_transports import connect, new_keys, pattern
 from tests.support.daemon import DaemonProcess, start_daemon
 from tests.support.waiting import wait_until
 

@@ -4,7 +4,7 @@ The daemon sends a published block of up to 256 KiB without its DRAM tier's Pyth
 counters show it (``shared_index_sends``). Larger blocks, misses, a daemon without the
 index and one that verifies checksums before sending take the Python path, with the
 same answers. (That a block read this way keeps its place in the eviction order is tested
-with the same-node reads', in ``test_shm_index.py``.)
+with the same-node reads', in ``tests/wire/test_shm_index_daemon.py``.)
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 
 from kvpool_client import ErrorCode
-from tests.integration.test_shm_index import SMALL, counter
-from tests.integration.test_transports import connect, new_keys, pattern
+from tests.client.test_transports import connect, new_keys, pattern
 from tests.support.daemon import DaemonProcess
+from tests.wire.test_shm_index_daemon import SMALL, counter
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("kvpool_client.core.wire._arena_reader", reason="the compiled reader was not built here")

@@ -22,7 +22,7 @@ from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
-from tests.integration.test_cli import dead_address, kvpoolctl, ok, one_line_error
+from tests.client.test_cli import dead_address, kvpoolctl, ok, one_line_error
 from tests.support.daemon import DaemonProcess, start_daemon
 from tests.support.etcd import LocalEtcd, local_etcd, requires_etcd
 

@@ -450,7 +450,7 @@ def test_lru_eviction_at_tiny_capacity(daemon_factory: Callable[..., DaemonProce
     keys = new_keys(ns, 21)
     blocks = [pattern(k, 256 * KiB) for k in keys]
     # Every get asks the node, so its recency moves at once (reads through a same-node client's shared
-    # index reach it within half a second: tests/integration/test_shm_index.py).
+    # index reach it within half a second: tests/wire/test_shm_index_daemon.py).
     with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), location_ttl_s=0.0)) as c:
         for i in range(16):  # one at a time: insertion order is the LRU order
             assert c.put([keys[i]], [blocks[i]]).statuses == (OK,)

@@ -20,9 +20,9 @@ from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.membership.records import NodeState
 from kvpool_server.index import StoreKey
 from kvpool_server.membership.handoff import HandoffReport, hand_off
+from tests.server.test_block_store import Harness
 from tests.support.daemon import LocalCluster
 from tests.support.etcd import requires_etcd
-from tests.unit.test_block_store import Harness
 
 pytestmark = [pytest.mark.integration, requires_etcd]
 

@@ -25,7 +25,7 @@ from kvpool_client.core.membership.etcd import EtcdStore
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.core.wire import HEADER_SIZE, PingRequest, encode
-from tests.integration.test_cli import kvpoolctl
+from tests.client.test_cli import kvpoolctl
 from tests.support.daemon import DaemonProcess
 from tests.support.etcd import EtcdServerTls, LocalEtcd, requires_etcd
 from tests.support.pki import issue, make_ca, requires_openssl
