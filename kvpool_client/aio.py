@@ -32,6 +32,7 @@ from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import AsyncMembershipSource, Placement, PlacementSource, StaticSource, member_at
+from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.transport.shm import MappedArena
 from kvpool_client.transport.ucx import AsyncUcxConnection, UcxEngine, UcxUnavailable
@@ -131,9 +132,7 @@ class AsyncKVPoolClient:
         self._failures = FailureLog()
         self._counters = ClientCounters()
         self._nodes: dict[str, _AsyncNode] = {}
-        self._requests = batching.RequestFactory(
-            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node
-        )
+        self._requests = RequestFactory(self.config.verify_checksums, self._shared_arena, self.config.streams_per_node)
         self._ucx = UcxEngine()  # starts with the first ucx connection
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)

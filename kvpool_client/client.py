@@ -42,6 +42,7 @@ from kvpool_client.placement_source import (
     ThreadedMembershipSource,
     member_at,
 )
+from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import GetResult, PutResult
 from kvpool_client.transport.shm import MappedArena
 from kvpool_client.transport.ucx import UcxConnection, UcxEngine, UcxUnavailable
@@ -167,9 +168,7 @@ class KVPoolClient:
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ucx = UcxEngine()  # starts with the first ucx connection
-        self._requests = batching.RequestFactory(
-            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node
-        )
+        self._requests = RequestFactory(self.config.verify_checksums, self._shared_arena, self.config.streams_per_node)
         self._source: PlacementSource = (
             ThreadedMembershipSource(self.config)
             if self.config.uses_etcd and router is None

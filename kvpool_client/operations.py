@@ -24,6 +24,7 @@ from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.failure_log import describe, node_label
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
+from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult, failure_code, most_telling, to_codes
 
 R = TypeVar("R")
@@ -75,9 +76,7 @@ Step = CurrentPlacement | FetchLimits | RunRound | RunExchange
 Operation = Generator[Step, Any, R]
 
 
-def put(
-    keys: Sequence[BlockKey], blocks: Sequence[Any], requests: batching.RequestFactory, gate: Gate
-) -> Operation[PutResult]:
+def put(keys: Sequence[BlockKey], blocks: Sequence[Any], requests: RequestFactory, gate: Gate) -> Operation[PutResult]:
     """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
     A node's share of 8 MiB and more goes out as up to ``requests.streams`` frames at once
     (:func:`batching.streams`).
@@ -102,7 +101,7 @@ def put(
 def get(
     keys: Sequence[BlockKey],
     targets: Sequence[Target | None],
-    requests: batching.RequestFactory,
+    requests: RequestFactory,
     gate: Gate,
 ) -> Operation[GetResult]:
     """Fetch blocks into ``targets`` (:func:`~kvpool_client.batching.target_views` of the caller's
@@ -158,7 +157,7 @@ def direct_job(
 
 
 def one_node_get(
-    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: batching.RequestFactory
+    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: RequestFactory
 ) -> Operation[GetResult]:
     """A get that ``job``'s node alone answers (:func:`direct_job`): copied out of the node's arena
     with no connection when every block's place is known here, else its frames at once on
@@ -174,7 +173,7 @@ def one_node_get(
 
 
 def one_node_probe(
-    job: batching.Job, limits: WireLimits, prefix: bool, requests: batching.RequestFactory
+    job: batching.Job, limits: WireLimits, prefix: bool, requests: RequestFactory
 ) -> Operation[tuple[ErrorCode, ...]]:
     """:func:`probe` of keys that ``job``'s node alone reads (:func:`direct_job`): one exchange."""
     return probe_result(job, (yield RunExchange(job.member, requests.exists(job, limits, prefix))), prefix)
@@ -262,7 +261,7 @@ def probe_result(job: batching.Job, outcome: Outcome, prefix: bool) -> tuple[Err
 
 
 def probe(
-    keys: Sequence[BlockKey], prefix: bool, requests: batching.RequestFactory, gate: Gate
+    keys: Sequence[BlockKey], prefix: bool, requests: RequestFactory, gate: Gate
 ) -> Operation[tuple[ErrorCode, ...]]:
     """Per key, whether some reader stores it (``prefix``: only the leading run of hits matters)."""
     batching.check_keys(keys)
@@ -274,7 +273,7 @@ def probe(
     return plan.statuses()
 
 
-def delete(keys: Sequence[BlockKey], requests: batching.RequestFactory, gate: Gate) -> Operation[list[bool]]:
+def delete(keys: Sequence[BlockKey], requests: RequestFactory, gate: Gate) -> Operation[list[bool]]:
     """Remove blocks from every reachable reader; True where some node removed one.
 
     Raises:

@@ -65,6 +65,7 @@ _CLIENT_TESTS = (
     "tests/wire/test_ucx_frames.py",
     "tests/wire/test_wire.py",
     "tests/client/test_batching.py",
+    "tests/client/test_request_factory.py",
     "tests/client/test_breaker.py",
     "tests/client/test_buffers.py",
     "tests/client/test_keys.py",

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from kvpool_client.batching import (
     STREAM_BYTES,
     Job,
-    RequestFactory,
     chunk,
     expected_sizes,
     group,
@@ -28,8 +27,7 @@ from kvpool_client.batching import (
 from kvpool_client.core.errors import ErrorCode, UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import KeyPlacement, Member, StaticRouter
-from kvpool_client.core.wire import DeleteRequest, ExistsRequest, GetRequest, PutRequest, WireLimits, encode
-from kvpool_client.exchange import Send
+from kvpool_client.core.wire import WireLimits
 from kvpool_client.operations import direct_job
 from kvpool_client.placement_source import Placement
 
@@ -269,26 +267,6 @@ def test_target_views() -> None:
         target_views(KEYS3, [bytearray(1), b"immutable", bytearray(1)])
     with pytest.raises(UsageError, match="contiguous"):
         target_views(KEYS3, [bytearray(1), np.zeros((4, 4), dtype=np.uint8)[:, 1], bytearray(1)])
-
-
-# -- RequestFactory -------------------------------------------------------------------
-
-
-def test_request_factory_builds_each_op_with_fresh_ids() -> None:
-    factory = RequestFactory(verify_checksums=True)
-    job = Job(A, NS1, [2, 0], [b"h2" * 16, b"h0" * 16], [None, None])
-    views = [memoryview(b"zero"), memoryview(b"one"), memoryview(b"two!!")]
-    limits = WireLimits()
-    put = factory.put(job, views, limits)
-    first = next(put)
-    assert isinstance(first, Send), first
-    assert first.buffers == [encode(PutRequest(1, NS1, job.hashes, [5, 4])), views[2], views[0]], first.buffers
-    get = next(factory.get(job, [None, None, None], limits))
-    assert get == Send([encode(GetRequest(2, NS1, job.hashes))]), get
-    exists = next(factory.exists(job, limits, prefix=True))
-    assert exists == Send([encode(ExistsRequest(3, NS1, job.hashes, prefix=True))]), exists
-    delete = next(factory.delete(job, limits))
-    assert delete == Send([encode(DeleteRequest(4, NS1, job.hashes))]), delete
 
 
 def test_gets_are_chunked_by_what_the_answer_may_carry() -> None:

@@ -14,6 +14,7 @@ from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_client.core.wire import WireLimits
 from kvpool_client.placement_source import Placement
+from kvpool_client.request_factory import RequestFactory
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 MEMBERS = [Member(n, f"{n}.local:7000") for n in "abc"]
@@ -46,7 +47,7 @@ def always_usable() -> Callable[[str], bool]:
 
 
 def test_put_stores_each_key_on_its_write_owners() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     operation = operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable)
     result = run(operation, placement(), lambda job: [OK] * len(job.indices))
     assert list(result.statuses) == [OK] * 6
@@ -55,20 +56,20 @@ def test_put_stores_each_key_on_its_write_owners() -> None:
 
 
 def test_put_checks_blocks_against_the_owners_limits_before_sending() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     small = WireLimits(max_block_size=4)
     with pytest.raises(UsageError):
         run(operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable), placement(), pytest.fail, small)
 
 
 def test_bad_keys_raise_before_any_step() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     with pytest.raises(UsageError):
         next(operations.get(["not a key"], None, requests, always_usable))  # type: ignore[list-item]
 
 
 def test_get_falls_back_to_the_next_replica_and_fills_buffers() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     asked: list[str] = []
 
     def node(job: batching.Job) -> Any:
@@ -84,7 +85,7 @@ def test_get_falls_back_to_the_next_replica_and_fills_buffers() -> None:
 
 
 def test_lookup_probe_counts_the_leading_hits() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     hits = set(KEYS[:3])
 
     def node(job: batching.Job) -> list[ErrorCode]:
@@ -95,7 +96,7 @@ def test_lookup_probe_counts_the_leading_hits() -> None:
 
 
 def test_delete_raises_the_first_failure_when_no_reader_answered() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     down = NodeUnavailable("down")
     with pytest.raises(NodeUnavailable) as caught:
         run(operations.delete(KEYS, requests, always_usable), placement(), lambda job: down)
@@ -103,7 +104,7 @@ def test_delete_raises_the_first_failure_when_no_reader_answered() -> None:
 
 
 def test_delete_is_true_where_some_reader_removed_the_key() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
 
     def node(job: batching.Job) -> list[ErrorCode]:
         return [OK if job.member.node_id == "a" else NOT_FOUND] * len(job.indices)
@@ -113,7 +114,7 @@ def test_delete_is_true_where_some_reader_removed_the_key() -> None:
 
 
 def test_delete_with_every_node_gated_off_is_unavailable() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     with pytest.raises(NodeUnavailable, match="no reader of key 0"):
         run(operations.delete(KEYS, requests, lambda: lambda node_id: False), placement(), pytest.fail)
 
@@ -148,7 +149,7 @@ def known(limits: WireLimits | None = WireLimits()) -> Callable[[Member], WireLi
 
 
 def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     place = placement(replicas=1)
     keys = [k for k in KEYS if place.router.placement(k).read_order[0].node_id == "a"]
     answers = [OK, NOT_FOUND, ErrorCode.TIMEOUT, 250][: len(keys)]  # 250: a code this client does not know
@@ -167,7 +168,7 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
 
 
 def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
     found = operations.direct_job(KEYS, place, known())
     assert found is not None
@@ -209,7 +210,7 @@ def test_a_one_key_put_result_is_the_plans(outcome: Any) -> None:
         asked.append(job.member.node_id)
         return outcome
 
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     planned = run(operations.put(KEYS[:1], [b"x" * 8], requests, always_usable), place, node)
     assert asked == [owner.node_id], f"the plan asked {asked}"
     one = operations.put_one_result(owner, outcome)
@@ -220,7 +221,7 @@ def test_a_one_key_put_to_a_draining_owner_is_left_to_the_plan() -> None:
     place = placement(replicas=1)
     owner = place.router.placement(KEYS[0]).write_owners[0]
     answers = {owner.node_id: [ErrorCode.DRAINING]}
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     planned = run(
         operations.put(KEYS[:1], [b"x" * 8], requests, always_usable),
         place,
@@ -266,7 +267,7 @@ def test_a_get_that_needs_the_plan_gets_no_direct_job(
 
 @pytest.mark.parametrize("prefix", [False, True])
 def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> None:
-    requests = batching.RequestFactory(verify_checksums=False)
+    requests = RequestFactory(verify_checksums=False)
     place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
     answers = [OK, OK, NOT_FOUND, OK, ErrorCode.TIMEOUT, OK]
 
@@ -284,7 +285,7 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
 
 
 def test_streams_of_a_direct_get_give_the_plans_result_and_a_planned_get_sends_them() -> None:
-    requests = batching.RequestFactory(verify_checksums=False, streams=2)
+    requests = RequestFactory(verify_checksums=False, streams=2)
     place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
     block = batching.STREAM_BYTES // 2  # six keys: 12 MiB, two streams of three keys
     targets: list[memoryview | None] = [memoryview(bytearray(block)) for _ in KEYS]

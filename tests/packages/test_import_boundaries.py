@@ -52,6 +52,23 @@ def test_the_core_imports_neither_the_sdk_nor_the_daemon() -> None:
     assert {m: names for m, names in outside.items() if names} == {}
 
 
+# The wire protocol is pure: frames, codecs, the connection's state machine and the shared-memory
+# layouts need the standard library, the core's errors and, for the published index's key
+# digests, xxhash; nothing that does I/O or depends on a runtime.
+WIRE = "kvpool_client.core.wire"
+WIRE_MAY_IMPORT = ("kvpool_client.core.errors", "xxhash")
+
+
+def test_the_wire_package_imports_only_the_standard_library_and_the_core_errors() -> None:
+    def foreign(name: str) -> bool:
+        top = name.split(".")[0]
+        allowed = inside(name, WIRE) or any(inside(name, ok) for ok in WIRE_MAY_IMPORT)
+        return not allowed and top not in sys.stdlib_module_names
+
+    found = {module: sorted(filter(foreign, imported(path))) for module, path in modules(WIRE)}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
 def test_the_daemon_imports_only_the_core_of_the_client_package() -> None:
     found = {}
     for module, path in modules("kvpool_server"):
