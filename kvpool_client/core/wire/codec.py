@@ -317,10 +317,10 @@ def _decode_locate_response(rid: int, reader: _Reader, limits: WireLimits) -> Lo
 
 
 def _decode_keys(reader: _Reader, limits: WireLimits) -> tuple[str, list[bytes]]:
-    namespace = rules.namespace_of(reader.take(reader.byte()))
+    raw_namespace = reader.take(reader.byte())
     size = reader.byte()
-    rules.check_hash_size(size)
-    count = reader.count(limits)
+    count = reader.u32()
+    namespace = rules.keys_namespace(raw_namespace, size, count, limits)
     raw = reader.take(count * size)
     if count == 1:
         return namespace, [raw]
@@ -356,8 +356,12 @@ class _Reader:
     def byte(self) -> int:
         return self._data[self._advance(1)]
 
+    def u32(self) -> int:
+        value: int = U32.unpack_from(self._data, self._advance(4))[0]
+        return value
+
     def count(self, limits: WireLimits) -> int:
-        count: int = U32.unpack_from(self._data, self._advance(4))[0]
+        count = self.u32()
         rules.check_count(count, limits)
         return count
 

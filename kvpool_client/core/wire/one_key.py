@@ -194,9 +194,7 @@ def _one_key_head(
         return None
     try:
         rules.check_header(magic, version, code, meta_len, payload_len, limits)
-        namespace = rules.namespace_of(data[HEADER_SIZE + 1 : tail])
-        rules.check_hash_size(size)
-        rules.check_count(count, limits)
+        namespace = rules.keys_namespace(data[HEADER_SIZE + 1 : tail], size, count, limits)
     except ProtocolError:
         return None
     return request_id, payload_len, namespace, bytes(data[after - size : after]), after, end

@@ -28,6 +28,7 @@ from kvpool_client.core.wire.frames import (
 )
 
 VALID_OPS = frozenset(int(op) for op in Op)
+_OK = int(ErrorCode.OK)  # a module constant: an enum member's lookup costs a decode more than its rules
 
 
 def check_header(magic: bytes, version: int, op: int, meta_len: int, payload_len: int, limits: WireLimits) -> None:
@@ -50,19 +51,22 @@ def check_count(count: int, limits: WireLimits) -> None:
         raise LimitExceeded(f"{count} keys exceed the limit of {limits.max_keys} per request")
 
 
-def namespace_of(raw: bytes | bytearray | memoryview) -> str:
-    """The namespace a keys section holds: not empty, UTF-8."""
-    if not raw:
+def keys_namespace(namespace: bytes | bytearray | memoryview, hash_size: int, count: int, limits: WireLimits) -> str:
+    """A keyed request's keys section (namespace, hash size, count): its namespace, decoded.
+
+    The namespace is not empty and UTF-8; the hashes are 1..MAX_HASH_BYTES long; the count
+    is within ``limits``.
+    """
+    if not namespace:
         raise ProtocolError("empty namespace")
     try:
-        return str(raw, "utf-8")
+        text = str(namespace, "utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"namespace is not UTF-8: {exc}") from exc
-
-
-def check_hash_size(size: int) -> None:
-    if not 0 < size <= MAX_HASH_BYTES:
-        raise ProtocolError(f"hash size {size} outside 1..{MAX_HASH_BYTES}")
+    if not 0 < hash_size <= MAX_HASH_BYTES:
+        raise ProtocolError(f"hash size {hash_size} outside 1..{MAX_HASH_BYTES}")
+    check_count(count, limits)
+    return text
 
 
 def check_block_length(length: int, limits: WireLimits) -> None:
@@ -95,7 +99,7 @@ def check_payload(announced: int, payload_len: int) -> None:
 
 def check_nothing_when_not_ok(what: str, statuses: Sequence[int], *columns: Sequence[int]) -> None:
     """A key that is not OK has zeros in every one of ``columns`` (no bytes, no location)."""
-    if statuses.count(ErrorCode.OK) == len(statuses):  # the usual answer: every key found
+    if statuses.count(_OK) == len(statuses):  # the usual answer: every key found
         return
-    if any(s != ErrorCode.OK and any(values) for s, *values in zip(statuses, *columns, strict=True)):
+    if any(s != _OK and any(values) for s, *values in zip(statuses, *columns, strict=True)):
         raise ProtocolError(f"a key that is not OK carries {what}")
