@@ -86,11 +86,8 @@ class Answers:
         self._verify = verify_checksum_on_get
         self._peer = peer
 
-    def begin(self, request: GetOne | Request, started: float) -> Answer:
+    def begin(self, request: Request, started: float) -> Answer:
         """Pin the request's blocks that DRAM holds (a GET or LOCATE)."""
-        if type(request) is GetOne:  # the usual single-block get, without a list comprehension
-            key = (request.namespace, request.block)
-            return Answer(request, [key], [self._store.acquire_dram_one(key)], started)
         if not isinstance(request, (GetRequest, LocateRequest)):
             return Answer(request, [], [], started)
         keys = [(request.namespace, h) for h in request.hashes]

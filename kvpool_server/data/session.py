@@ -233,7 +233,7 @@ class Session:
             put whose bytes are still on their way, a HELLO, a refusal.
         """
         started = time.perf_counter()
-        if type(event) is GetOne:  # the usual single-block get
+        if isinstance(event, GetOne):  # the usual single-block get
             return self._get_one(event, started)
         match event:
             case PutRequest():
