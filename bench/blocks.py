@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import machine, mooncake_peer, report
-from bench.cells import Cell, missing, summarize
-from bench.harness import CellFailed, Pools
+from bench import mooncake_peer
+from bench.harness import machine, report
+from bench.harness.cells import Cell, missing, summarize
+from bench.harness.clients import CellFailed, Pools
+from bench.harness.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
+from bench.harness.workload import CellSpec, KiB, MiB
 from bench.mooncake_peer.servers import mooncake_servers
-from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
-from bench.workload import CellSpec, KiB, MiB
 from kvpool_server.config import parse_byte_size
 
 BLOCK_SIZES = (64 * KiB, 384 * KiB, 2 * MiB)

@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python bench/capacity.py [--rounds 3] [--duration 0.4] [--out bench/results]``
 
-One kvpool daemon, 1 and 4 client processes (``bench/harness.py``, the cells of
+One kvpool daemon, 1 and 4 client processes (``bench/harness/clients.py``, the cells of
 ``bench/blocks.py``: cache-cold blocks from a 64 MiB region per client into a 64 MiB
 destination ring, both twice the L3; every block read is verified, untimed). Gets over
 ``tcp`` and ``shm`` (copied out of the arena by a client on the daemon's node), puts over
@@ -38,11 +38,12 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from bench import blocks, report
-from bench.cells import Cell
-from bench.harness import Pools
-from bench.servers import REPO_ROOT, kvpool_daemon
-from bench.workload import CellSpec, KiB, MiB
+from bench import blocks
+from bench.harness import report
+from bench.harness.cells import Cell
+from bench.harness.clients import Pools
+from bench.harness.servers import REPO_ROOT, kvpool_daemon
+from bench.harness.workload import CellSpec, KiB, MiB
 
 SIZES = (64 * KiB, 384 * KiB, 2 * MiB)
 BATCHES = (1, 32)
@@ -126,7 +127,7 @@ class Scaling:
     """Four clients over one, per round: the ratio, its CPU ceiling and the fraction reached.
 
     Attributes:
-        ceiling: :func:`bench.report.scaling_ceiling` of the one-client cell, on all cores.
+        ceiling: :func:`bench.harness.report.scaling_ceiling` of the one-client cell, on all cores.
         left_ceiling: the same on the cores other processes left (cores minus their mean
             load over both cells): on a shared machine, what four clients could reach.
     """
@@ -193,7 +194,7 @@ def summarize(measured: list[Measured]) -> Row | None:
 def scaling(one: list[Measured], four: list[Measured], cpus: int) -> Scaling | None:
     """Four clients over one, round by round (both cells of a round seconds apart), and medians.
 
-    The ceiling of a round is :func:`bench.report.cpu_ceiling` of its one-client cell.
+    The ceiling of a round is :func:`bench.harness.report.cpu_ceiling` of its one-client cell.
     """
     ratios, ceilings, lefts = [], [], []
     for a, b in zip(one, four, strict=True):

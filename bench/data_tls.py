@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 
-from bench.pki import issue, make_ca
+from bench.harness.pki import issue, make_ca
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.core.auth import TlsFiles
 from tests.support.daemon import start_daemon

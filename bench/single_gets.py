@@ -34,11 +34,11 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 
 from bench import blocks
-from bench.cells import Cell
-from bench.harness import Pools
-from bench.report import Ratio
-from bench.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
-from bench.workload import KiB, MiB
+from bench.harness.cells import Cell
+from bench.harness.clients import Pools
+from bench.harness.report import Ratio
+from bench.harness.servers import REPO_ROOT, Endpoint, kvpool_daemon, redis_server, socket_server
+from bench.harness.workload import KiB, MiB
 
 SYSTEMS = ("kvpool", "kvpool-wire", "redis", "socket")
 REFERENCES = {  # beside kvpool's ratio, what they show

@@ -33,11 +33,11 @@ from datetime import UTC, datetime
 
 from bench import blocks
 from bench.blocks import RoundShape
-from bench.cells import Cell
-from bench.harness import Pools
-from bench.servers import REPO_ROOT, kvpool_daemon, socket_server
+from bench.harness.cells import Cell
+from bench.harness.clients import Pools
+from bench.harness.servers import REPO_ROOT, kvpool_daemon, socket_server
+from bench.harness.workload import KiB
 from bench.single_gets import parse_size
-from bench.workload import KiB
 
 BATCH = 32
 SYSTEMS = ("kvpool", "kvpool-one-stream", "socket")

@@ -6,7 +6,7 @@ Starts one kvpool daemon on this node (with its UCX listener when ucxx imports)
 and, for 64 KiB, 384 KiB and 2 MiB blocks in batches of 32, with 1 and 4 client
 processes, measures gets over ``tcp``, ``ucx`` (UCX over shared memory here) and
 ``shm`` (copied out of the daemon's arena), a raw blocking TCP ``socket`` server
-(bench/servers.py, no protocol beyond offsets), Redis (Debian's ``redis-server``,
+(bench/harness/servers.py, no protocol beyond offsets), Redis (Debian's ``redis-server``,
 persistence off; MGET with redis-py and hiredis, each value copied into its
 target), and a plain ``memcpy`` of the same bytes from process memory. Each
 client reads a working set of ``--working-set`` bytes (larger than the CPU
@@ -44,11 +44,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from bench.drivers import RedisDriver, SocketDriver
-from bench.machine import process_cpu_ns
-from bench.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines, scaling_ceiling
-from bench.servers import redis_server, socket_server
-from bench.workload import REGION_BYTES, BlockRef, region
+from bench.harness.drivers import RedisDriver, SocketDriver
+from bench.harness.machine import process_cpu_ns
+from bench.harness.report import CEILING_NOTE, Ratio, RatioSpec, Shape, ratio_lines, scaling_ceiling
+from bench.harness.servers import redis_server, socket_server
+from bench.harness.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
 from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import start_daemon

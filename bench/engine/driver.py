@@ -36,7 +36,7 @@ from bench.engine.worker import (
     serve,
 )
 from bench.engine.workload import Conversation, Workload
-from bench.procs import start_shielded
+from bench.harness.procs import start_shielded
 
 REPLY_TIMEOUT_S = 300.0
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bench import machine
 from bench.engine.driver import ClosedLoop, RequestRecord, Workers
 from bench.engine.engine import EngineConfig
 from bench.engine.model import ModelConfig
@@ -28,6 +27,7 @@ from bench.engine.pool_tier import SavePolicy
 from bench.engine.request import Finished
 from bench.engine.worker import BLOCK_SIZE, EngineSpec, PoolSpec, Submit, WorkerReport
 from bench.engine.workload import Workload
+from bench.harness import machine
 from tests.support.daemon import LocalCluster
 
 PREFILL, DECODE = "prefill", "decode"

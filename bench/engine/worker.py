@@ -24,7 +24,7 @@ from bench.engine.model import Model, ModelConfig
 from bench.engine.pages import PagedKVCache
 from bench.engine.pool_tier import PoolTier, SavePolicy, TierStats
 from bench.engine.request import Request
-from bench.procs import ignore_sigint
+from bench.harness.procs import ignore_sigint
 from kvpool_client import ClientConfig, KVPoolClient
 from kvpool_client.integrations.namespaces import KVLayout
 

@@ -39,9 +39,9 @@ os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # read when LMCache's log
 
 import torch  # noqa: E402
 
-from bench.comparisons import Figure, median_figure, report  # noqa: E402
+from bench.harness.comparisons import Figure, median_figure, report  # noqa: E402
+from bench.harness.servers import kvpool_daemon  # noqa: E402
 from bench.lmcache.engine import ModelShape, StorageEngine, chunk_bytes  # noqa: E402
-from bench.servers import kvpool_daemon  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
 
 BATCH = 8  # chunks per call: a 2,048-token prompt

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.drivers import BenchError, Driver
+from bench.harness.drivers import BenchError, Driver
+from bench.harness.workload import RING_BYTES, BlockRef, MiB
 from bench.mooncake_peer import SYSTEMS
 from bench.mooncake_peer.env import installed
-from bench.workload import RING_BYTES, BlockRef, MiB
 
 LOCAL_BUFFER_BYTES = 128 * MiB  # a client's transfer buffer: the bytes API stages whole batches (32 x 2 MiB) here
 RING_POOL_BYTES = RING_BYTES + 2 * 4096  # same-host destinations: a ring as big as the harness's, from a page on

@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.harness.servers import Endpoint, stop_process
 from bench.mooncake_peer import LOCAL_SYSTEMS, TCP_SYSTEMS
 from bench.mooncake_peer.env import MooncakeUnavailable, ensure
-from bench.servers import Endpoint, stop_process
 
 MASTER_READY = re.compile(r"Master service started on port (\d+)")
 NODE_READY = re.compile(r"Starting real client service on \S+?:(\d+)\b")

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.comparisons import Figure, median_figure, report  # noqa: E402
-from bench.servers import kvpool_daemon  # noqa: E402
+from bench.harness.comparisons import Figure, median_figure, report  # noqa: E402
+from bench.harness.servers import kvpool_daemon  # noqa: E402
 from bench.sglang.pools import PoolShape, attach, extra_config, fill_random, host_pool, storage_config  # noqa: E402
 from kvpool_client import ClientConfig, KVPoolClient  # noqa: E402
 from kvpool_client.core.keys import sglang_page_hash  # noqa: E402

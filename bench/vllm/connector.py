@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, Figure, KVShape, median_figure, report  # noqa: E402
-from bench.servers import kvpool_daemon  # noqa: E402
+from bench.harness.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, Figure, KVShape, median_figure, report  # noqa: E402
+from bench.harness.servers import kvpool_daemon  # noqa: E402
 from bench.vllm.harness import attention_spec, model_dir, vllm_config  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402
 from kvpool_client.integrations.vllm.blocks import BlockLayers  # noqa: E402

@@ -17,7 +17,7 @@ from bench.capacity import (
     sizing_lines,
     summarize,
 )
-from bench.cells import Cell
+from bench.harness.cells import Cell
 
 KiB = 1 << 10
 BLOCK = 384 * KiB

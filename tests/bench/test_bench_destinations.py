@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bench import report
 from bench.blocks import CLIENTS, plan_cells
-from bench.cells import Cell
-from bench.workload import CellSpec, TargetRing, page_aligned, region
+from bench.harness import report
+from bench.harness.cells import Cell
+from bench.harness.workload import CellSpec, TargetRing, page_aligned, region
 
 KiB = 1 << 10
 PAGE = 4096

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from bench.drivers import BenchError, open_driver
-from bench.workload import BlockRef
+from bench.harness.drivers import BenchError, open_driver
+from bench.harness.workload import BlockRef
 from tests.support.daemon import DaemonProcess
 
 BLOCK = 64 << 10

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.cells import Cell
+from bench.harness.cells import Cell
 from bench.single_gets import parse_size, summary
 
 KiB = 1 << 10

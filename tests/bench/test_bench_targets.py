@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench import report
-from bench.cells import Cell as BlockCell
+from bench.harness import report
+from bench.harness.cells import Cell as BlockCell
 from bench.transports import TARGETS, Cell, target_ratios, target_shapes, targets
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import mooncake_peer, report
+from bench import mooncake_peer
 from bench.blocks import plan_cells, plan_ratio_round
-from bench.cells import Cell
+from bench.harness import report
+from bench.harness.cells import Cell
+from bench.harness.servers import Endpoint
+from bench.harness.workload import RING_BYTES, CellSpec
 from bench.mooncake_peer.drivers import RING_POOL_BYTES, PoolRing
 from bench.mooncake_peer.env import ENVIRONMENT, MooncakeUnavailable, debian_packages, installed, missing_libraries
 from bench.mooncake_peer.servers import MASTER_READY, NODE_READY, announced_port, mooncake_servers
-from bench.servers import Endpoint
-from bench.workload import RING_BYTES, CellSpec
 from tests.environments import CACHE, ROOT, Environment
 
 KiB, MiB, PAGE = 1 << 10, 1 << 20, 4096
@@ -132,9 +133,9 @@ _READ_EVERY_WAY = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from bench.drivers import BenchError
+    from bench.harness.drivers import BenchError
     from bench.mooncake_peer.drivers import open_mooncake
-    from bench.workload import BlockRef, page_aligned
+    from bench.harness.workload import BlockRef, page_aligned
 
     master, node = sys.argv[1:]
     blocks = page_aligned(4 * 65536)

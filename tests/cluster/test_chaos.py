@@ -1,8 +1,8 @@
-"""A short soak under chaos (``bench/soak.py``): 3 daemons with SSD tiers, R=2 and a write
+"""A short soak under chaos (``bench/robustness/soak.py``): 3 daemons with SSD tiers, R=2 and a write
 quorum of 2, clients checking every byte, while daemons are killed and restarted, stopped
 and continued, etcd restarts and a disk fills.
 
-Asserted: no wrong bytes, no acknowledged block lost (see ``bench/soak.py`` for the exact
+Asserted: no wrong bytes, no acknowledged block lost (see ``bench/robustness/soak.py`` for the exact
 definition), no daemon crash the driver did not cause, and no eviction (the definition of
 lost relies on it). Last, re-replication: a block whose owners changed and then lost their
 copies is copied back to them from the node that still holds it.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.report import print_report
-from bench.chaos.run import run_soak
-from bench.chaos.settings import SoakSettings
+from bench.robustness.chaos.report import print_report
+from bench.robustness.chaos.run import run_soak
+from bench.robustness.chaos.settings import SoakSettings
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, GetResult, KVPoolClient
 from tests.support.daemon import DaemonProcess, LocalCluster, start_daemon
 from tests.support.etcd import requires_etcd

@@ -234,7 +234,7 @@ def test_inconsistent_security_values_fail(helm: str, values: str, expected: str
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates")
 def test_rendered_security_config_and_probe_work_against_a_daemon(helm: str, tmp_path: Path) -> None:
     """The daemon starts with the rendered config (mTLS on both ports, the token), and the probe script passes."""
-    from bench.pki import make_ca, openssl
+    from bench.harness.pki import make_ca, openssl
     from tests.support.daemon import start_daemon
 
     objects = render(helm, "--set", SECURE)

@@ -1,4 +1,4 @@
-"""A live daemon under fuzzed input on both planes (a short run of ``bench/fuzz.py``), and
+"""A live daemon under fuzzed input on both planes (a short run of ``bench/robustness/fuzz.py``), and
 frames drawn by hypothesis at a live data socket.
 
 Invariants: the daemon neither crashes nor hangs on any case, answers only frames that
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.fuzzing.run import FuzzSettings, run_fuzz
-from bench.fuzzing.target import DAEMON_FLAGS, IO_TIMEOUT_S, MAX_KEYS, READ_LIMITS
+from bench.robustness.fuzzing.run import FuzzSettings, run_fuzz
+from bench.robustness.fuzzing.target import DAEMON_FLAGS, IO_TIMEOUT_S, MAX_KEYS, READ_LIMITS
 from kvpool_client.core.wire import HEADER_SIZE, Op, PingRequest, PingResponse, decode_header, decode_message, encode
 from tests.support.daemon import DaemonProcess, start_daemon
 

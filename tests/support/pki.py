@@ -1,4 +1,4 @@
-"""Certificates for TLS tests (see :mod:`bench.pki`), and the mark that skips without the openssl CLI."""
+"""Certificates for TLS tests (see :mod:`bench.harness.pki`), and the mark that skips without the openssl CLI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from bench.pki import issue, make_ca
+from bench.harness.pki import issue, make_ca
 
 __all__ = ["issue", "make_ca", "requires_openssl"]
 

@@ -17,7 +17,7 @@ is the slower of the two, so a process measures both once, on its first large co
 (:func:`measure_route`), and sends copies of :data:`VECTOR_FROM` bytes or more at a
 short page distance (:func:`short_page_distance`) through that entry only where memcpy
 is clearly slower for them. Every other copy is a memoryview assignment (memcpy).
-``bench/copies.py`` measures these against the alternatives (numpy, torch, chunked and
+``bench/studies/copies.py`` measures these against the alternatives (numpy, torch, chunked and
 split copies).
 """
 

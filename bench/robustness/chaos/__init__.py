@@ -1,4 +1,4 @@
-"""The soak under chaos (``bench/soak.py``): 3 daemons with R=2, clients checking every byte, faults.
+"""The soak under chaos (``bench/robustness/soak.py``): 3 daemons with R=2, clients checking every byte, faults.
 
 One concept per module: ``settings`` (a run's shape and the client configuration),
 ``clients`` (the worker processes and what they record), ``cluster`` (etcd and the

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bench.fuzzing.target import GOOD_NS
+from bench.robustness.fuzzing.target import GOOD_NS
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
 
 

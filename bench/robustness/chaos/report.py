@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from bench.chaos.clients import WorkerResult
-from bench.chaos.cluster import SoakCluster, Window
-from bench.chaos.settings import SoakSettings
-from bench.chaos.verdicts import classify_run_misses, crashes
+from bench.robustness.chaos.clients import WorkerResult
+from bench.robustness.chaos.cluster import SoakCluster, Window
+from bench.robustness.chaos.settings import SoakSettings
+from bench.robustness.chaos.verdicts import classify_run_misses, crashes
 
 
 @dataclass

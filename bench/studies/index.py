@@ -14,7 +14,10 @@ block.
 with ``git worktree`` into a temporary folder), alternating with this checkout's,
 so the ratios compare like with like on a noisy machine.
 
-Run: python bench/index.py [--blocks 1000000,10000000] [--base REV] [--rounds 1]
+Run: python bench/studies/index.py [--blocks 1000000,10000000] [--base REV] [--rounds 1]
+
+Last run 2026-12-02, against the dict-based index it replaced; its results are in
+docs/performance.md, "The index at scale" (docs/architecture.md cites them).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SLOT = 4096
 SLAB = 16 * 1024 * 1024
 NAMESPACE = "Qwen2.5-0.5B@bf16@L24-KV2-H2-D64-T16-LKHTD@tp0of1"

@@ -15,9 +15,9 @@ import random
 import time
 import traceback
 
-from bench.fuzzing.cases import Case, CaseMaker
-from bench.fuzzing.tally import Tally
-from bench.fuzzing.target import IO_TIMEOUT_S, READ_LIMITS, SENTINEL_BASE
+from bench.robustness.fuzzing.cases import Case, CaseMaker
+from bench.robustness.fuzzing.tally import Tally
+from bench.robustness.fuzzing.target import IO_TIMEOUT_S, READ_LIMITS, SENTINEL_BASE
 from kvpool_client.core.wire import (
     HEADER_SIZE,
     ErrorResponse,

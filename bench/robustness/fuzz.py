@@ -22,8 +22,8 @@ A case without an answer or a close within ``--hang-timeout`` is a hang. The dae
 RSS is sampled throughout. Invariants: no crash, no hang, no undecodable answer, no
 unhandled exception in the daemon's log, the good client sees no error.
 
-Run: python bench/fuzz.py [--cases 100000] [--seconds 600] [--out bench/results]
-(the fuzzer itself is the package ``bench/fuzzing``)
+Run: python bench/robustness/fuzz.py [--cases 100000] [--seconds 600] [--out bench/results]
+(the fuzzer itself is the package ``bench/robustness/fuzzing``)
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 import json
 from dataclasses import asdict
 
-from bench.fuzzing.report import print_report
-from bench.fuzzing.run import FuzzSettings, run_fuzz
+from bench.robustness.fuzzing.report import print_report
+from bench.robustness.fuzzing.run import FuzzSettings, run_fuzz
 
 
 def main() -> int:

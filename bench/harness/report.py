@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import mooncake_peer
-from bench.cells import Cell
-from bench.workload import KiB, MiB
+from bench.harness.cells import Cell
+from bench.harness.workload import KiB, MiB
 
 SYSTEMS = ("kvpool", "kvpool-shm", "redis", *mooncake_peer.SYSTEMS, "socket", "memcpy")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from bench.fuzzing.good_client import GoodTally
-from bench.fuzzing.tally import Tally
-from bench.fuzzing.target import Memory
+from bench.robustness.fuzzing.good_client import GoodTally
+from bench.robustness.fuzzing.tally import Tally
+from bench.robustness.fuzzing.target import Memory
 from tests.support.daemon import DaemonProcess
 
 if TYPE_CHECKING:
-    from bench.fuzzing.run import FuzzSettings
+    from bench.robustness.fuzzing.run import FuzzSettings
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The live fuzzer of a kvpool daemon (``bench/fuzz.py``): its data plane and gRPC under hostile input.
+"""The live fuzzer of a kvpool daemon (``bench/robustness/fuzz.py``): its data plane and gRPC under hostile input.
 
 One concept per module: ``target`` (the daemon under fuzz: its limits, flags and
 probes), ``cases`` (data-plane cases and their mutations), ``tally`` (what a fuzzer

@@ -32,8 +32,8 @@ Counted:
 
 Prints a table and writes bench/results/soak.json.
 
-Run: python bench/soak.py [--seconds 120] [--workers 3] [--out bench/results]
-(the soak itself is the package ``bench/chaos``)
+Run: python bench/robustness/soak.py [--seconds 120] [--workers 3] [--out bench/results]
+(the soak itself is the package ``bench/robustness/chaos``)
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 import json
 
-from bench.chaos.report import print_report
-from bench.chaos.run import run_soak
-from bench.chaos.settings import SoakSettings
+from bench.robustness.chaos.report import print_report
+from bench.robustness.chaos.run import run_soak
+from bench.robustness.chaos.settings import SoakSettings
 
 
 def main() -> int:

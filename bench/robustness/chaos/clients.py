@@ -15,7 +15,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.chaos.settings import NS, SoakSettings, client_config
+from bench.robustness.chaos.settings import NS, SoakSettings, client_config
 from kvpool_client import BlockKey, ErrorCode, KVPoolClient, NodeUnavailable
 from kvpool_client.core.errors import RequestTimeout
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from bench.chaos.clients import WorkerResult, worker_main
-from bench.chaos.cluster import SoakCluster, Window
-from bench.chaos.faults import drive_chaos
-from bench.chaos.report import build_report
-from bench.chaos.settings import SoakSettings, client_config
-from bench.chaos.verdicts import final_check
+from bench.robustness.chaos.clients import WorkerResult, worker_main
+from bench.robustness.chaos.cluster import SoakCluster, Window
+from bench.robustness.chaos.faults import drive_chaos
+from bench.robustness.chaos.report import build_report
+from bench.robustness.chaos.settings import SoakSettings, client_config
+from bench.robustness.chaos.verdicts import final_check
 from kvpool_client import KVPoolClient
 
 

@@ -9,7 +9,10 @@ memory touched), so the figures are the allocator's, not a model of it:
   the bytes a block of a new size evicts when the arena is full (one whole slab);
 - a mixed fill: blocks of several sizes written in turn until the allocator refuses one.
 
-    .venv/bin/python -m bench.slab_fit [--slabs 16MiB,64MiB] [--arena 1GiB]
+    .venv/bin/python -m bench.studies.slab_fit [--slabs 16MiB,64MiB] [--arena 1GiB]
+
+Last run 2026-12-02; its results and the default ``slab_size`` they chose are in
+docs/configuration.md, "Choosing `slab_size`".
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, KVShape
+from bench.harness.comparisons import LLAMA_3_8B, QWEN2_5_0_5B, KVShape
 from kvpool_server.alloc.slab import SlabAllocator
 
 MiB, GiB = 1 << 20, 1 << 30

@@ -7,7 +7,7 @@ of blocks the daemon already holds and stop after one byte (their payload is to 
 It reports the ratio with / alone (target >= 0.7) and the daemon's RSS before, during and
 after, from /proc.
 
-    python bench/hostile.py [--peers 300] [--rounds 3] [--seconds 3]
+    python bench/robustness/hostile.py [--peers 300] [--rounds 3] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient  # noqa: E402

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.fuzzing.control import grpc_fuzzer
-from bench.fuzzing.dataplane import data_fuzzer
-from bench.fuzzing.good_client import GoodClient
-from bench.fuzzing.report import FuzzReport, build_report
-from bench.fuzzing.target import DAEMON_FLAGS, Memory, answers_both_planes
+from bench.robustness.fuzzing.control import grpc_fuzzer
+from bench.robustness.fuzzing.dataplane import data_fuzzer
+from bench.robustness.fuzzing.good_client import GoodClient
+from bench.robustness.fuzzing.report import FuzzReport, build_report
+from bench.robustness.fuzzing.target import DAEMON_FLAGS, Memory, answers_both_planes
 from tests.support.daemon import DaemonProcess, start_daemon
 
 

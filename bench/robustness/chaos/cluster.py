@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.chaos.settings import CLUSTER, DISK_NODE, NODES, NS, TMPFS_SIZE, SoakSettings
+from bench.robustness.chaos.settings import CLUSTER, DISK_NODE, NODES, NS, TMPFS_SIZE, SoakSettings
 from kvpool_client import KVPoolClient
 from kvpool_client.core.membership.records import ClusterConfig
 from kvpool_client.core.proto import kvpool_pb2 as pb
@@ -60,7 +60,7 @@ class Window:
 
 
 class SoakCluster:
-    """etcd and 3 daemons in one temp dir; the faults (``bench.chaos.faults``) act on it and record their windows."""
+    """etcd and 3 daemons in one temp dir; the faults (``chaos.faults``) act on it and record their windows."""
 
     def __init__(self, settings: SoakSettings) -> None:
         self.s = settings

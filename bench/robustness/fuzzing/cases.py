@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.fuzzing.target import HEADER, LIMITS, MAX_FRAME, MAX_KEYS, SLAB
+from bench.robustness.fuzzing.target import HEADER, LIMITS, MAX_FRAME, MAX_KEYS, SLAB
 from kvpool_client.core import wire
 from kvpool_client.core.wire import (
     HEADER_SIZE,

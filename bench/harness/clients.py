@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from bench.cells import WorkerResult
-from bench.drivers import BenchError, Driver, open_driver
-from bench.machine import process_cpu_ns
-from bench.procs import ignore_sigint, start_shielded
-from bench.workload import BlockRef, CellSpec, Plan, TargetRing, poison
+from bench.harness.cells import WorkerResult
+from bench.harness.drivers import BenchError, Driver, open_driver
+from bench.harness.machine import process_cpu_ns
+from bench.harness.procs import ignore_sigint, start_shielded
+from bench.harness.workload import BlockRef, CellSpec, Plan, TargetRing, poison
 
 BARRIER_TIMEOUT_S = 120.0
 WARMUP_OPS = 1  # op indices below this run untimed before the bursts

@@ -3,7 +3,7 @@
 A block is *acknowledged* when its put returned success with the block stored on 2
 nodes. It is *expected* while it is not deleted and at least one of those 2 nodes was
 not SIGKILLed since its put was sent. After the faults, an expected block that reads
-NOT_FOUND is lost (see ``bench/soak.py`` for the whole definition).
+NOT_FOUND is lost (see ``bench/robustness/soak.py`` for the whole definition).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import hashlib
 import time
 from collections import Counter
 
-from bench.chaos.clients import Acked, WorkerResult
-from bench.chaos.cluster import SoakCluster, Window
-from bench.chaos.settings import NS
+from bench.robustness.chaos.clients import Acked, WorkerResult
+from bench.robustness.chaos.cluster import SoakCluster, Window
+from bench.robustness.chaos.settings import NS
 from kvpool_client import BlockKey, ErrorCode, KVPoolClient
 
 

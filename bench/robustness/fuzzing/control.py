@@ -15,8 +15,8 @@ import traceback
 
 import grpc
 
-from bench.fuzzing.tally import Tally
-from bench.fuzzing.target import MAX_KEYS, SERVICE
+from bench.robustness.fuzzing.tally import Tally
+from bench.robustness.fuzzing.target import MAX_KEYS, SERVICE
 from kvpool_client.core.proto import kvpool_pb2 as pb
 
 _METHODS = ("GetServerInfo", "Exists", "Lookup", "Delete", "GetStats", "SetState")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.workload import CellSpec
+from bench.harness.workload import CellSpec
 
 
 @dataclass(frozen=True, slots=True)

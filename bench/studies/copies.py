@@ -1,6 +1,10 @@
 """Copy throughput by method and by destination alignment: what a block's copy out of the arena costs.
 
-Usage: ``.venv/bin/python bench/copies.py [--quick] [--out bench/results]``
+Usage: ``.venv/bin/python bench/studies/copies.py [--quick] [--out bench/results]``
+
+Last run 2026-12-02; its results and the route ``copy_into`` takes are in docs/performance.md,
+"Copies by destination alignment" and "Copies at a short page distance; one-key gets over a
+blocking socket in line".
 
 The source is a page-aligned file in ``/dev/shm`` mapped read-only, as a client maps a
 daemon's arena. Each block size (64 KiB, 384 KiB, 2 MiB) is copied into destinations at
@@ -34,7 +38,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` and the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse
 import ctypes
@@ -53,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.workload import KiB, MiB
+from bench.harness.workload import KiB, MiB
 from kvpool_client.core.channels import copy as client_copy
 from kvpool_client.core.channels.copy import PAGE, SSE2_MEMMOVE, address, copy_into, short_page_distance
 
@@ -310,7 +314,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (overrides --quick)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="block sizes in bytes")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results", help="output folder")
+    results = Path(__file__).resolve().parents[1] / "results"
+    parser.add_argument("--out", type=Path, default=results, help="output folder")
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,6 @@
 """The client side of each benchmarked system, behind one small interface.
 
-A driver turns a list of :class:`~bench.workload.BlockRef` into its own request
+A driver turns a list of :class:`~bench.harness.workload.BlockRef` into its own request
 form *before* timing (:meth:`Driver.prepare`: kvpool keys, Redis key bytes, a packed
 socket request), then performs the op inside the timed section. Every driver raises
 :class:`BenchError` when a system answers anything but full success, so a cell never
@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 import redis
 
-from bench import mooncake_peer, sockio
-from bench.workload import REGION_BYTES, BlockRef, region
+from bench import mooncake_peer
+from bench.harness import sockio
+from bench.harness.workload import REGION_BYTES, BlockRef, region
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient, Namespace
 from kvpool_client.core.wire.one_key import GET_ONE_ANSWER_SIZE, decode_get_one, encode_get_one_request
 
@@ -172,7 +173,7 @@ class RedisDriver:
 
 
 class SocketDriver:
-    """One blocking TCP connection to the stream server of :mod:`bench.servers`."""
+    """One blocking TCP connection to the stream server of :mod:`bench.harness.servers`."""
 
     stores = False
 

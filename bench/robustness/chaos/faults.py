@@ -12,8 +12,8 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 
-from bench.chaos.cluster import Incarnation, Node, SoakCluster, Window
-from bench.chaos.settings import DISK_NODE, NODES
+from bench.robustness.chaos.cluster import Incarnation, Node, SoakCluster, Window
+from bench.robustness.chaos.settings import DISK_NODE, NODES
 
 
 def kill_and_restart(cluster: SoakCluster, node: Node) -> None:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import sockio
-from bench.procs import ignore_sigint, start_shielded
-from bench.workload import MAX_WORKERS, RING_BYTES, region
+from bench.harness import sockio
+from bench.harness.procs import ignore_sigint, start_shielded
+from bench.harness.workload import MAX_WORKERS, RING_BYTES, region
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 20.0
 
 
