@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
@@ -27,7 +27,7 @@ from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.routing import Member, Router
 from kvpool_client.core.wire import HelloRequest, WireLimits
 from kvpool_client.counters import ClientCounters, ClientStats
-from kvpool_client.exchange import Exchange, run_async
+from kvpool_client.exchange import Exchange, GetAnswer, SingleGet, run_async, steps_of
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
@@ -149,7 +149,11 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        result = await self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
+        batching.check_keys(keys)
+        views = batching.block_views(keys, blocks)
+        result = await self._direct_put(keys, views)
+        if result is None:
+            result = await self._run(operations.put(keys, views, self._requests, self.breaker.gate))
         self._counters.put(result)
         return result
 
@@ -240,16 +244,30 @@ class AsyncKVPoolClient:
 
     async def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
         """A get one node alone answers (:func:`operations.one_node_get`); None: it needs the plan."""
-        found = await self._direct_job(keys, batching.expected_sizes(targets))
+        sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
+        found = await self._direct_job(keys, sizes)
         if found is None:
             return None
-        return await self._run(operations.one_node_get(*found, targets, self._requests))
+        got = operations.one_node_get(*found, targets, self._requests)
+        if isinstance(got, GetResult):  # copied out of the node's arena here: no I/O
+            return got
+        return await self._run(got)
+
+    async def _direct_put(self, keys: Sequence[BlockKey], views: list[Target]) -> PutResult | None:
+        """A put one node alone stores (:func:`operations.one_node_put`); None: it needs the plan."""
+        sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
+        found = await self._direct_job(keys, sizes, write=True)
+        if found is None:
+            return None
+        return await self._run(operations.one_node_put(*found, views, self._requests))
 
     async def _direct_job(
-        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None
+        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None, write: bool = False
     ) -> tuple[batching.Job, WireLimits] | None:
-        """The one frame a read of ``keys`` comes down to, its node let through by the breaker; None: the plan."""
-        found = operations.direct_job(keys, await self._placement(), self._cached_limits, sizes)
+        """The one frame ``keys`` come down to (:func:`operations.direct_job`), its node let through
+        by the breaker; None: the plan."""
+        found = operations.direct_job(keys, await self._placement(), self._cached_limits, sizes, write=write)
+        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
         if found is None or not self.breaker.allow(found[0].member.node_id):  # the plan reports an open circuit
             return None
         return found
@@ -261,8 +279,10 @@ class AsyncKVPoolClient:
             return await self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
         return await self._run(operations.one_node_probe(*found, prefix, self._requests))
 
-    async def _run(self, operation: operations.Operation[R]) -> R:
+    async def _run(self, operation: operations.Runnable[R]) -> R:
         """Drive ``operation`` to its result, awaiting each step it asks for."""
+        if isinstance(operation, operations.OneStep):
+            return operation.finish(await self._perform(operation.step))
         answer: Any = None
         while True:
             try:
@@ -272,12 +292,12 @@ class AsyncKVPoolClient:
             answer = await self._perform(step)
 
     async def _perform(self, step: operations.Step) -> Any:
+        if isinstance(step, operations.RunExchange):  # the commonest step first
+            return await self._exchange(self._node(step.member), step.exchange)
         if isinstance(step, operations.CurrentPlacement):
             return await self._placement()
         if isinstance(step, operations.FetchLimits):
             return await self._limits_of(step.members)
-        if isinstance(step, operations.RunExchange):
-            return await self._exchange(self._node(step.member), step.exchange)
         return await self._run_round(step.jobs, step.build, step.sizes)
 
     async def _run_round(
@@ -301,8 +321,15 @@ class AsyncKVPoolClient:
         outcomes = await asyncio.gather(*(self._exchange(node, build(piece, limits)) for piece in pieces))
         return list(zip(pieces, outcomes, strict=True))
 
-    async def _exchange(self, node: _AsyncNode, exchange: Exchange[T]) -> T | KVPoolError:
+    @overload
+    async def _exchange(self, node: _AsyncNode, request: SingleGet) -> GetAnswer | KVPoolError: ...
+
+    @overload
+    async def _exchange(self, node: _AsyncNode, request: Exchange[T]) -> T | KVPoolError: ...
+
+    async def _exchange(self, node: _AsyncNode, request: Exchange[T] | SingleGet) -> T | GetAnswer | KVPoolError:
         """Run one exchange within the request timeout; a failure is returned, and reported to the breaker."""
+        exchange = steps_of(request)
         timeout = self.config.request_timeout_s
         try:
             try:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
-from kvpool_client.buffers import Target, target_of
+from kvpool_client.buffers import Target
 from kvpool_client.core.channels.tcp import TcpConnection, parse_address
 from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
@@ -31,7 +31,7 @@ from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.routing import Member, Router
 from kvpool_client.core.wire import HelloRequest, WireLimits
 from kvpool_client.counters import ClientCounters, ClientStats
-from kvpool_client.exchange import Exchange, GetAnswer, SingleGet, run_sync
+from kvpool_client.exchange import Exchange, GetAnswer, SingleGet, run_sync, steps_of
 from kvpool_client.failure_log import FailureLog, node_label
 from kvpool_client.nodes import NodeHandle, find_node
 from kvpool_client.operations import Build, Outcome
@@ -132,7 +132,7 @@ class _Node(NodeHandle[DataConnection]):
 def _perform(connection: DataConnection, exchange: Exchange[T] | SingleGet) -> T | GetAnswer:
     """Run ``exchange`` on ``connection``: UCX runs its steps itself, a socket runs a single get in line."""
     if isinstance(connection, UcxConnection):
-        return connection.run(exchange.steps()) if isinstance(exchange, SingleGet) else connection.run(exchange)
+        return connection.run(steps_of(exchange))
     return exchange.run_sync(connection) if isinstance(exchange, SingleGet) else run_sync(connection, exchange)
 
 
@@ -192,10 +192,11 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        if len(keys) == 1 and len(blocks) == 1:  # a layer's save: no batch to plan
-            result = self._put_one(keys[0], blocks[0])
-        else:
-            result = self._planned_put(keys, blocks)
+        batching.check_keys(keys)
+        views = batching.block_views(keys, blocks)
+        result = self._direct_put(keys, views)
+        if result is None:
+            result = self._run(operations.put(keys, views, self._requests, self.breaker.gate))
         self._counters.put(result)
         return result
 
@@ -209,13 +210,11 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
-        if len(keys) == 1 and into is not None and len(into) == 1:  # a layer's load: no batch to plan
-            result = self._get_one(keys[0], into[0])
-        else:
-            batching.check_keys(keys)
-            targets = batching.target_views(keys, into)
-            found = self._direct_get(keys, targets)
-            result = self._planned_get(keys, targets) if found is None else found
+        batching.check_keys(keys)
+        targets = batching.target_views(keys, into)
+        result = self._direct_get(keys, targets)
+        if result is None:
+            result = self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
         self._counters.got(result)
         return result
 
@@ -309,53 +308,26 @@ class KVPoolClient:
         found = self._direct_job(keys, sizes)
         if found is None:
             return None
-        return self._run(operations.one_node_get(*found, targets, self._requests))
+        got = operations.one_node_get(*found, targets, self._requests)
+        if isinstance(got, GetResult):  # copied out of the node's arena here: no I/O
+            return got
+        return self._run(got)
 
-    def _get_one(self, key: BlockKey, into: Any) -> GetResult:
-        """A get of one key into one buffer: :meth:`_direct_get` without a batch's lists and views."""
-        if not isinstance(key, BlockKey):
-            batching.check_keys((key,))  # raises
-        target = target_of(into, writable=True)
-        found = operations.sole_reader(key, self._source.current(), self._cached_limits)
-        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
-        if found is None or not self.breaker.allow(found[0].node_id):  # the plan reports an open circuit
-            return self._planned_get((key,), [target])
-        member, limits = found
-        fetch = self._requests.get_one(member, key.namespace, key.hash, target, limits)
-        if fetch is None:  # copied out of the node's arena
-            return GetResult((ErrorCode.OK,), buffers=(target,))
-        return operations.one_result(member, self._exchange(self._node(member), fetch))
-
-    def _put_one(self, key: BlockKey, block: Any) -> PutResult:
-        """A put of one key to its only owner, as one exchange; the plan when there are replicas to
-        write, the node's limits are not known yet, its circuit is open or it drains."""
-        if not isinstance(key, BlockKey):
-            batching.check_keys((key,))  # raises
-        view = target_of(block, writable=False)
-        found = operations.sole_writer(key, self._source.current(), self._cached_limits)
+    def _direct_put(self, keys: Sequence[BlockKey], views: list[Target]) -> PutResult | None:
+        """A put one node alone stores (:func:`operations.one_node_put`); None: it needs the plan."""
+        sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
+        found = self._direct_job(keys, sizes, write=True)
         if found is None:
-            return self._planned_put((key,), (block,))
-        member, limits = found
-        batching.check_block_sizes((view,), lambda _: limits.max_block_size)
-        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
-        if not self.breaker.allow(member.node_id):  # the plan reports an open circuit
-            return self._planned_put((key,), (block,))
-        job = batching.Job(member, key.namespace, [0], [key.hash], [key.depth])
-        outcome = self._exchange(self._node(member), self._requests.put(job, (view,), limits))
-        return operations.put_one_result(member, outcome) or self._planned_put((key,), (block,))
-
-    def _planned_put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
-        return self._run(operations.put(keys, blocks, self._requests, self.breaker.gate))
-
-    def _planned_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult:
-        """A get as its read plan runs it: replicas, several nodes or frames, nodes not asked yet."""
-        return self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+            return None
+        return self._run(operations.one_node_put(*found, views, self._requests))
 
     def _direct_job(
-        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None
+        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None, write: bool = False
     ) -> tuple[batching.Job, WireLimits] | None:
-        """The one frame a read of ``keys`` comes down to, its node let through by the breaker; None: the plan."""
-        found = operations.direct_job(keys, self._source.current(), self._cached_limits, sizes)
+        """The one frame ``keys`` come down to (:func:`operations.direct_job`), its node let through
+        by the breaker; None: the plan."""
+        found = operations.direct_job(keys, self._source.current(), self._cached_limits, sizes, write=write)
+        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
         if found is None or not self.breaker.allow(found[0].member.node_id):  # the plan reports an open circuit
             return None
         return found
@@ -367,8 +339,10 @@ class KVPoolClient:
             return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
         return self._run(operations.one_node_probe(*found, prefix, self._requests))
 
-    def _run(self, operation: operations.Operation[R]) -> R:
+    def _run(self, operation: operations.Runnable[R]) -> R:
         """Drive ``operation`` to its result, performing each step it asks for in this thread."""
+        if isinstance(operation, operations.OneStep):
+            return operation.finish(self._perform(operation.step))
         answer: Any = None
         while True:
             try:
@@ -378,12 +352,12 @@ class KVPoolClient:
             answer = self._perform(step)
 
     def _perform(self, step: operations.Step) -> Any:
+        if isinstance(step, operations.RunExchange):  # the commonest step first
+            return self._exchange(self._node(step.member), step.exchange)
         if isinstance(step, operations.CurrentPlacement):
             return self._source.current()
         if isinstance(step, operations.FetchLimits):
             return self._limits_of(step.members)
-        if isinstance(step, operations.RunExchange):
-            return self._exchange(self._node(step.member), step.exchange)
         return self._run_round(step.jobs, step.build, step.sizes)
 
     def _run_round(

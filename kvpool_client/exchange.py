@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from kvpool_client.buffers import Target, spans
 from kvpool_client.buffers import checksum as checksum_of
@@ -52,6 +52,7 @@ from kvpool_client.transport.shm import MappedArena, SlotLocation
 
 T = TypeVar("T")
 _DRAIN_CHUNK = 1 << 20
+_OK = int(ErrorCode.OK)
 
 
 # Steps are not frozen: three are made per request, and a frozen one sets each field through object.__setattr__.
@@ -272,7 +273,18 @@ class SingleGet:
         connection.recv_into(list(spans(target)))
         if self.verify and checksum_of(target) != one[2]:
             return [int(ErrorCode.CHECKSUM_MISMATCH)], [None]
-        return [int(ErrorCode.OK)], [target]
+        return [_OK], [target]
+
+
+Request = Exchange[T] | SingleGet
+"""What a client runs on a connection: an exchange, or a :class:`SingleGet` (a get's exchange)."""
+
+
+def steps_of(request: Request[T]) -> Exchange[T]:
+    """``request`` as the exchange a transport that runs steps (ucx, asyncio) runs."""
+    if isinstance(request, SingleGet):
+        return cast("Exchange[T]", request.steps())  # T is GetAnswer: a SingleGet is a get
+    return request
 
 
 def get_shared(
@@ -338,12 +350,14 @@ def copy_known(
     a block missing midway, whose batch is then asked for whole, is rare; the Python reader finds
     every block before it copies any.
     """
-    given = [t for t in targets if t is not None] if arena.compiled else []
-    if given and len(given) == len(targets):
-        for block, view in zip(hashes, given, strict=True):
-            if not copy_known_one(namespace, block, view, arena, verify):
+    if arena.compiled and targets:
+        for index, target in enumerate(targets):
+            if target is None:
+                break  # the Python reader allocates it
+            if not copy_known_one(namespace, hashes[index], target, arena, verify):
                 return None
-        return [int(ErrorCode.OK)] * len(given), list[Target | None](given)
+        else:
+            return [_OK] * len(targets), list(targets)
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
@@ -354,7 +368,7 @@ def copy_known(
         if not _copy_known(namespace, block, location, checksum, target, arena, verify):
             return None
         filled.append(target)
-    return [int(ErrorCode.OK)] * len(filled), filled
+    return [_OK] * len(filled), filled
 
 
 def copy_known_one(namespace: str, block: bytes, target: Target, arena: MappedArena, verify: bool) -> bool:

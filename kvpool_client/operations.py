@@ -4,14 +4,18 @@ Shared by the blocking and asyncio clients so the two cannot drift. Each operati
 is a generator that yields a :data:`Step` naming the I/O it needs next; the client
 performs it (blocking or awaiting), sends the answer back, and takes the
 operation's result from ``StopIteration.value`` (see :func:`kvpool_client.client.KVPoolClient._run`).
-Argument errors raise from the first ``send`` before any I/O is asked for.
+Argument errors raise from the first ``send`` before any I/O is asked for. An operation
+one node alone answers (:func:`direct_job`) is one step and a pure function of its answer: a
+:class:`OneStep`, which the clients run as they run a generator, without a generator's cost on
+the commonest calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from kvpool_client import batching
 from kvpool_client.buffers import Target
@@ -19,17 +23,16 @@ from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
-from kvpool_client.exchange import Exchange
+from kvpool_client.exchange import Request
 from kvpool_client.failover import RETRY_ELSEWHERE, ReadPlan
 from kvpool_client.failure_log import describe, node_label
 from kvpool_client.placement_source import Placement
 from kvpool_client.replication import DeleteTally, WritePlan, fan_out
 from kvpool_client.request_factory import RequestFactory
-from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult, failure_code, most_telling, to_codes
+from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult, to_codes
 
 R = TypeVar("R")
-_HIT = (ErrorCode.OK,)  # the statuses of a one-key get that hit
-Build = Callable[[batching.Job, WireLimits], Exchange[Any]]
+Build = Callable[[batching.Job, WireLimits], Request[Any]]
 Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
 Answer = Callable[[batching.Job, Outcome], list[int]]
 Usable = Callable[[str], bool]  # node id -> may a request go there now (a breaker gate)
@@ -69,23 +72,37 @@ class RunExchange:
     """
 
     member: Member
-    exchange: Exchange[Any]
+    exchange: Request[Any]
 
 
 Step = CurrentPlacement | FetchLimits | RunRound | RunExchange
 Operation = Generator[Step, Any, R]
 
 
-def put(keys: Sequence[BlockKey], blocks: Sequence[Any], requests: RequestFactory, gate: Gate) -> Operation[PutResult]:
+@dataclass(slots=True)
+class OneStep(Generic[R]):
+    """An operation that is ``step`` and then ``finish`` of the step's answer."""
+
+    step: RunExchange | RunRound
+    finish: Callable[[Any], R]
+
+
+Runnable = Operation[R] | OneStep[R]
+
+
+def put(
+    keys: Sequence[BlockKey], views: Sequence[Target], requests: RequestFactory, gate: Gate
+) -> Operation[PutResult]:
     """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
     A node's share of 8 MiB and more goes out as up to ``requests.streams`` frames at once
     (:func:`batching.streams`).
 
+    Args:
+        views: the blocks' views (:func:`batching.block_views`), one per key.
+
     Raises:
-        UsageError: counts differ, a block is empty, too large, or not contiguous.
+        UsageError: a block is empty or too large for one of its owners.
     """
-    batching.check_keys(keys)
-    views = batching.block_views(keys, blocks)
     placement: Placement = yield CurrentPlacement()
     placements = [placement.router.placement(k) for k in keys]
     known = yield FetchLimits(distinct(m for p in placements for m in p.write_owners))
@@ -127,24 +144,29 @@ def direct_job(
     placement: Placement,
     cached_limits: Callable[[Member], WireLimits | None],
     sizes: Sequence[int] | None = None,
+    *,
+    write: bool = False,
 ) -> tuple[batching.Job, WireLimits] | None:
-    """The one frame a read (get, exists, lookup) comes down to, when it does; None: run the plan.
+    """The one frame an operation on ``keys`` comes down to, when it does; None: run the plan.
 
-    It does when every key's read order is the same single node (no replica to fall
-    back to) and the batch fits one frame of that node's known limits (``sizes``: the
-    payload bytes each key may bring). That node's answers are then final, so the read
-    is one exchange whose :func:`get_result` or :func:`probe_result` is what the plan
-    would return, without the plan's cost on every call.
+    It does when every key's read order (``write``: its write owners) is the same single
+    node, with no replica to fall back to or to write as well, and the batch fits one frame
+    of that node's known limits (``sizes``: the payload bytes each key may bring or send).
+    That node's answers are then final, so the operation is one exchange (or its
+    :func:`batching.streams`) whose result is what the plan would return, without the plan's
+    cost on every call: the plan of a one-node pool, cached.
     """
-    if len(keys) == 1:  # a scheduler's lookup or a layer's load: nothing to group, and one key fits any frame
+    if len(keys) == 1:  # a scheduler's lookup, a layer's load or save: nothing to group, one key fits any frame
         key = keys[0]
-        found = sole_reader(key, placement, cached_limits)
+        placed = placement.router.placement(key)
+        found = _sole(placed.write_owners if write else placed.read_order, cached_limits)
         if found is None:
             return None
         return batching.Job(found[0], key.namespace, [0], [key.hash], [key.depth]), found[1]
     member: Member | None = None
     for key in keys:
-        order = placement.router.placement(key).read_order
+        placed = placement.router.placement(key)
+        order = placed.write_owners if write else placed.read_order
         if len(order) != 1 or (member is not None and order[0].node_id != member.node_id):
             return None
         member = order[0]
@@ -156,82 +178,91 @@ def direct_job(
     return job, limits
 
 
-def one_node_get(
-    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: RequestFactory
-) -> Operation[GetResult]:
-    """A get that ``job``'s node alone answers (:func:`direct_job`): copied out of the node's arena
-    with no connection when every block's place is known here, else its frames at once on
-    separate connections (a large batch, :func:`batching.streams`), else one exchange."""
-    copied = requests.copy_shared(job, targets)
-    if copied is not None:
-        return get_result(job, copied)
-    sizes = batching.expected_sizes(targets)
-    lanes = batching.streams(job, sizes, batching.read_streams(targets, requests.streams))
-    if len(lanes) > 1:
-        return streamed_result(len(targets), (yield RunRound(lanes, requests.gets_into(targets), sizes)))
-    return get_result(job, (yield RunExchange(job.member, requests.get(job, targets, limits))))
-
-
-def one_node_probe(
-    job: batching.Job, limits: WireLimits, prefix: bool, requests: RequestFactory
-) -> Operation[tuple[ErrorCode, ...]]:
-    """:func:`probe` of keys that ``job``'s node alone reads (:func:`direct_job`): one exchange."""
-    return probe_result(job, (yield RunExchange(job.member, requests.exists(job, limits, prefix))), prefix)
-
-
-def sole_reader(
-    key: BlockKey, placement: Placement, cached_limits: Callable[[Member], WireLimits | None]
-) -> tuple[Member, WireLimits] | None:
-    """The one node that reads ``key`` and its known limits; None: replicas to fail over between,
-    or a node whose limits were not read yet (the plan does both)."""
-    return _sole(placement.router.placement(key).read_order, cached_limits)
-
-
-def sole_writer(
-    key: BlockKey, placement: Placement, cached_limits: Callable[[Member], WireLimits | None]
-) -> tuple[Member, WireLimits] | None:
-    """The one node that stores ``key`` and its known limits; None: replicas to write, or a node
-    whose limits were not read yet (the plan does both)."""
-    return _sole(placement.router.placement(key).write_owners, cached_limits)
-
-
 def _sole(
     members: Sequence[Member], cached_limits: Callable[[Member], WireLimits | None]
 ) -> tuple[Member, WireLimits] | None:
+    """The one member of ``members`` and its known limits; None: several, or limits not read yet."""
     if len(members) != 1 or (limits := cached_limits(members[0])) is None:
         return None
     return members[0], limits
 
 
-def put_one_result(member: Member, outcome: Outcome) -> PutResult | None:
-    """The result :func:`put` gives a key whose only owner, ``member``, answered ``outcome``
-    (its statuses, or the failure); None when the owner drains: the plan writes to a spare."""
-    failed = isinstance(outcome, KVPoolError)
-    code = failure_code(outcome) if failed else outcome[0]
-    if code == ErrorCode.DRAINING:
-        return None
-    causes = (cause(member, outcome),) if failed else ()
-    if code in PUT_SUCCESS:
-        return PutResult(to_codes((code,)), causes, stored_on=((member.address,),))
-    return PutResult((most_telling((code,)),), causes, stored_on=((),))
+def one_node_get(
+    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: RequestFactory
+) -> GetResult | OneStep[GetResult]:
+    """A get that ``job``'s node alone answers (:func:`direct_job`). Its result, when the node's arena
+    mapped here served it with no I/O at all (every block's place known here): a same-node load runs
+    nothing. Else the step that asks the node: its frames at once on separate connections (a large
+    batch, :func:`batching.streams`), or one exchange."""
+    fetch = requests.fetch(job, targets, limits)
+    if isinstance(fetch, tuple):
+        return get_result(job, fetch)
+    if len(targets) > 1:  # one block is one frame
+        sizes = batching.expected_sizes(targets)
+        lanes = batching.streams(job, sizes, batching.read_streams(targets, requests.streams))
+        if len(lanes) > 1:
+            return OneStep(RunRound(lanes, requests.gets_into(targets), sizes), partial(streamed_result, len(targets)))
+    return OneStep(RunExchange(job.member, fetch), partial(get_result, job))
+
+
+def one_node_probe(
+    job: batching.Job, limits: WireLimits, prefix: bool, requests: RequestFactory
+) -> OneStep[tuple[ErrorCode, ...]]:
+    """:func:`probe` of keys that ``job``'s node alone reads (:func:`direct_job`): one exchange."""
+    return OneStep(
+        RunExchange(job.member, requests.exists(job, limits, prefix)),
+        lambda outcome: probe_result(job, outcome, prefix),
+    )
+
+
+def one_node_put(
+    job: batching.Job, limits: WireLimits, views: Sequence[Target], requests: RequestFactory
+) -> OneStep[PutResult | None]:
+    """A put that ``job``'s node alone stores (:func:`direct_job` with ``write``): its frames at once
+    on separate connections (a large batch, :func:`batching.streams`), else one exchange. Its result
+    is None when the node drains: the plan then writes to a spare, and puts are idempotent.
+
+    Raises:
+        UsageError: a block is empty or too large for the node.
+    """
+    batching.check_block_sizes(views, lambda _: limits.max_block_size)
+    if len(views) > 1:  # one block is one frame
+        sizes = [len(v) for v in views]
+        lanes = batching.streams(job, sizes, requests.streams)
+        if len(lanes) > 1:
+            build: Build = lambda piece, lim: requests.put(piece, views, lim)  # noqa: E731
+            return OneStep(RunRound(lanes, build, sizes), partial(put_result, len(views)))
+    return OneStep(
+        RunExchange(job.member, requests.put(job, views, limits)),
+        lambda outcome: put_result(len(views), [(job, outcome)]),
+    )
+
+
+def put_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> PutResult | None:
+    """The result :func:`put` gives ``count`` keys whose only owner answered ``outcomes`` (each
+    piece's statuses, or the failure); None when it drains (:func:`one_node_put`). With one answer
+    per key, the plan's status of a key is that answer."""
+    codes: list[int] = [ErrorCode.UNAVAILABLE] * count
+    causes: dict[str, None] = {}
+    for piece, outcome in outcomes:
+        answered = batching.statuses_of(piece, outcome)
+        if ErrorCode.DRAINING in answered:
+            return None
+        if isinstance(outcome, KVPoolError):
+            causes[cause(piece.member, outcome)] = None
+        batching.scatter(codes, piece, answered)
+    statuses = to_codes(codes)
+    owner = (outcomes[0][0].member.address,)
+    stored_on = tuple([owner if status in PUT_SUCCESS else () for status in statuses])
+    return PutResult(statuses, tuple(causes)[:MAX_CAUSES], stored_on=stored_on)
 
 
 def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
     """The result of a get that was the single exchange of ``job`` (see :func:`direct_job`)."""
-    codes, views = batching.get_answer(job, outcome)
-    causes = (cause(job.member, outcome),) if isinstance(outcome, KVPoolError) else ()
-    return GetResult(to_codes(codes), causes, buffers=tuple(views))
-
-
-def one_result(member: Member, outcome: Outcome) -> GetResult:
-    """:func:`get_result` of a get of one key from ``member``, without a job: the result of every
-    single-block load, made in as few steps as it can be."""
     if isinstance(outcome, KVPoolError):
-        return GetResult((failure_code(outcome),), (cause(member, outcome),), buffers=(None,))
-    codes, views = outcome
-    if codes[0] == ErrorCode.OK:
-        return GetResult(_HIT, buffers=(views[0],))
-    return GetResult(to_codes(codes), buffers=(views[0],))
+        codes, views = batching.get_answer(job, outcome)
+        return GetResult(to_codes(codes), (cause(job.member, outcome),), buffers=tuple(views))
+    return GetResult(to_codes(outcome[0]), buffers=tuple(outcome[1]))
 
 
 def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> GetResult:

@@ -3,8 +3,8 @@
 A get goes out of the node's shared arena mapped here when the node runs on this machine
 (``shm``: copied with no connection where every block's place is known, else located with
 ``LOCATE`` and copied), and over the wire otherwise; a get of one key into one buffer over the
-wire is a :class:`~kvpool_client.exchange.SingleGet`. Every other op goes over the wire. Request
-ids are unique per client.
+wire is a :class:`~kvpool_client.exchange.SingleGet`, the specialisation a blocking socket runs in
+line. Every other op goes over the wire. Request ids are unique per client.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ ArenaOf = Callable[[Member], MappedArena | None]
 """The node's shared arena mapped here (the shm transport), or None to read over tcp."""
 
 
+def _no_arena(member: Member) -> None:
+    return None  # every get over the wire
+
+
 class RequestFactory:
     """Builds each op's exchange for a job, with request ids unique per client.
 
@@ -38,7 +42,7 @@ class RequestFactory:
     def __init__(self, verify_checksums: bool, arena_of: ArenaOf | None = None, streams: int = 1) -> None:
         self._ids = count(1)
         self._verify = verify_checksums
-        self._arena_of = arena_of
+        self._arena_of: ArenaOf = arena_of or _no_arena
         self.streams = streams
 
     def put(self, job: Job, views: Sequence[Target], limits: WireLimits) -> exchange.Exchange[list[int]]:
@@ -49,78 +53,49 @@ class RequestFactory:
 
     def get(
         self, job: Job, targets: Sequence[Target | None], limits: WireLimits
-    ) -> exchange.Exchange[exchange.GetAnswer]:
+    ) -> exchange.Request[exchange.GetAnswer]:
+        """The exchange that gets ``job``'s keys into their ``targets`` (``None``: allocate one)."""
         mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
-        shared = self._shared_get(job.member, job.namespace, job.hashes, mine, limits)
-        if shared is not None:
-            return shared
-        return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), mine, limits, self._verify)
+        try:
+            arena = self._arena_of(job.member)
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        return self._request(job, mine, limits, arena)
+
+    def fetch(
+        self, job: Job, targets: Sequence[Target | None], limits: WireLimits
+    ) -> exchange.GetAnswer | exchange.Request[exchange.GetAnswer]:
+        """:meth:`get` of a job that is its whole batch (``targets``: one per key, in order), or its
+        answer when the node's arena mapped here served it with no I/O at all: every block's place
+        known here (:func:`exchange.copy_known`) and the arena vouched for by the node's heartbeat.
+        What a get one node alone answers runs, the arena looked up once."""
+        mine = list(targets)
+        try:
+            arena = self._arena_of(job.member)
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        if arena is not None and arena.vouched_for():
+            copied = exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
+            if copied is not None:
+                return copied
+        return self._request(job, mine, limits, arena)
+
+    def _request(
+        self, job: Job, targets: list[Target | None], limits: WireLimits, arena: MappedArena | None
+    ) -> exchange.Request[exchange.GetAnswer]:
+        """The get out of the node's ``arena`` mapped here (LOCATE, then copies), else over the wire."""
+        if arena is not None:
+            located = LocateRequest(next(self._ids), job.namespace, job.hashes)
+            return exchange.get_shared(located, targets, limits, self._verify, arena)
+        if len(targets) == 1 and (target := targets[0]) is not None:  # a layer's load: the usual answer read in line
+            return exchange.SingleGet(next(self._ids), job.namespace, job.hashes[0], target, limits, self._verify)
+        return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), targets, limits, self._verify)
 
     def gets_into(
         self, targets: Sequence[Target | None]
-    ) -> Callable[[Job, WireLimits], exchange.Exchange[exchange.GetAnswer]]:
+    ) -> Callable[[Job, WireLimits], exchange.Request[exchange.GetAnswer]]:
         """:meth:`get` of any job of a batch into its ``targets``: how a plan builds its requests."""
         return lambda job, limits: self.get(job, targets, limits)
-
-    def get_one(
-        self, member: Member, namespace: str, block: bytes, target: Target, limits: WireLimits
-    ) -> exchange.SingleGet | exchange.Exchange[exchange.GetAnswer] | None:
-        """:meth:`get` of one key into one buffer, its node's arena looked up once: None when the block
-        was copied out of the arena with no connection (:meth:`copy_shared`); over the wire, a
-        :class:`~exchange.SingleGet`."""
-        try:
-            arena = self._arena(member)
-        except SharedArenaUnavailable as exc:
-            return exchange.fail(exc)
-        if arena is None:
-            return exchange.SingleGet(next(self._ids), namespace, block, target, limits, self._verify)
-        if arena.vouched_for() and exchange.copy_known_one(namespace, block, target, arena, self._verify):
-            return None
-        return self._located_get(arena, namespace, [block], [target], limits)
-
-    def _shared_get(
-        self, member: Member, namespace: str, hashes: list[bytes], targets: list[Target | None], limits: WireLimits
-    ) -> exchange.Exchange[exchange.GetAnswer] | None:
-        """The get out of the member's arena mapped here (or the failure to map a required one); None: over the wire."""
-        try:
-            arena = self._arena(member)
-        except SharedArenaUnavailable as exc:
-            return exchange.fail(exc)
-        return None if arena is None else self._located_get(arena, namespace, hashes, targets, limits)
-
-    def _located_get(
-        self,
-        arena: MappedArena,
-        namespace: str,
-        hashes: list[bytes],
-        targets: list[Target | None],
-        limits: WireLimits,
-    ) -> exchange.Exchange[exchange.GetAnswer]:
-        """The get that asks the node where the blocks lie (LOCATE), then copies them out of ``arena``."""
-        located = LocateRequest(next(self._ids), namespace, hashes)
-        return exchange.get_shared(located, targets, limits, self._verify, arena)
-
-    def _arena(self, member: Member) -> MappedArena | None:
-        """The member's arena mapped here; None: read over the wire. Raises SharedArenaUnavailable (shm required)."""
-        return self._arena_of(member) if self._arena_of is not None else None
-
-    def copy_shared(self, job: Job, targets: Sequence[Target | None]) -> exchange.GetAnswer | None:
-        """A same-node get served from the node's arena with no connection at all, when every
-        block's location is known here (:func:`exchange.copy_known`) and the node's heartbeat
-        vouches for it; None: run :meth:`get`."""
-        arena = self._vouched_arena(job.member)
-        if arena is None:
-            return None
-        mine = list(map(targets.__getitem__, job.indices))
-        return exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
-
-    def _vouched_arena(self, member: Member) -> MappedArena | None:
-        """The member's arena, mapped here and vouched for by its heartbeat; None: ask the node."""
-        try:
-            arena = self._arena(member)
-        except SharedArenaUnavailable:
-            return None  # get() reports it
-        return arena if arena is not None and arena.vouched_for() else None
 
     def exists(self, job: Job, limits: WireLimits, prefix: bool) -> exchange.Exchange[list[int]]:
         return exchange.exists(ExistsRequest(next(self._ids), job.namespace, job.hashes, prefix), limits)

@@ -6,10 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvpool_client import batching, nodes, operations
+from kvpool_client import batching, exchange, nodes, operations
+from kvpool_client.buffers import Target
 from kvpool_client.core.config import ClientConfig
-from kvpool_client.core.errors import ErrorCode, NodeUnavailable, RequestTimeout, UsageError
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_client.core.wire import WireLimits
@@ -48,7 +51,7 @@ def always_usable() -> Callable[[str], bool]:
 
 def test_put_stores_each_key_on_its_write_owners() -> None:
     requests = RequestFactory(verify_checksums=False)
-    operation = operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable)
+    operation = operations.put(KEYS, views(6), requests, always_usable)
     result = run(operation, placement(), lambda job: [OK] * len(job.indices))
     assert list(result.statuses) == [OK] * 6
     addresses = {m.address for m in MEMBERS}
@@ -59,7 +62,7 @@ def test_put_checks_blocks_against_the_owners_limits_before_sending() -> None:
     requests = RequestFactory(verify_checksums=False)
     small = WireLimits(max_block_size=4)
     with pytest.raises(UsageError):
-        run(operations.put(KEYS, [b"x" * 8] * 6, requests, always_usable), placement(), pytest.fail, small)
+        run(operations.put(KEYS, views(6), requests, always_usable), placement(), pytest.fail, small)
 
 
 def test_bad_keys_raise_before_any_step() -> None:
@@ -162,7 +165,9 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
     assert found is not None, "one node, one replica, one frame: no plan needed"
     job, limits = found
     assert (job.member.node_id, job.indices, limits) == ("a", list(range(len(keys))), WireLimits())
-    direct = operations.get_result(job, node(job))
+    operation = operations.one_node_get(job, limits, [None] * len(keys), requests)
+    assert isinstance(operation, operations.OneStep), "no arena here: the node is asked"
+    direct = finish(operation, node, job)
     planned = run(operations.get(keys, [None] * len(keys), requests, always_usable), place, node)
     assert direct == planned, f"direct {direct} != planned {planned}"
 
@@ -178,64 +183,98 @@ def test_a_failed_direct_exchange_fails_every_key_as_the_plan_does() -> None:
     assert set(planned.statuses) == {ErrorCode.UNAVAILABLE}
 
 
-@pytest.mark.parametrize(
-    "outcome",
-    [
-        ([OK], [memoryview(b"v")]),
-        ([NOT_FOUND], [None]),
-        ([ErrorCode.CHECKSUM_MISMATCH], [None]),
-        ([250], [None]),  # a code this client does not know
-        NodeUnavailable("gone"),
-    ],
-    ids=["hit", "miss", "checksum", "unknown code", "node down"],
-)
-def test_a_one_key_result_is_the_result_of_its_one_key_job(outcome: Any) -> None:
+def test_a_get_of_one_key_into_a_buffer_over_the_wire_is_a_single_get() -> None:
+    requests = RequestFactory(verify_checksums=False)
     job = batching.Job(MEMBERS[0], KEYS[0].namespace, [0], [KEYS[0].hash], [KEYS[0].depth])
-    one, general = operations.one_result(MEMBERS[0], outcome), operations.get_result(job, outcome)
-    assert one == general, f"one_result {one} != get_result {general}"
+    built = requests.get(job, [memoryview(bytearray(8))], WireLimits())
+    assert isinstance(built, exchange.SingleGet), built  # held to exchange.get in tests/wire/test_exchange.py
+    assert not isinstance(requests.get(job, [None], WireLimits()), exchange.SingleGet), "no buffer: the general get"
 
 
-@pytest.mark.parametrize(
-    "outcome",
-    [[OK], [ErrorCode.ALREADY_EXISTS], [ErrorCode.BUSY], [ErrorCode.OVERLOADED], [ErrorCode.OUT_OF_SPACE], [250],
-     NodeUnavailable("gone"), RequestTimeout("slow")],
-    ids=["stored", "exists", "busy", "overloaded", "out of space", "unknown code", "node down", "timeout"],
-)  # fmt: skip
-def test_a_one_key_put_result_is_the_plans(outcome: Any) -> None:
-    place = placement(replicas=1)
-    owner = place.router.placement(KEYS[0]).write_owners[0]
-    asked: list[str] = []
+def views(count: int, size: int = 8) -> list[Target]:
+    return batching.block_views(KEYS[:count], [b"x" * size] * count)
+
+
+def finish(operation: operations.OneStep[Any], node: Node, job: batching.Job) -> Any:
+    """Run a one-node operation on ``job``: answer its one exchange, or its round of streams."""
+    step = operation.step
+    return operation.finish([(p, node(p)) for p in step.jobs] if isinstance(step, operations.RunRound) else node(job))
+
+
+PUT_ANSWERS = [OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY, ErrorCode.OVERLOADED, ErrorCode.OUT_OF_SPACE, 250]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answers=st.lists(st.sampled_from(PUT_ANSWERS), min_size=1, max_size=len(KEYS)),  # 250: a code not known here
+    failure=st.sampled_from([None, NodeUnavailable("gone"), RequestTimeout("slow")]),
+)
+def test_a_put_one_node_alone_stores_has_the_plans_result(answers: list[int], failure: KVPoolError | None) -> None:
+    requests = RequestFactory(verify_checksums=False)
+    place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
+    keys, blocks = KEYS[: len(answers)], views(len(answers))
 
     def node(job: batching.Job) -> Any:
-        asked.append(job.member.node_id)
-        return outcome
+        return failure or [answers[i] for i in job.indices]
 
-    requests = RequestFactory(verify_checksums=False)
-    planned = run(operations.put(KEYS[:1], [b"x" * 8], requests, always_usable), place, node)
-    assert asked == [owner.node_id], f"the plan asked {asked}"
-    one = operations.put_one_result(owner, outcome)
-    assert one == planned, f"put_one_result {one} != the plan's {planned}"
+    found = operations.direct_job(keys, place, known(), [len(b) for b in blocks], write=True)
+    assert found is not None, "one node, one owner, one frame: no plan needed"
+    direct = finish(operations.one_node_put(*found, blocks, requests), node, found[0])
+    planned = run(operations.put(keys, blocks, requests, always_usable), place, node)
+    assert direct == planned, f"direct {direct} != planned {planned}"
 
 
-def test_a_one_key_put_to_a_draining_owner_is_left_to_the_plan() -> None:
+def test_a_large_put_one_node_alone_stores_goes_out_as_the_plans_streams() -> None:
+    requests = RequestFactory(verify_checksums=False, streams=2)
+    place = Placement(RendezvousRouter(MEMBERS[:1], 1), 1)
+    blocks = views(len(KEYS), batching.STREAM_BYTES // 2)  # six keys: 12 MiB, two streams of three keys
+    sent: list[list[int]] = []
+
+    def node(job: batching.Job) -> Any:  # the second stream's node is down
+        sent.append(job.indices)
+        return NodeUnavailable("gone") if job.indices[0] >= 3 else [OK] * len(job.indices)
+
+    found = operations.direct_job(KEYS, place, known(), [len(b) for b in blocks], write=True)
+    assert found is not None
+    direct = finish(operations.one_node_put(*found, blocks, requests), node, found[0])
+    assert sent == [[0, 1, 2], [3, 4, 5]], f"the direct put sent {sent}"
+    sent.clear()
+    planned = run(operations.put(KEYS, blocks, requests, always_usable), place, node)
+    assert sent == [[0, 1, 2], [3, 4, 5]], f"the plan sent {sent}"
+    assert direct == planned, f"direct {direct} != planned {planned}"
+
+
+def test_a_direct_put_to_a_draining_owner_is_left_to_the_plan() -> None:
     place = placement(replicas=1)
     owner = place.router.placement(KEYS[0]).write_owners[0]
     answers = {owner.node_id: [ErrorCode.DRAINING]}
     requests = RequestFactory(verify_checksums=False)
     planned = run(
-        operations.put(KEYS[:1], [b"x" * 8], requests, always_usable),
+        operations.put(KEYS[:1], views(1), requests, always_usable),
         place,
         lambda job: answers.get(job.member.node_id, [OK]),
     )
-    assert operations.put_one_result(owner, [ErrorCode.DRAINING]) is None
+    found = operations.direct_job(KEYS[:1], place, known(), write=True)
+    assert found is not None and found[0].member == owner
+    draining = finish(operations.one_node_put(*found, views(1), requests), lambda job: [ErrorCode.DRAINING], found[0])
+    assert draining is None
     assert planned.statuses == (OK,) and owner.address not in planned.stored_on[0], planned
 
 
-def test_the_sole_writer_is_the_one_owner_with_known_limits() -> None:
+def test_a_direct_put_checks_blocks_against_the_nodes_limit() -> None:
+    requests = RequestFactory(verify_checksums=False)
+    found = operations.direct_job(KEYS[:1], placement(replicas=1), known(WireLimits(max_block_size=4)), write=True)
+    assert found is not None
+    with pytest.raises(UsageError, match="block 0 is 8 bytes"):
+        operations.one_node_put(*found, views(1), requests)
+
+
+def test_a_direct_write_goes_to_the_one_owner_with_known_limits() -> None:
     owner = placement(replicas=1).router.placement(KEYS[0]).write_owners[0]
-    assert operations.sole_writer(KEYS[0], placement(replicas=1), known()) == (owner, WireLimits())
-    assert operations.sole_writer(KEYS[0], placement(replicas=2), known()) is None, "replicas: the plan writes"
-    assert operations.sole_writer(KEYS[0], placement(replicas=1), known(None)) is None, "limits not read yet"
+    found = operations.direct_job(KEYS[:1], placement(replicas=1), known(), write=True)
+    assert found is not None and (found[0].member, found[1]) == (owner, WireLimits())
+    assert operations.direct_job(KEYS[:1], placement(replicas=2), known(), write=True) is None, "replicas: the plan"
+    assert operations.direct_job(KEYS[:1], placement(replicas=1), known(None), write=True) is None, "limits unknown"
 
 
 @pytest.mark.parametrize(
@@ -277,10 +316,9 @@ def test_a_probe_one_node_alone_answers_has_the_plans_statuses(prefix: bool) -> 
     found = operations.direct_job(KEYS, place, known())
     assert found is not None
     for outcome in (node(found[0]), NodeUnavailable("gone")):
-        direct = operations.probe_result(found[0], outcome, prefix)
-        planned = run(
-            operations.probe(KEYS, prefix, requests, always_usable), place, lambda job, outcome=outcome: outcome
-        )
+        answer: Node = lambda job, outcome=outcome: outcome  # noqa: E731
+        direct = finish(operations.one_node_probe(*found, prefix, requests), answer, found[0])
+        planned = run(operations.probe(KEYS, prefix, requests, always_usable), place, answer)
         assert direct == planned, f"prefix={prefix}: direct {direct} != planned {planned}"
 
 
