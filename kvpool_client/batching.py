@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from kvpool_client import exchange
@@ -24,6 +25,10 @@ _DEFAULT_BLOCK_LIMIT = WireLimits().max_block_size  # a node's limit until its o
 # The least payload worth a connection of its own (:func:`streams`): a second connection costs a
 # thread hand-off, which must stay small beside the transfer it overlaps with the first.
 STREAM_BYTES = 4 << 20
+
+
+_read_only = partial(target_of, writable=False)  # a block's view; map() with it runs no comprehension frame
+_writable = partial(target_of, writable=True)
 
 
 @dataclass(slots=True)
@@ -168,7 +173,7 @@ def block_views(keys: Sequence[BlockKey], blocks: Sequence[Any]) -> list[Target]
     """
     if len(keys) != len(blocks):
         raise UsageError(f"{len(keys)} keys but {len(blocks)} blocks")
-    return [target_of(b, writable=False) for b in blocks]
+    return list(map(_read_only, blocks))
 
 
 def check_block_sizes(views: Sequence[Target], limits_for: Callable[[int], int]) -> None:
@@ -194,7 +199,7 @@ def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[T
         return [None] * len(keys)
     if len(keys) != len(into):
         raise UsageError(f"{len(keys)} keys but {len(into)} destination buffers")
-    return [target_of(b, writable=True) for b in into]
+    return list(map(_writable, into))
 
 
 def expected_sizes(targets: Sequence[Target | None]) -> list[int]:

@@ -20,7 +20,6 @@ from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
-from kvpool_client.buffers import Target
 from kvpool_client.core.channels.tcp import TcpConnection, parse_address
 from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
@@ -194,8 +193,12 @@ class KVPoolClient:
         """
         batching.check_keys(keys)
         views = batching.block_views(keys, blocks)
-        result = self._direct_put(keys, views)
-        if result is None:
+        sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
+        found = operations.direct_job(
+            keys, self._source.current(), self._cached_limits, sizes, write=True, allow=self.breaker.allow
+        )
+        result = None if found is None else self._run(operations.one_node_put(*found, views, self._requests))
+        if result is None:  # replicas to write, several nodes, or the node drains: the plan
             result = self._run(operations.put(keys, views, self._requests, self.breaker.gate))
         self._counters.put(result)
         return result
@@ -212,9 +215,16 @@ class KVPoolClient:
         """
         batching.check_keys(keys)
         targets = batching.target_views(keys, into)
-        result = self._direct_get(keys, targets)
-        if result is None:
+        sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
+        found = operations.direct_job(
+            keys, self._source.current(), self._cached_limits, sizes, allow=self.breaker.allow
+        )
+        if found is None:
             result = self._run(operations.get(keys, targets, self._requests, self.breaker.gate))
+        elif isinstance(got := operations.one_node_get(*found, targets, self._requests), GetResult):
+            result = got  # copied out of the node's arena here: no I/O
+        else:
+            result = self._run(got)
         self._counters.got(result)
         return result
 
@@ -302,39 +312,9 @@ class KVPoolClient:
 
     # -- internals ------------------------------------------------------------
 
-    def _direct_get(self, keys: Sequence[BlockKey], targets: list[Target | None]) -> GetResult | None:
-        """A get one node alone answers (:func:`operations.one_node_get`); None: it needs the plan."""
-        sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
-        found = self._direct_job(keys, sizes)
-        if found is None:
-            return None
-        got = operations.one_node_get(*found, targets, self._requests)
-        if isinstance(got, GetResult):  # copied out of the node's arena here: no I/O
-            return got
-        return self._run(got)
-
-    def _direct_put(self, keys: Sequence[BlockKey], views: list[Target]) -> PutResult | None:
-        """A put one node alone stores (:func:`operations.one_node_put`); None: it needs the plan."""
-        sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
-        found = self._direct_job(keys, sizes, write=True)
-        if found is None:
-            return None
-        return self._run(operations.one_node_put(*found, views, self._requests))
-
-    def _direct_job(
-        self, keys: Sequence[BlockKey], sizes: Sequence[int] | None, write: bool = False
-    ) -> tuple[batching.Job, WireLimits] | None:
-        """The one frame ``keys`` come down to (:func:`operations.direct_job`), its node let through
-        by the breaker; None: the plan."""
-        found = operations.direct_job(keys, self._source.current(), self._cached_limits, sizes, write=write)
-        # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
-        if found is None or not self.breaker.allow(found[0].member.node_id):  # the plan reports an open circuit
-            return None
-        return found
-
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
         batching.check_keys(keys)
-        found = self._direct_job(keys, None)
+        found = operations.direct_job(keys, self._source.current(), self._cached_limits, allow=self.breaker.allow)
         if found is None:
             return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
         return self._run(operations.one_node_probe(*found, prefix, self._requests))

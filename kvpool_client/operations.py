@@ -146,23 +146,42 @@ def direct_job(
     sizes: Sequence[int] | None = None,
     *,
     write: bool = False,
+    allow: Usable = lambda node_id: True,
 ) -> tuple[batching.Job, WireLimits] | None:
     """The one frame an operation on ``keys`` comes down to, when it does; None: run the plan.
 
     It does when every key's read order (``write``: its write owners) is the same single
-    node, with no replica to fall back to or to write as well, and the batch fits one frame
-    of that node's known limits (``sizes``: the payload bytes each key may bring or send).
-    That node's answers are then final, so the operation is one exchange (or its
+    node, with no replica to fall back to or to write as well, the batch fits one frame of
+    that node's known limits (``sizes``: the payload bytes each key may bring or send), and
+    ``allow`` (the breaker) lets a request go to it; the plan reports an open circuit. That
+    node's answers are then final, so the operation is one exchange (or its
     :func:`batching.streams`) whose result is what the plan would return, without the plan's
     cost on every call: the plan of a one-node pool, cached.
     """
     if len(keys) == 1:  # a scheduler's lookup, a layer's load or save: nothing to group, one key fits any frame
         key = keys[0]
         placed = placement.router.placement(key)
-        found = _sole(placed.write_owners if write else placed.read_order, cached_limits)
+        owners = placed.write_owners if write else placed.read_order
+        if len(owners) != 1 or (limits := cached_limits(owners[0])) is None:
+            return None
+        job = batching.Job(owners[0], key.namespace, [0], [key.hash], [key.depth])
+    else:
+        found = _one_frame(keys, placement, cached_limits, sizes, write)
         if found is None:
             return None
-        return batching.Job(found[0], key.namespace, [0], [key.hash], [key.depth]), found[1]
+        job, limits = found
+    # The breaker is asked last: it hands a half-open node's probe to the caller that asks.
+    return (job, limits) if allow(job.member.node_id) else None
+
+
+def _one_frame(
+    keys: Sequence[BlockKey],
+    placement: Placement,
+    cached_limits: Callable[[Member], WireLimits | None],
+    sizes: Sequence[int] | None,
+    write: bool,
+) -> tuple[batching.Job, WireLimits] | None:
+    """:func:`direct_job` of a batch, before the breaker is asked."""
     member: Member | None = None
     for key in keys:
         placed = placement.router.placement(key)
@@ -176,15 +195,6 @@ def direct_job(
     if job is None or len(batching.chunk(job, limits, sizes)) != 1:
         return None  # several namespaces or hash sizes, or over the frame limits
     return job, limits
-
-
-def _sole(
-    members: Sequence[Member], cached_limits: Callable[[Member], WireLimits | None]
-) -> tuple[Member, WireLimits] | None:
-    """The one member of ``members`` and its known limits; None: several, or limits not read yet."""
-    if len(members) != 1 or (limits := cached_limits(members[0])) is None:
-        return None
-    return members[0], limits
 
 
 def one_node_get(

@@ -269,6 +269,21 @@ def test_a_direct_put_checks_blocks_against_the_nodes_limit() -> None:
         operations.one_node_put(*found, views(1), requests)
 
 
+def test_a_node_the_breaker_refuses_gets_no_direct_job() -> None:
+    place = placement(replicas=1)
+    owner = place.router.placement(KEYS[0]).read_order[0]
+    asked: list[str] = []
+
+    def allow(node_id: str) -> bool:
+        asked.append(node_id)
+        return False
+
+    assert operations.direct_job(KEYS[:1], place, known(), allow=allow) is None, "an open circuit: the plan"
+    assert asked == [owner.node_id], f"the breaker should be asked once, for the owner: {asked}"
+    assert operations.direct_job(KEYS[:1], place, known(None), allow=allow) is None
+    assert asked == [owner.node_id], "a node the plan is needed for anyway must not take a half-open probe"
+
+
 def test_a_direct_write_goes_to_the_one_owner_with_known_limits() -> None:
     owner = placement(replicas=1).router.placement(KEYS[0]).write_owners[0]
     found = operations.direct_job(KEYS[:1], placement(replicas=1), known(), write=True)
