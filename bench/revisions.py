@@ -24,18 +24,26 @@ the same destination, in the same process. The first pass (``first-touch``) also
 page of the arena into the client's page tables; the passes after it, one per destination
 kind, find them mapped. It prints GB/s and the ratio to that memcpy for each revision.
 
+``--instructions`` counts instead the instructions the client process runs per call, in the
+same cells, under valgrind's callgrind (each cell's count with no calls taken from its count with
+calls): the client's own cost, which the machine's noise does not reach (the daemon runs natively;
+the kernel's side of each socket call is not counted).
+
 Run: python bench/revisions.py --base HEAD~3 [--new HEAD] [--rounds 3] [--transports tcp,shm]
-     [--into bytearray,numpy,torch] [--block 393216] [--cold 512]
+     [--into bytearray,numpy,torch] [--block 393216] [--cold 512] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,6 +180,65 @@ print(json.dumps(out))
 """
 
 
+# Runs under callgrind: one cell's calls (a get of a batch of blocks, or a put of new ones), after a warm-up.
+_COUNT = r"""
+import os, shutil, sys
+tree, transport, op = sys.argv[1], sys.argv[2], sys.argv[4]
+batch, calls, block = int(sys.argv[3]), int(sys.argv[5]), int(sys.argv[6])
+sys.path.insert(0, tree)
+from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from tests.support.daemon import start_daemon
+
+daemon = start_daemon("--dram-capacity", "256MiB", "--log-level", "warning")
+try:
+    with KVPoolClient(config=ClientConfig(nodes=(daemon.address,), transport=transport)) as client:
+        keys = [BlockKey("revisions", bytes([i]) * 32) for i in range(batch)]
+        blocks = [os.urandom(block) for _ in keys]
+        client.put(keys, blocks).raise_for_errors()
+        into = [bytearray(block) for _ in keys]
+        fresh = [[BlockKey("revisions-put", c.to_bytes(4, "little") + bytes([i]) * 28) for i in range(batch)]
+                 for c in range(calls + 20)]
+        for c in range(20):
+            client.get(keys, into) if op == "get" else client.put(fresh[calls + c], blocks)
+        for c in range(calls):
+            client.get(keys, into) if op == "get" else client.put(fresh[c], blocks)
+finally:
+    daemon.stop()
+    shutil.rmtree(daemon.workdir, ignore_errors=True)
+"""
+_CALLS = {1: 200, 32: 20}  # calls per cell under callgrind, by batch size
+
+
+def count_instructions(tree: Path, transport: str, batch: int, op: str, block: int) -> float:
+    """Instructions the client runs per call of one cell with ``tree``'s code (callgrind)."""
+    totals = []
+    for calls in (0, _CALLS[batch]):
+        argv = ["valgrind", "--tool=callgrind", "--cache-sim=no", "--callgrind-out-file=/dev/null"]
+        argv += [sys.executable, "-c", _COUNT, str(tree), transport, str(batch), op, str(calls), str(block)]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=tree, timeout=900)
+        found = re.search(r"Collected : ([\d,]+)", done.stderr)
+        if done.returncode or found is None:
+            raise SystemExit(f"counting {tree} failed:\n{done.stderr[-3000:]}")
+        totals.append(int(found.group(1).replace(",", "")))
+    return (totals[1] - totals[0]) / _CALLS[batch]
+
+
+def _report_instructions(trees: dict[str, Path], args: argparse.Namespace) -> None:
+    """Client instructions per call of each cell, base and new, and their ratio."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    cells = [(t, b, "get") for t in args.transports.split(",") for b in (1, 32)] + [("tcp", b, "put") for b in (1, 32)]
+    jobs = [(rev, cell) for cell in cells for rev in ("base", "new")]
+    with ThreadPoolExecutor(2) as pool:  # each count is one process; the daemons idle between calls
+        found = pool.map(lambda job: count_instructions(trees[job[0]], *job[1], args.block), jobs)
+        counts = dict(zip(jobs, found, strict=True))
+    print(f"{args.block // 1024} KiB gets and puts: client instructions per call (callgrind), new/base in brackets")
+    for transport, batch, op in cells:
+        base, new = (counts[(rev, (transport, batch, op))] for rev in ("base", "new"))
+        name = f"{transport} x{batch}" if op == "get" else f"put x{batch}"
+        print(f"{name:8s} {base:10.0f} -> {new:10.0f} ({_ratio(new, base)})")
+
+
 def measure(
     tree: Path, transports: str, block: int = BLOCK, into: str = "bytearray", cold_mib: int = 0
 ) -> dict[str, list[float]]:
@@ -200,11 +267,15 @@ def main() -> None:
         metavar="MIB",
         help="cache-cold single gets over MIB MiB of blocks, each read once, against memcpy",
     )
+    parser.add_argument("--instructions", action="store_true", help="count client instructions per call (valgrind)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvpool-base-") as scratch:
         trees = {"base": _worktree(Path(scratch) / "base", args.base)}
         trees["new"] = _worktree(Path(scratch) / "new", args.new) if args.new else REPO
         try:
+            if args.instructions:
+                _report_instructions(trees, args)
+                return
             runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
             for _ in range(args.rounds):
                 for rev in ("base", "new"):

@@ -148,7 +148,6 @@ class AsyncKVPoolClient:
 
     async def put(self, keys: Sequence[BlockKey], blocks: Sequence[Any]) -> PutResult:
         """Store blocks if absent on each key's write owners; see :meth:`KVPoolClient.put`."""
-        batching.check_keys(keys)
         views = batching.block_views(keys, blocks)
         sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
         found = operations.direct_job(
@@ -162,7 +161,6 @@ class AsyncKVPoolClient:
 
     async def get(self, keys: Sequence[BlockKey], into: Sequence[Any] | None = None) -> GetResult:
         """Fetch blocks into the caller's buffers (``None``: allocate per hit), falling back to replicas."""
-        batching.check_keys(keys)
         targets = batching.target_views(keys, into)
         sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
         found = operations.direct_job(
@@ -253,7 +251,6 @@ class AsyncKVPoolClient:
         return self._source.current()
 
     async def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        batching.check_keys(keys)
         found = operations.direct_job(keys, await self._placement(), self._cached_limits, allow=self.breaker.allow)
         if found is None:
             return await self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
@@ -261,8 +258,9 @@ class AsyncKVPoolClient:
 
     async def _run(self, operation: operations.Runnable[R]) -> R:
         """Drive ``operation`` to its result, awaiting each step it asks for."""
-        if isinstance(operation, operations.OneStep):
-            return operation.finish(await self._perform(operation.step))
+        if isinstance(operation, operations.OneExchange):
+            job = operation.job
+            return operation.finish(job, await self._exchange(self._node(job.member), operation.request))
         answer: Any = None
         while True:
             try:
@@ -272,8 +270,6 @@ class AsyncKVPoolClient:
             answer = await self._perform(step)
 
     async def _perform(self, step: operations.Step) -> Any:
-        if isinstance(step, operations.RunExchange):  # the commonest step first
-            return await self._exchange(self._node(step.member), step.exchange)
         if isinstance(step, operations.CurrentPlacement):
             return await self._placement()
         if isinstance(step, operations.FetchLimits):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 from kvpool_client import exchange
@@ -25,10 +24,6 @@ _DEFAULT_BLOCK_LIMIT = WireLimits().max_block_size  # a node's limit until its o
 # The least payload worth a connection of its own (:func:`streams`): a second connection costs a
 # thread hand-off, which must stay small beside the transfer it overlaps with the first.
 STREAM_BYTES = 4 << 20
-
-
-_read_only = partial(target_of, writable=False)  # a block's view; map() with it runs no comprehension frame
-_writable = partial(target_of, writable=True)
 
 
 @dataclass(slots=True)
@@ -173,7 +168,7 @@ def block_views(keys: Sequence[BlockKey], blocks: Sequence[Any]) -> list[Target]
     """
     if len(keys) != len(blocks):
         raise UsageError(f"{len(keys)} keys but {len(blocks)} blocks")
-    return list(map(_read_only, blocks))
+    return [target_of(block, False) for block in blocks]
 
 
 def check_block_sizes(views: Sequence[Target], limits_for: Callable[[int], int]) -> None:
@@ -199,7 +194,7 @@ def target_views(keys: Sequence[BlockKey], into: Sequence[Any] | None) -> list[T
         return [None] * len(keys)
     if len(keys) != len(into):
         raise UsageError(f"{len(keys)} keys but {len(into)} destination buffers")
-    return list(map(_writable, into))
+    return [target_of(target, True) for target in into]
 
 
 def expected_sizes(targets: Sequence[Target | None]) -> list[int]:

@@ -71,20 +71,20 @@ def checksum(target: Target) -> int:
     return digest.intdigest()
 
 
-def target_of(obj: Any, *, writable: bool) -> Target:
+def target_of(obj: Any, writable: bool) -> Target:
     """A block's buffer as a :data:`Target`: a :class:`Regions` as it is, anything else as :func:`byte_view`.
 
     Raises:
         UsageError: as :func:`byte_view`; or read-only regions as a get's destination.
     """
     if not isinstance(obj, Regions):
-        return byte_view(obj, writable=writable)
+        return byte_view(obj, writable)
     if writable and not obj.writable:
         raise UsageError("destination regions are read-only (build them with writable=True)")
     return obj
 
 
-def byte_view(obj: Any, *, writable: bool) -> memoryview:
+def byte_view(obj: Any, writable: bool) -> memoryview:
     """A flat ``uint8`` memoryview over ``obj``'s memory.
 
     Args:
@@ -95,7 +95,7 @@ def byte_view(obj: Any, *, writable: bool) -> memoryview:
     Raises:
         UsageError: a CUDA tensor, non-contiguous memory, or a read-only destination.
     """
-    if _is_torch_tensor(obj):
+    if type(obj) not in _PLAIN_BUFFERS and _is_torch_tensor(obj):
         return _tensor_view(obj, writable)
     try:
         view = memoryview(obj)
@@ -110,6 +110,9 @@ def byte_view(obj: Any, *, writable: bool) -> memoryview:
     if not view.nbytes:
         return memoryview(b"") if not writable else memoryview(bytearray())
     return view.cast("B")
+
+
+_PLAIN_BUFFERS = frozenset({bytearray, memoryview, bytes})  # no tensor: the probe below is skipped
 
 
 def _is_torch_tensor(obj: Any) -> bool:

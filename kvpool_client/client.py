@@ -191,7 +191,6 @@ class KVPoolClient:
         Raises:
             UsageError: counts differ, a block is empty, too large, or not contiguous.
         """
-        batching.check_keys(keys)
         views = batching.block_views(keys, blocks)
         sizes = [len(v) for v in views] if len(keys) > 1 else None  # one key fits any frame
         found = operations.direct_job(
@@ -213,7 +212,6 @@ class KVPoolClient:
         Returns:
             Per-key status (OK, NOT_FOUND, SIZE_MISMATCH, ...) and the filled buffers.
         """
-        batching.check_keys(keys)
         targets = batching.target_views(keys, into)
         sizes = batching.expected_sizes(targets) if len(keys) > 1 else None  # one key fits any frame
         found = operations.direct_job(
@@ -313,7 +311,6 @@ class KVPoolClient:
     # -- internals ------------------------------------------------------------
 
     def _probe(self, keys: Sequence[BlockKey], prefix: bool) -> tuple[ErrorCode, ...]:
-        batching.check_keys(keys)
         found = operations.direct_job(keys, self._source.current(), self._cached_limits, allow=self.breaker.allow)
         if found is None:
             return self._run(operations.probe(keys, prefix, self._requests, self.breaker.gate))
@@ -321,8 +318,9 @@ class KVPoolClient:
 
     def _run(self, operation: operations.Runnable[R]) -> R:
         """Drive ``operation`` to its result, performing each step it asks for in this thread."""
-        if isinstance(operation, operations.OneStep):
-            return operation.finish(self._perform(operation.step))
+        if isinstance(operation, operations.OneExchange):
+            job = operation.job
+            return operation.finish(job, self._exchange(self._node(job.member), operation.request))
         answer: Any = None
         while True:
             try:
@@ -332,8 +330,6 @@ class KVPoolClient:
             answer = self._perform(step)
 
     def _perform(self, step: operations.Step) -> Any:
-        if isinstance(step, operations.RunExchange):  # the commonest step first
-            return self._exchange(self._node(step.member), step.exchange)
         if isinstance(step, operations.CurrentPlacement):
             return self._source.current()
         if isinstance(step, operations.FetchLimits):

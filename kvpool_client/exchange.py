@@ -207,7 +207,7 @@ def _get_answer(
     sinks: list[memoryview] = []
     scratch: memoryview | None = None  # only for blocks that do not fit their target
     for i, (target, length) in enumerate(zip(targets, response.lengths, strict=True)):
-        if statuses[i] != ErrorCode.OK:
+        if statuses[i] != _OK:
             continue
         if target is None:
             target = memoryview(bytearray(length))
@@ -229,7 +229,7 @@ def _get_answer(
 def _get_one(status: int, length: int, checksum: int, target: Target | None, verify: bool) -> Exchange[GetAnswer]:
     """The rest of :func:`get` for one key whose answer :func:`decode_get_one` read: what the
     general path returns for it, without its per-key lists."""
-    if status != ErrorCode.OK:
+    if status != _OK:
         return [status], [None]
     if target is None:
         target = memoryview(bytearray(length))
@@ -268,7 +268,7 @@ class SingleGet:
         connection.send([encode_get_one_request(request_id, self.namespace, self.block)])
         head = connection.recv_upto(GET_ONE_ANSWER_SIZE)
         one = decode_get_one(head, request_id, self.limits)
-        if one is None or one[0] != ErrorCode.OK or one[1] != len(target):  # a miss, an error, another size
+        if one is None or one[0] != _OK or one[1] != len(target):  # a miss, an error, another size
             return run_sync(connection, _get_answer(head, request_id, [target], self.limits, self.verify))
         connection.recv_into(list(spans(target)))
         if self.verify and checksum_of(target) != one[2]:
@@ -302,14 +302,9 @@ def get_shared(
     are fetched with one GET on the same connection. An answer for another arena
     (the node restarted) marks ``arena`` stale and fetches everything with GET.
 
-    When the arena knows every block's location from an earlier get, the blocks
-    are copied from there without asking the node (no I/O at all), as long as each
-    generation holds after its copy (and its checksum matches, when this client or
-    the node verifies checksums); else the node is asked as above.
+    A get first tries :func:`copy_known`, which needs no connection; this is what runs when
+    some block's place is not known here.
     """
-    copied = copy_known(request.namespace, request.hashes, targets, arena, verify)
-    if copied is not None:
-        return copied
     yield Send([encode(request)])
     response = yield from _response(
         request.request_id, Op.LOCATE, limits, answer_meta_size(Op.LOCATE, len(request.hashes))
@@ -338,30 +333,36 @@ def get_shared(
 def copy_known(
     namespace: str,
     hashes: Sequence[bytes],
-    targets: Sequence[Target | None],
+    targets: list[Target | None],
     arena: MappedArena,
     verify: bool,
 ) -> GetAnswer | None:
-    """The blocks copied out of ``arena`` without asking the node, when every one's location is
-    known (an earlier answer, or the node's published index) and holds; None: ask the node.
+    """The blocks copied out of ``arena`` without asking the node, when every block's location is
+    known (an earlier answer within its ttl, or the node's published index while the node's
+    heartbeat vouches for it) and holds: each generation the same after its copy, and its checksum
+    matching when this client or the node verifies them. None: ask the node.
 
     No I/O: a client runs it before it takes a connection at all. With the compiled reader each
     block is one call (found, copied, checked): an engine loads the blocks a lookup just found, so
     a block missing midway, whose batch is then asked for whole, is rare; the Python reader finds
     every block before it copies any.
     """
-    if arena.compiled and targets:
-        for index, target in enumerate(targets):
+    verify = verify or arena.info.verify_checksums
+    if arena.compiled and (now := arena.trusted_now()) is not None:
+        for block, target in zip(hashes, targets, strict=True):
             if target is None:
-                break  # the Python reader allocates it
-            if not copy_known_one(namespace, hashes[index], target, arena, verify):
+                break  # the Python reader sizes the buffer it allocates
+            copied = arena.read_published(namespace, block, target, verify, now)
+            if copied is None:  # not published (yet): an earlier answer may know it
+                place = arena.known.find(namespace, block)
+                copied = place is not None and _copy_known(namespace, block, *place, target, arena, verify)
+            if not copied:
                 return None
         else:
-            return [_OK] * len(targets), list(targets)
+            return [_OK] * len(targets), targets
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
-    verify = verify or arena.info.verify_checksums
     filled: list[Target | None] = []
     for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
         target = memoryview(bytearray(location.length)) if target is None else target
@@ -369,19 +370,6 @@ def copy_known(
             return None
         filled.append(target)
     return [_OK] * len(filled), filled
-
-
-def copy_known_one(namespace: str, block: bytes, target: Target, arena: MappedArena, verify: bool) -> bool:
-    """:func:`copy_known` of one block into a given target, without its lists: whether it was copied.
-
-    The compiled reader serves it in one call where it can (:meth:`MappedArena.read_published`).
-    """
-    verify = verify or arena.info.verify_checksums
-    copied = arena.read_published(namespace, block, target, verify)
-    if copied is not None:
-        return copied
-    known = arena.known.find(namespace, block)
-    return known is not None and _copy_known(namespace, block, *known, target, arena, verify)
 
 
 def _copy_known(
@@ -414,7 +402,7 @@ def _copy_located(
     filled: list[Target | None] = [None] * len(targets)
     copied: list[tuple[int, SlotLocation, Target]] = []
     for i, target in enumerate(targets):
-        if statuses[i] != ErrorCode.OK:
+        if statuses[i] != _OK:
             continue
         location = SlotLocation(response.offsets[i], response.lengths[i], response.generations[i])
         target = memoryview(bytearray(location.length)) if target is None else target
@@ -432,6 +420,12 @@ def _copy_located(
         elif verify and checksum_of(target) != response.checksums[i]:
             statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled, sorted(again)
+
+
+def answered(answer: T) -> Exchange[T]:
+    """An exchange whose ``answer`` is known before any I/O (e.g. blocks copied out of a shared arena)."""
+    return answer
+    yield  # unreachable: makes this a generator, which a plan runs as any other exchange
 
 
 def fail(error: KVPoolError) -> Exchange[Any]:

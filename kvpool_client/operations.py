@@ -5,16 +5,15 @@ is a generator that yields a :data:`Step` naming the I/O it needs next; the clie
 performs it (blocking or awaiting), sends the answer back, and takes the
 operation's result from ``StopIteration.value`` (see :func:`kvpool_client.client.KVPoolClient._run`).
 Argument errors raise from the first ``send`` before any I/O is asked for. An operation
-one node alone answers (:func:`direct_job`) is one step and a pure function of its answer: a
-:class:`OneStep`, which the clients run as they run a generator, without a generator's cost on
-the commonest calls.
+one node alone answers (:func:`direct_job`) is one exchange and a pure function of its outcome: a
+:class:`OneExchange`, which the clients run as they run a generator, without a generator's cost
+on the commonest calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Generic, TypeVar
 
 from kvpool_client import batching
@@ -32,6 +31,8 @@ from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import PUT_SUCCESS, GetResult, PutResult, to_codes
 
 R = TypeVar("R")
+# Read once: an enum member read off its class is a descriptor call each time (Python 3.11).
+_OK, _NOT_FOUND, _UNAVAILABLE, _DRAINING = ErrorCode.OK, ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE, ErrorCode.DRAINING
 Build = Callable[[batching.Job, WireLimits], Request[Any]]
 Outcome = Any  # an exchange's result, or the KVPoolError the node failed it with
 Answer = Callable[[batching.Job, Outcome], list[int]]
@@ -64,30 +65,22 @@ class RunRound:
     sizes: Sequence[int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RunExchange:
-    """Needs ``exchange`` run on a connection to ``member``.
-
-    Answer: its result, or the :class:`~kvpool_client.core.errors.KVPoolError` the node failed it with.
-    """
-
-    member: Member
-    exchange: Request[Any]
-
-
-Step = CurrentPlacement | FetchLimits | RunRound | RunExchange
+Step = CurrentPlacement | FetchLimits | RunRound
 Operation = Generator[Step, Any, R]
 
 
 @dataclass(slots=True)
-class OneStep(Generic[R]):
-    """An operation that is ``step`` and then ``finish`` of the step's answer."""
+class OneExchange(Generic[R]):
+    """An operation that is ``request`` run on a connection to ``job``'s node, then ``finish(job,
+    outcome)``: the outcome being the request's result or the
+    :class:`~kvpool_client.core.errors.KVPoolError` the node failed it with."""
 
-    step: RunExchange | RunRound
-    finish: Callable[[Any], R]
+    job: batching.Job
+    request: Request[Any]
+    finish: Callable[[batching.Job, Outcome], R]
 
 
-Runnable = Operation[R] | OneStep[R]
+Runnable = Operation[R] | OneExchange[R]
 
 
 def put(
@@ -101,8 +94,9 @@ def put(
         views: the blocks' views (:func:`batching.block_views`), one per key.
 
     Raises:
-        UsageError: a block is empty or too large for one of its owners.
+        UsageError: a key is not a BlockKey, or a block is empty or too large for one of its owners.
     """
+    batching.check_keys(keys)
     placement: Placement = yield CurrentPlacement()
     placements = [placement.router.placement(k) for k in keys]
     known = yield FetchLimits(distinct(m for p in placements for m in p.write_owners))
@@ -157,9 +151,14 @@ def direct_job(
     node's answers are then final, so the operation is one exchange (or its
     :func:`batching.streams`) whose result is what the plan would return, without the plan's
     cost on every call: the plan of a one-node pool, cached.
+
+    Raises:
+        UsageError: an element of ``keys`` is not a :class:`BlockKey` (as the plan would).
     """
     if len(keys) == 1:  # a scheduler's lookup, a layer's load or save: nothing to group, one key fits any frame
         key = keys[0]
+        if not isinstance(key, BlockKey):
+            batching.check_keys(keys)  # raises
         placed = placement.router.placement(key)
         owners = placed.write_owners if write else placed.read_order
         if len(owners) != 1 or (limits := cached_limits(owners[0])) is None:
@@ -182,6 +181,7 @@ def _one_frame(
     write: bool,
 ) -> tuple[batching.Job, WireLimits] | None:
     """:func:`direct_job` of a batch, before the breaker is asked."""
+    batching.check_keys(keys)
     member: Member | None = None
     for key in keys:
         placed = placement.router.placement(key)
@@ -198,8 +198,8 @@ def _one_frame(
 
 
 def one_node_get(
-    job: batching.Job, limits: WireLimits, targets: Sequence[Target | None], requests: RequestFactory
-) -> GetResult | OneStep[GetResult]:
+    job: batching.Job, limits: WireLimits, targets: list[Target | None], requests: RequestFactory
+) -> GetResult | Runnable[GetResult]:
     """A get that ``job``'s node alone answers (:func:`direct_job`). Its result, when the node's arena
     mapped here served it with no I/O at all (every block's place known here): a same-node load runs
     nothing. Else the step that asks the node: its frames at once on separate connections (a large
@@ -211,23 +211,20 @@ def one_node_get(
         sizes = batching.expected_sizes(targets)
         lanes = batching.streams(job, sizes, batching.read_streams(targets, requests.streams))
         if len(lanes) > 1:
-            return OneStep(RunRound(lanes, requests.gets_into(targets), sizes), partial(streamed_result, len(targets)))
-    return OneStep(RunExchange(job.member, fetch), partial(get_result, job))
+            return _one_round(RunRound(lanes, requests.gets_into(targets), sizes), len(targets), streamed_result)
+    return OneExchange(job, fetch, get_result)
 
 
 def one_node_probe(
     job: batching.Job, limits: WireLimits, prefix: bool, requests: RequestFactory
-) -> OneStep[tuple[ErrorCode, ...]]:
+) -> OneExchange[tuple[ErrorCode, ...]]:
     """:func:`probe` of keys that ``job``'s node alone reads (:func:`direct_job`): one exchange."""
-    return OneStep(
-        RunExchange(job.member, requests.exists(job, limits, prefix)),
-        lambda outcome: probe_result(job, outcome, prefix),
-    )
+    return OneExchange(job, requests.exists(job, limits, prefix), prefix_result if prefix else probe_result)
 
 
 def one_node_put(
     job: batching.Job, limits: WireLimits, views: Sequence[Target], requests: RequestFactory
-) -> OneStep[PutResult | None]:
+) -> Runnable[PutResult | None]:
     """A put that ``job``'s node alone stores (:func:`direct_job` with ``write``): its frames at once
     on separate connections (a large batch, :func:`batching.streams`), else one exchange. Its result
     is None when the node drains: the plan then writes to a spare, and puts are idempotent.
@@ -241,22 +238,33 @@ def one_node_put(
         lanes = batching.streams(job, sizes, requests.streams)
         if len(lanes) > 1:
             build: Build = lambda piece, lim: requests.put(piece, views, lim)  # noqa: E731
-            return OneStep(RunRound(lanes, build, sizes), partial(put_result, len(views)))
-    return OneStep(
-        RunExchange(job.member, requests.put(job, views, limits)),
-        lambda outcome: put_result(len(views), [(job, outcome)]),
-    )
+            return _one_round(RunRound(lanes, build, sizes), len(views), put_result)
+    return OneExchange(job, requests.put(job, views, limits), one_put_result)
+
+
+def _one_round(
+    step: RunRound, count: int, finish: Callable[[int, list[tuple[batching.Job, Outcome]]], R]
+) -> Operation[R]:
+    """A one-node operation of ``count`` keys that is one round of exchanges (a large batch's
+    streams, :func:`batching.streams`), then ``finish(count, outcomes)``."""
+    outcomes = yield step
+    return finish(count, outcomes)
+
+
+def one_put_result(job: batching.Job, outcome: Outcome) -> PutResult | None:
+    """:func:`put_result` of a put that was the single exchange of ``job`` (every key of the batch)."""
+    return put_result(len(job.indices), ((job, outcome),))
 
 
 def put_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> PutResult | None:
     """The result :func:`put` gives ``count`` keys whose only owner answered ``outcomes`` (each
     piece's statuses, or the failure); None when it drains (:func:`one_node_put`). With one answer
     per key, the plan's status of a key is that answer."""
-    codes: list[int] = [ErrorCode.UNAVAILABLE] * count
+    codes: list[int] = [_UNAVAILABLE] * count
     causes: dict[str, None] = {}
     for piece, outcome in outcomes:
         answered = batching.statuses_of(piece, outcome)
-        if ErrorCode.DRAINING in answered:
+        if _DRAINING in answered:
             return None
         if isinstance(outcome, KVPoolError):
             causes[cause(piece.member, outcome)] = None
@@ -278,7 +286,7 @@ def get_result(job: batching.Job, outcome: Outcome) -> GetResult:
 def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]) -> GetResult:
     """The result of a get of ``count`` keys that was the exchanges of a direct job's streams
     (:func:`batching.streams`): :func:`get_result` of each piece, put back in the batch's order."""
-    codes: list[int] = [ErrorCode.UNAVAILABLE] * count
+    codes: list[int] = [_UNAVAILABLE] * count
     views: list[Target | None] = [None] * count
     causes: dict[str, None] = {}
     for piece, outcome in outcomes:
@@ -290,14 +298,19 @@ def streamed_result(count: int, outcomes: Sequence[tuple[batching.Job, Outcome]]
     return GetResult(to_codes(codes), tuple(causes)[:MAX_CAUSES], buffers=tuple(views))
 
 
-def probe_result(job: batching.Job, outcome: Outcome, prefix: bool) -> tuple[ErrorCode, ...]:
-    """What :func:`probe` returns for a probe that was the single exchange of ``job``."""
-    codes = to_codes(batching.statuses_of(job, outcome))
-    miss = next((i for i, code in enumerate(codes) if code is not ErrorCode.OK), None)
-    if not prefix or miss is None:
+def probe_result(job: batching.Job, outcome: Outcome) -> tuple[ErrorCode, ...]:
+    """What :func:`probe` returns for an exists that was the single exchange of ``job``."""
+    return to_codes(batching.statuses_of(job, outcome))
+
+
+def prefix_result(job: batching.Job, outcome: Outcome) -> tuple[ErrorCode, ...]:
+    """:func:`probe_result` of a lookup (``prefix``), settled as the plan settles one: past its first
+    miss, keys the plan would have asked elsewhere are not looked for."""
+    codes = probe_result(job, outcome)
+    miss = next((i for i, code in enumerate(codes) if code is not _OK), None)
+    if miss is None:
         return codes
-    # As the plan settles a lookup: past its first miss, keys it would have asked elsewhere are not looked for.
-    rest = (ErrorCode.NOT_FOUND if code in RETRY_ELSEWHERE else code for code in codes[miss + 1 :])
+    rest = (_NOT_FOUND if code in RETRY_ELSEWHERE else code for code in codes[miss + 1 :])
     return codes[: miss + 1] + tuple(rest)
 
 

@@ -55,36 +55,28 @@ class RequestFactory:
         self, job: Job, targets: Sequence[Target | None], limits: WireLimits
     ) -> exchange.Request[exchange.GetAnswer]:
         """The exchange that gets ``job``'s keys into their ``targets`` (``None``: allocate one)."""
-        mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
-        try:
-            arena = self._arena_of(job.member)
-        except SharedArenaUnavailable as exc:
-            return exchange.fail(exc)
-        return self._request(job, mine, limits, arena)
+        found = self.fetch(job, list(map(targets.__getitem__, job.indices)), limits)
+        return exchange.answered(found) if isinstance(found, tuple) else found
 
     def fetch(
-        self, job: Job, targets: Sequence[Target | None], limits: WireLimits
+        self, job: Job, targets: list[Target | None], limits: WireLimits
     ) -> exchange.GetAnswer | exchange.Request[exchange.GetAnswer]:
         """:meth:`get` of a job that is its whole batch (``targets``: one per key, in order), or its
-        answer when the node's arena mapped here served it with no I/O at all: every block's place
-        known here (:func:`exchange.copy_known`) and the arena vouched for by the node's heartbeat.
-        What a get one node alone answers runs, the arena looked up once."""
-        mine = list(targets)
+        answer when the node's arena mapped here served it with no I/O at all
+        (:func:`exchange.copy_known`, whose buffers are ``targets`` itself): what a get one node
+        alone answers runs, the arena looked up once.
+
+        Out of the arena, blocks whose place is not known here are located (LOCATE) and copied;
+        else the get goes over the wire, one key into one buffer as a :class:`exchange.SingleGet`.
+        """
         try:
             arena = self._arena_of(job.member)
         except SharedArenaUnavailable as exc:
             return exchange.fail(exc)
-        if arena is not None and arena.vouched_for():
-            copied = exchange.copy_known(job.namespace, job.hashes, mine, arena, self._verify)
+        if arena is not None:
+            copied = exchange.copy_known(job.namespace, job.hashes, targets, arena, self._verify)
             if copied is not None:
                 return copied
-        return self._request(job, mine, limits, arena)
-
-    def _request(
-        self, job: Job, targets: list[Target | None], limits: WireLimits, arena: MappedArena | None
-    ) -> exchange.Request[exchange.GetAnswer]:
-        """The get out of the node's ``arena`` mapped here (LOCATE, then copies), else over the wire."""
-        if arena is not None:
             located = LocateRequest(next(self._ids), job.namespace, job.hashes)
             return exchange.get_shared(located, targets, limits, self._verify, arena)
         if len(targets) == 1 and (target := targets[0]) is not None:  # a layer's load: the usual answer read in line

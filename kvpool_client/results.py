@@ -14,7 +14,9 @@ PUT_SUCCESS = frozenset({ErrorCode.OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY}
 _VAGUE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.DRAINING)
 
 
-@dataclass(frozen=True, slots=True)
+# Results are not frozen: one is made per call, and a frozen dataclass sets each field through
+# object.__setattr__. Their fields are tuples; nothing in the client changes a result it returned.
+@dataclass(slots=True)
 class BatchResult:
     """One status per key, and why nodes failed.
 
@@ -63,7 +65,7 @@ class BatchResult:
         return status is ErrorCode.OK
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PutResult(BatchResult):
     """Per-key outcome of a put: OK (stored now), ALREADY_EXISTS, or BUSY.
 
@@ -95,7 +97,7 @@ class PutResult(BatchResult):
         return status in PUT_SUCCESS
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetResult(BatchResult):
     """Per-key outcome of a get; ``buffers[i]`` holds block ``i`` when its status is OK, else None.
 

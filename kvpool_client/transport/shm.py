@@ -174,11 +174,7 @@ class MappedArena:
         self.published = _open_published(self._view, info) if location_ttl_s else None
         self.known = KnownLocations(location_ttl_s, published=self._find if self.published is not None else None)
         self._compiled = _compiled_reader(self.published, self._generations, self.header.granule, self._view)
-
-    @property
-    def compiled(self) -> bool:
-        """Whether reads through the published index run in the compiled reader here."""
-        return self._compiled is not None
+        self.compiled = self._compiled is not None  # reads through the published index run in the compiled reader
 
     @property
     def arena_id(self) -> int:
@@ -215,24 +211,35 @@ class MappedArena:
         self.copy_into(location, target)
         return generations[index] == location.generation
 
-    def read_published(self, namespace: str, block: bytes, target: Target, verify: bool) -> bool | None:
-        """A block read through the published index in one compiled call: found, its generation
-        checked before and after its copy into ``target``, its read marked. Whether it was copied
-        (False: removed, its slot reused, or ``target`` not its length; ask the node); None: no
-        compiled reader here, the block is not in the table, or the table is not trusted now
-        (try :attr:`known`, then the node).
+    def trusted_now(self) -> int | None:
+        """Now (monotonic nanoseconds) when the node's heartbeat vouches for its arena, which a read
+        that takes no connection (and so no liveness check of one) needs; None: ask the node. A node
+        killed or hung stops beating, and within the beat limit (1 s) its arena is read no more; one
+        that shut down retired its table, which marks the mapping stale (its next arena is another
+        file); without a published index, never."""
+        if self.published is None:
+            return None
+        reader = self.published[0]
+        if not reader.live:
+            self.stale = True
+            return None
+        now = time.monotonic_ns()
+        return now if now < reader.trusted_until() else None  # past it: killed or hung, its answer says more
+
+    def read_published(self, namespace: str, block: bytes, target: Target, verify: bool, now: int) -> bool | None:
+        """A block read through the published index in one compiled call, at ``now``
+        (:meth:`trusted_now`): found, its generation checked before and after its copy into
+        ``target``, its read marked. Whether it was copied (False: removed, its slot reused, or
+        ``target`` not its length; ask the node); None: no compiled reader here, or the block is not
+        in the table (try :attr:`known`, then the node).
 
         Raises:
             ProtocolError: the table names a place that is not a slot of the arena.
         """
         if self._compiled is None:
             return None
-        assert self.published is not None
-        reader = self.published[0]
-        now = self._trusted_now(reader)
-        if now is None:
-            return None
-        low, high = reader.digest(namespace, block)
+        assert self.published is not None  # a compiled reader reads a published table
+        low, high = self.published[0].digest(namespace, block)
         spans = target.views if isinstance(target, Regions) else target  # regions: copied span by span
         try:
             found = self._compiled.read(low, high, spans, now >> MARK_SHIFT)
@@ -242,15 +249,6 @@ class MappedArena:
             return None
         return found[5] and (not verify or checksum_of(target) == found[3])
 
-    def vouched_for(self) -> bool:
-        """Whether the node's heartbeat vouches for it now: what a read that takes no connection
-        (and so no liveness check of one) needs. A node killed or hung stops beating, and within
-        the beat limit (1 s) its arena is read no more; without a published index, never."""
-        if self.published is None:
-            return False
-        reader, _ = self.published
-        return reader.live and time.monotonic_ns() < reader.trusted_until()
-
     def _find(self, namespace: str, block: bytes) -> tuple[SlotLocation, int] | None:
         """The block's location in the node's published index, its read marked; None: ask the node."""
         assert self.published is not None
@@ -258,7 +256,7 @@ class MappedArena:
         entry = reader.find(namespace, block)
         if entry is None:
             return None
-        now = self._trusted_now(reader)
+        now = self.trusted_now()
         if now is None:
             return None
         index, offset, length, checksum, generation = entry
@@ -268,14 +266,6 @@ class MappedArena:
         # them as of one read a ttl, as when it is asked once a ttl), but not past the table's trust.
         self.known.remember(namespace, block, location, checksum, until=reader.trusted_until() / 1e9)
         return location, checksum
-
-    def _trusted_now(self, reader: PublishedReader) -> int | None:
-        """Now (monotonic nanoseconds) when the table may be read; None: ask the node."""
-        if not reader.live:  # the node shut down: its next arena is another file
-            self.stale = True
-            return None
-        now = time.monotonic_ns()
-        return now if now < reader.trusted_until() else None  # past it: killed or hung, its answer says more
 
     def unchanged(self, location: SlotLocation) -> bool:
         """Whether the block's slot is still in the generation it was located in."""

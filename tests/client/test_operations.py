@@ -166,7 +166,7 @@ def test_a_get_one_node_alone_answers_is_one_frame_with_the_plans_result() -> No
     job, limits = found
     assert (job.member.node_id, job.indices, limits) == ("a", list(range(len(keys))), WireLimits())
     operation = operations.one_node_get(job, limits, [None] * len(keys), requests)
-    assert isinstance(operation, operations.OneStep), "no arena here: the node is asked"
+    assert isinstance(operation, operations.OneExchange), "no arena here: the node is asked"
     direct = finish(operation, node, job)
     planned = run(operations.get(keys, [None] * len(keys), requests, always_usable), place, node)
     assert direct == planned, f"direct {direct} != planned {planned}"
@@ -195,10 +195,18 @@ def views(count: int, size: int = 8) -> list[Target]:
     return batching.block_views(KEYS[:count], [b"x" * size] * count)
 
 
-def finish(operation: operations.OneStep[Any], node: Node, job: batching.Job) -> Any:
+def finish(operation: operations.Runnable[Any], node: Node, job: batching.Job) -> Any:
     """Run a one-node operation on ``job``: answer its one exchange, or its round of streams."""
-    step = operation.step
-    return operation.finish([(p, node(p)) for p in step.jobs] if isinstance(step, operations.RunRound) else node(job))
+    if isinstance(operation, operations.OneExchange):
+        assert operation.job is job, f"the exchange is another job's: {operation.job}"
+        return operation.finish(job, node(job))
+    step = next(operation)
+    assert isinstance(step, operations.RunRound), f"a one-node operation is one exchange or one round, not {step}"
+    try:
+        operation.send([(p, node(p)) for p in step.jobs])
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a round of streams is the operation's one step")
 
 
 PUT_ANSWERS = [OK, ErrorCode.ALREADY_EXISTS, ErrorCode.BUSY, ErrorCode.OVERLOADED, ErrorCode.OUT_OF_SPACE, 250]

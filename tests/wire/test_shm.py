@@ -320,10 +320,21 @@ def knowing_reader(node: Node, ttl_s: float = 1.0) -> tuple[MappedArena, FakeClo
     return reader, clock
 
 
-def shm_get(reader: MappedArena, keys: list[StoreKey], frames: list[bytes]) -> tuple[list[Send], list[int], list]:
-    """A get of ``keys`` by a client that does not verify checksums itself: what it sent, and its result."""
-    request = LocateRequest(3, NS, [key[1] for key in keys])
-    gen = exchange.get_shared(request, [None] * len(keys), LIMITS, False, reader)
+def shm_get(
+    reader: MappedArena,
+    keys: list[StoreKey],
+    frames: list[bytes],
+    targets: list[memoryview | None] | None = None,
+    verify: bool = False,
+) -> tuple[list[Send], list[int], list]:
+    """A get of ``keys`` as a client's requests run it (copied from known locations with no I/O,
+    else located and copied; ``verify``: the client checks checksums): what it sent, and its result."""
+    hashes = [key[1] for key in keys]
+    into: list[memoryview | None] = targets or [None] * len(keys)
+    copied = exchange.copy_known(NS, hashes, into, reader, verify)
+    if copied is not None:
+        return [], *copied
+    gen = exchange.get_shared(LocateRequest(3, NS, hashes), into, LIMITS, verify, reader)
     sent, (statuses, filled) = drive(gen, frames, [])
     return sent, statuses, filled
 
@@ -414,7 +425,6 @@ def test_a_known_block_gone_before_the_copy_costs_no_copy(node: Node) -> None:
     shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])])
     node.tier.delete(k(1))
     target = bytearray(b"\xee" * (4 * KiB))
-    gen = exchange.get_shared(LocateRequest(3, NS, [k(1)[1]]), [memoryview(target)], LIMITS, False, reader)
-    sent, (statuses, _) = drive(gen, [locate_answer(node, 3, [k(1)])], [])
+    sent, statuses, _ = shm_get(reader, [k(1)], [locate_answer(node, 3, [k(1)])], [memoryview(target)])
     assert statuses == [NOT_FOUND] and len(sent) == 1, "asked the node"
     assert target == b"\xee" * (4 * KiB), "the stale location was copied from"

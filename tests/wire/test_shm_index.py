@@ -25,7 +25,6 @@ from kvpool_client.core.control import SharedArenaInfo
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import GetResponse, LocateRequest, WireLimits, encode
 from kvpool_client.core.wire.published import BEAT_LIMIT_NS, MARK_SHIFT
-from kvpool_client.exchange import Send
 from kvpool_client.transport.shm import KnownLocations, MappedArena
 from kvpool_server.alloc import arena as server_arena
 from kvpool_server.alloc.generations import SlotGenerations
@@ -36,7 +35,7 @@ from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.shared_index import SharedIndex, extra_bytes
 from tests.support.clock import FakeClock
 from tests.support.waiting import wait_until
-from tests.wire.test_shm import drive, locate_answer
+from tests.wire.test_shm import drive, locate_answer, shm_get
 
 KiB = 1024
 CAPACITY, SLAB, BLOCK = 64 * KiB, 16 * KiB, 4 * KiB  # 16 slots of 4 KiB
@@ -109,19 +108,6 @@ def node(tmp_path: Path) -> Iterator[Node]:
     made = make_node(tmp_path)
     yield made
     close_node(made)
-
-
-def shm_get(
-    reader: MappedArena,
-    keys: list[StoreKey],
-    frames: list[bytes],
-    targets: list[memoryview | None] | None = None,
-    verify: bool = False,
-) -> tuple[list[Send], list[int], list]:
-    request = LocateRequest(3, NS, [key[1] for key in keys])
-    gen = exchange.get_shared(request, targets or [None] * len(keys), LIMITS, verify, reader)
-    sent, (statuses, filled) = drive(gen, frames, [])
-    return sent, statuses, filled
 
 
 def test_a_block_never_read_here_is_copied_without_asking_the_node(node: Node) -> None:
