@@ -26,8 +26,9 @@ kind, find them mapped. It prints GB/s and the ratio to that memcpy for each rev
 
 ``--instructions`` counts instead the instructions the client process runs per call, in the
 same cells, under valgrind's callgrind (each cell's count with no calls taken from its count with
-calls): the client's own cost, which the machine's noise does not reach (the daemon runs natively;
-the kernel's side of each socket call is not counted).
+calls): the client's own cost, which the machine's speed does not reach (the daemon runs natively;
+the kernel's side of each socket call is not counted, and a TCP cell's count still varies by a few
+percent with how often a socket call returns short).
 
 Run: python bench/revisions.py --base HEAD~3 [--new HEAD] [--rounds 3] [--transports tcp,shm]
      [--into bytearray,numpy,torch] [--block 393216] [--cold 512] [--instructions]

@@ -294,16 +294,32 @@ def get_shared(
     verify: bool,
     arena: MappedArena,
 ) -> Exchange[GetAnswer]:
-    """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire.
+    """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire:
+    from their known places with no I/O (:func:`copy_known`), else located first (:func:`locate_shared`).
+
+    A plan runs it on a connection it took first, so a node that cannot be reached fails the
+    exchange before any block is copied into ``targets``.
+    """
+    copied = copy_known(request.namespace, request.hashes, targets, arena, verify)
+    if copied is not None:
+        return copied
+    return (yield from locate_shared(request, targets, limits, verify, arena))
+
+
+def locate_shared(
+    request: LocateRequest,
+    targets: Sequence[Target | None],
+    limits: WireLimits,
+    verify: bool,
+    arena: MappedArena,
+) -> Exchange[GetAnswer]:
+    """:func:`get_shared` of blocks whose places the node is asked for.
 
     The node says where each block lies (LOCATE); each is copied into its target
     and kept only if its slot's generation did not change meanwhile. Blocks whose
     slot was reused during the copy, and blocks the node holds outside the arena,
     are fetched with one GET on the same connection. An answer for another arena
     (the node restarted) marks ``arena`` stale and fetches everything with GET.
-
-    A get first tries :func:`copy_known`, which needs no connection; this is what runs when
-    some block's place is not known here.
     """
     yield Send([encode(request)])
     response = yield from _response(
@@ -333,7 +349,7 @@ def get_shared(
 def copy_known(
     namespace: str,
     hashes: Sequence[bytes],
-    targets: list[Target | None],
+    targets: Sequence[Target | None],
     arena: MappedArena,
     verify: bool,
 ) -> GetAnswer | None:
@@ -359,7 +375,7 @@ def copy_known(
             if not copied:
                 return None
         else:
-            return [_OK] * len(targets), targets
+            return [_OK] * len(targets), list(targets)
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
@@ -420,12 +436,6 @@ def _copy_located(
         elif verify and checksum_of(target) != response.checksums[i]:
             statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled, sorted(again)
-
-
-def answered(answer: T) -> Exchange[T]:
-    """An exchange whose ``answer`` is known before any I/O (e.g. blocks copied out of a shared arena)."""
-    return answer
-    yield  # unreachable: makes this a generator, which a plan runs as any other exchange
 
 
 def fail(error: KVPoolError) -> Exchange[Any]:

@@ -54,32 +54,42 @@ class RequestFactory:
     def get(
         self, job: Job, targets: Sequence[Target | None], limits: WireLimits
     ) -> exchange.Request[exchange.GetAnswer]:
-        """The exchange that gets ``job``'s keys into their ``targets`` (``None``: allocate one)."""
-        found = self.fetch(job, list(map(targets.__getitem__, job.indices)), limits)
-        return exchange.answered(found) if isinstance(found, tuple) else found
+        """The exchange that gets ``job``'s keys into their ``targets`` (``None``: allocate one), out
+        of the node's arena mapped here (:func:`exchange.get_shared`) or over the wire."""
+        mine = list(map(targets.__getitem__, job.indices))  # no comprehension frame: most gets are one key
+        try:
+            arena = self._arena_of(job.member)
+        except SharedArenaUnavailable as exc:
+            return exchange.fail(exc)
+        if arena is not None:
+            located = LocateRequest(next(self._ids), job.namespace, job.hashes)
+            return exchange.get_shared(located, mine, limits, self._verify, arena)
+        return self._wire_get(job, mine, limits)
 
     def fetch(
         self, job: Job, targets: list[Target | None], limits: WireLimits
     ) -> exchange.GetAnswer | exchange.Request[exchange.GetAnswer]:
         """:meth:`get` of a job that is its whole batch (``targets``: one per key, in order), or its
         answer when the node's arena mapped here served it with no I/O at all
-        (:func:`exchange.copy_known`, whose buffers are ``targets`` itself): what a get one node
-        alone answers runs, the arena looked up once.
-
-        Out of the arena, blocks whose place is not known here are located (LOCATE) and copied;
-        else the get goes over the wire, one key into one buffer as a :class:`exchange.SingleGet`.
-        """
+        (:func:`exchange.copy_known`): what a get one node alone answers runs, the arena looked up
+        once, before any connection is taken."""
         try:
             arena = self._arena_of(job.member)
         except SharedArenaUnavailable as exc:
             return exchange.fail(exc)
-        if arena is not None:
-            copied = exchange.copy_known(job.namespace, job.hashes, targets, arena, self._verify)
-            if copied is not None:
-                return copied
-            located = LocateRequest(next(self._ids), job.namespace, job.hashes)
-            return exchange.get_shared(located, targets, limits, self._verify, arena)
-        if len(targets) == 1 and (target := targets[0]) is not None:  # a layer's load: the usual answer read in line
+        if arena is None:
+            return self._wire_get(job, targets, limits)
+        copied = exchange.copy_known(job.namespace, job.hashes, targets, arena, self._verify)
+        if copied is not None:
+            return copied
+        located = LocateRequest(next(self._ids), job.namespace, job.hashes)
+        return exchange.locate_shared(located, targets, limits, self._verify, arena)
+
+    def _wire_get(
+        self, job: Job, targets: list[Target | None], limits: WireLimits
+    ) -> exchange.Request[exchange.GetAnswer]:
+        """The get over the wire; one key into one buffer (a layer's load) is a :class:`exchange.SingleGet`."""
+        if len(targets) == 1 and (target := targets[0]) is not None:
             return exchange.SingleGet(next(self._ids), job.namespace, job.hashes[0], target, limits, self._verify)
         return exchange.get(GetRequest(next(self._ids), job.namespace, job.hashes), targets, limits, self._verify)
 

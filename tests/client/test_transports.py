@@ -264,6 +264,25 @@ def test_shm_rereads_stop_once_a_dead_node_stops_beating(daemon_factory: Callabl
         assert c.breaker.state(daemon.address) is CircuitState.OPEN
 
 
+def test_a_planned_get_from_a_killed_node_leaves_the_buffers_as_they_were(
+    daemon_factory: Callable[..., DaemonProcess],
+) -> None:
+    """Two namespaces make a batch the plan's, which takes a connection before it copies a block:
+    a node killed before the get fails every key and writes into no buffer (an engine may reuse
+    the pages of a failed load), however fresh its heartbeat still is."""
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB")
+    keys = new_keys(2) + new_keys(2)
+    with connect(daemon, "shm", request_timeout_s=2.0, connect_timeout_s=1.0) as c:
+        assert c.put(keys, [pattern(k, 64 * KiB) for k in keys]).stored == len(keys)
+        assert c.get(keys[:1]).ok and c.get(keys[2:3]).ok  # connections and limits known
+        daemon.stop(signal.SIGKILL)
+        into = [bytearray(b"\xee" * (64 * KiB)) for _ in keys]
+        got = c.get(keys, into)
+        assert set(got.statuses) <= NODE_DOWN, got
+        touched = [i for i, buffer in enumerate(into) if buffer != b"\xee" * (64 * KiB)]
+        assert not touched, f"a failed load wrote into buffers {touched}: {got.statuses}"
+
+
 def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:

@@ -327,14 +327,10 @@ def shm_get(
     targets: list[memoryview | None] | None = None,
     verify: bool = False,
 ) -> tuple[list[Send], list[int], list]:
-    """A get of ``keys`` as a client's requests run it (copied from known locations with no I/O,
-    else located and copied; ``verify``: the client checks checksums): what it sent, and its result."""
-    hashes = [key[1] for key in keys]
-    into: list[memoryview | None] = targets or [None] * len(keys)
-    copied = exchange.copy_known(NS, hashes, into, reader, verify)
-    if copied is not None:
-        return [], *copied
-    gen = exchange.get_shared(LocateRequest(3, NS, hashes), into, LIMITS, verify, reader)
+    """A get of ``keys`` out of the arena (copied from known locations with no I/O, else located and
+    copied; ``verify``: the client checks checksums): what it sent, and its result."""
+    request = LocateRequest(3, NS, [key[1] for key in keys])
+    gen = exchange.get_shared(request, targets or [None] * len(keys), LIMITS, verify, reader)
     sent, (statuses, filled) = drive(gen, frames, [])
     return sent, statuses, filled
 
