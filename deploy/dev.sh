@@ -104,6 +104,10 @@ case "${1:-}" in
     run_checks
     status=0
     "$VENV/bin/python" -m pytest -q || status=$?
+    # The one-sided data plane in runs of its own (NIXL's UCX cannot share a process with ucxx's):
+    # over cma (the kernel copies between processes), then over UCX's TCP emulation.
+    "$VENV/bin/python" -m pytest -q -m nixl || status=$?
+    UCX_TLS=tcp "$VENV/bin/python" -m pytest -q -m nixl || status=$?
     run_environments || status=$?
     exit "$status"
     ;;

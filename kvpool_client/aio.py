@@ -15,6 +15,7 @@ from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
+from kvpool_client.buffers import byte_view
 from kvpool_client.core.channels.aio_socket import AsyncSocketChannel
 from kvpool_client.core.channels.tcp import open_async_connection, parse_address
 from kvpool_client.core.channels.tls import AsyncTlsChannel
@@ -33,6 +34,7 @@ from kvpool_client.operations import Build, Outcome
 from kvpool_client.placement_source import AsyncMembershipSource, Placement, PlacementSource, StaticSource, member_at
 from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import GetResult, PutResult
+from kvpool_client.transport.nixl import LocalAgent, RemoteArena
 from kvpool_client.transport.shm import MappedArena
 from kvpool_client.transport.ucx import AsyncUcxConnection, UcxEngine, UcxUnavailable
 
@@ -46,8 +48,8 @@ DataChannel = AsyncSocketChannel | AsyncTlsChannel | AsyncUcxConnection  # a nod
 class _AsyncNode(NodeHandle[DataChannel]):
     """One node's cached info and idle connections (loop-confined)."""
 
-    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
-        super().__init__(member, config)
+    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine, nixl: LocalAgent) -> None:
+        super().__init__(member, config, nixl)
         self._ucx = ucx  # the client's, shared by its nodes
         self.control = AsyncControlClient(member.address, config.request_timeout_s, config.credentials)
 
@@ -131,8 +133,11 @@ class AsyncKVPoolClient:
         self._failures = FailureLog()
         self._counters = ClientCounters()
         self._nodes: dict[str, _AsyncNode] = {}
-        self._requests = RequestFactory(self.config.verify_checksums, self._shared_arena, self.config.streams_per_node)
         self._ucx = UcxEngine()  # starts with the first ucx connection
+        self._nixl = LocalAgent(self.config.request_timeout_s)  # NIXL is loaded with the first nixl node
+        self._requests = RequestFactory(
+            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node, self._one_sided
+        )
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)
         self._started: asyncio.Future[None] | None = None
@@ -222,6 +227,14 @@ class AsyncKVPoolClient:
         check_model(model)
         members = (await self._placement()).router.members()
         return sum([await self._node(m).control.flush_namespace(model=model) for m in members])
+
+    def register(self, buffer: Any) -> None:
+        """See :meth:`KVPoolClient.register`."""
+        self._nixl.register(byte_view(buffer, False))
+
+    def unregister(self, buffer: Any) -> None:
+        """See :meth:`KVPoolClient.unregister`."""
+        self._nixl.unregister(byte_view(buffer, False))
 
     async def transport(self, address: str) -> str:
         """The transport gets from the node at ``address`` use; see :meth:`KVPoolClient.transport`."""
@@ -345,6 +358,9 @@ class AsyncKVPoolClient:
     def _shared_arena(self, member: Member) -> MappedArena | None:
         return self._node(member).shared_arena()
 
+    def _one_sided(self, member: Member) -> RemoteArena | None:
+        return self._node(member).one_sided()
+
     def _cached_limits(self, member: Member) -> WireLimits | None:
         return self._node(member).cached_limits()
 
@@ -367,7 +383,7 @@ class AsyncKVPoolClient:
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
             self.breaker.reset(member.node_id)
-        node = self._nodes[member.node_id] = _AsyncNode(member, self.config, self._ucx)
+        node = self._nodes[member.node_id] = _AsyncNode(member, self.config, self._ucx, self._nixl)
         return node
 
     def _node_at(self, address: str) -> _AsyncNode:

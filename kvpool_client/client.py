@@ -20,6 +20,7 @@ from typing import Any, TypeVar, overload
 
 from kvpool_client import batching, exchange, operations
 from kvpool_client.breaker import CircuitBreaker
+from kvpool_client.buffers import byte_view
 from kvpool_client.core.channels.tcp import TcpConnection, parse_address
 from kvpool_client.core.channels.tls import TlsConnection
 from kvpool_client.core.config import ClientConfig
@@ -43,6 +44,7 @@ from kvpool_client.placement_source import (
 )
 from kvpool_client.request_factory import RequestFactory
 from kvpool_client.results import GetResult, PutResult
+from kvpool_client.transport.nixl import LocalAgent, RemoteArena
 from kvpool_client.transport.shm import MappedArena
 from kvpool_client.transport.ucx import UcxConnection, UcxEngine, UcxUnavailable
 
@@ -56,8 +58,8 @@ DataConnection = TcpConnection | TlsConnection | UcxConnection  # a node's data 
 class _Node(NodeHandle[DataConnection]):
     """One node's cached info and idle connections (thread-safe)."""
 
-    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine) -> None:
-        super().__init__(member, config)
+    def __init__(self, member: Member, config: ClientConfig, ucx: UcxEngine, nixl: LocalAgent) -> None:
+        super().__init__(member, config, nixl)
         self._lock = threading.Lock()
         self._ucx = ucx  # the client's, shared by its nodes
         self.control = ControlClient(member.address, config.request_timeout_s, config.credentials)
@@ -167,7 +169,10 @@ class KVPoolClient:
         self._nodes_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._ucx = UcxEngine()  # starts with the first ucx connection
-        self._requests = RequestFactory(self.config.verify_checksums, self._shared_arena, self.config.streams_per_node)
+        self._nixl = LocalAgent(self.config.request_timeout_s)  # NIXL is loaded with the first nixl node
+        self._requests = RequestFactory(
+            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node, self._one_sided
+        )
         self._source: PlacementSource = (
             ThreadedMembershipSource(self.config)
             if self.config.uses_etcd and router is None
@@ -282,8 +287,23 @@ class KVPoolClient:
         check_model(model)
         return sum(self._node(m).control.flush_namespace(model=model) for m in self.placement().router.members())
 
+    def register(self, buffer: Any) -> None:
+        """Register ``buffer`` (a CPU tensor, an array, any contiguous buffer) with the one-sided data
+        plane, once: gets into it and puts from it then move straight between it and the nodes
+        (``nixl`` transport); other buffers go through a staging buffer, one copy more. Kept (and
+        the buffer kept alive) until :meth:`unregister`; harmless where NIXL is not used.
+
+        Raises:
+            UsageError: not a contiguous CPU buffer.
+        """
+        self._nixl.register(byte_view(buffer, False))
+
+    def unregister(self, buffer: Any) -> None:
+        """Undo :meth:`register`."""
+        self._nixl.unregister(byte_view(buffer, False))
+
     def transport(self, address: str) -> str:
-        """The transport gets from the node at ``address`` use: ``shm`` (same node), ``ucx`` or ``tcp``.
+        """The transport gets from the node at ``address`` use: ``shm`` (same node), ``nixl``, ``ucx`` or ``tcp``.
 
         Raises:
             SharedArenaUnavailable: ``transport="shm"`` is set and the node's arena cannot be mapped.
@@ -410,6 +430,9 @@ class KVPoolClient:
     def _shared_arena(self, member: Member) -> MappedArena | None:
         return self._node(member).shared_arena()
 
+    def _one_sided(self, member: Member) -> RemoteArena | None:
+        return self._node(member).one_sided()
+
     def _cached_limits(self, member: Member) -> WireLimits | None:
         return self._node(member).cached_limits()
 
@@ -438,7 +461,7 @@ class KVPoolClient:
             old = self._nodes.get(member.node_id)
             if old is not None and old.serves(member):
                 return old
-            node = self._nodes[member.node_id] = _Node(member, self.config, self._ucx)
+            node = self._nodes[member.node_id] = _Node(member, self.config, self._ucx, self._nixl)
         if old is not None:
             old.close()
             self.breaker.reset(member.node_id)

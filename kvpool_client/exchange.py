@@ -19,6 +19,7 @@ from kvpool_client.buffers import checksum as checksum_of
 from kvpool_client.core.errors import ErrorCode, KVPoolError, ProtocolError, error_for_code
 from kvpool_client.core.wire import (
     HEADER_SIZE,
+    CommitRequest,
     DeleteRequest,
     ErrorResponse,
     ExistsRequest,
@@ -29,9 +30,13 @@ from kvpool_client.core.wire import (
     LocateRequest,
     LocateResponse,
     Op,
+    PeerRequest,
+    PeerResponse,
     PingRequest,
     PingResponse,
     PutRequest,
+    ReserveRequest,
+    ReserveResponse,
     Response,
     StatusResponse,
     WireLimits,
@@ -40,6 +45,7 @@ from kvpool_client.core.wire import (
     encode,
 )
 from kvpool_client.core.wire.codec import answer_meta_size
+from kvpool_client.core.wire.layout import PEER_RESPONSE
 from kvpool_client.core.wire.one_key import (
     GET_ONE_ANSWER_SIZE,
     PUT_ONE_ANSWER_SIZE,
@@ -48,11 +54,14 @@ from kvpool_client.core.wire.one_key import (
     encode_get_one_request,
     encode_put_one_request,
 )
+from kvpool_client.transport.nixl import RemoteArena
 from kvpool_client.transport.shm import MappedArena, SlotLocation
 
 T = TypeVar("T")
+Arena = MappedArena | RemoteArena  # a node's arena that gets copy out of: mapped here, or one-sided
 _DRAIN_CHUNK = 1 << 20
 _OK = int(ErrorCode.OK)
+_OVERLOADED = int(ErrorCode.OVERLOADED)
 
 
 # Steps are not frozen: three are made per request, and a frozen one sets each field through object.__setattr__.
@@ -292,9 +301,10 @@ def get_shared(
     targets: Sequence[Target | None],
     limits: WireLimits,
     verify: bool,
-    arena: MappedArena,
+    arena: Arena,
 ) -> Exchange[GetAnswer]:
-    """Fetch blocks by copying them out of the node's shared ``arena``, as :func:`get` does over the wire:
+    """Fetch blocks by copying them out of the node's ``arena`` (mapped here, or read one-sided), as
+    :func:`get` does over the wire:
     from their known places with no I/O (:func:`copy_known`), else located first (:func:`locate_shared`).
 
     A plan runs it on a connection it took first, so a node that cannot be reached fails the
@@ -311,12 +321,13 @@ def locate_shared(
     targets: Sequence[Target | None],
     limits: WireLimits,
     verify: bool,
-    arena: MappedArena,
+    arena: Arena,
 ) -> Exchange[GetAnswer]:
     """:func:`get_shared` of blocks whose places the node is asked for.
 
-    The node says where each block lies (LOCATE); each is copied into its target
-    and kept only if its slot's generation did not change meanwhile. Blocks whose
+    The node says where each block lies (LOCATE); each is copied into its target (out of the
+    mapping, or in one READ of them all) and kept only if its slot's generation did not change
+    meanwhile (read after every copy: one READ more, one-sided). Blocks whose
     slot was reused during the copy, and blocks the node holds outside the arena,
     are fetched with one GET on the same connection. An answer for another arena
     (the node restarted) marks ``arena`` stale and fetches everything with GET.
@@ -350,24 +361,26 @@ def copy_known(
     namespace: str,
     hashes: Sequence[bytes],
     targets: Sequence[Target | None],
-    arena: MappedArena,
+    arena: Arena,
     verify: bool,
 ) -> GetAnswer | None:
     """The blocks copied out of ``arena`` without asking the node, when every block's location is
     known (an earlier answer within its ttl, or the node's published index while the node's
-    heartbeat vouches for it) and holds: each generation the same after its copy, and its checksum
-    matching when this client or the node verifies them. None: ask the node.
+    heartbeat vouches for it) and holds: each generation the same before its copy (a block gone
+    costs no copy) and after it, and its checksum matching when this client or the node verifies
+    them. None: ask the node.
 
-    No I/O: a client runs it before it takes a connection at all. With the compiled reader each
-    block is one call (found, copied, checked): an engine loads the blocks a lookup just found, so
-    a block missing midway, whose batch is then asked for whole, is rare; the Python reader finds
-    every block before it copies any.
+    No connection: a client runs it before it takes one at all (a remote arena is read one-sided:
+    the generations, the blocks, the generations again). With the compiled reader each block is
+    one call (found, copied, checked): an engine loads the blocks a lookup just found, so a block
+    missing midway, whose batch is then asked for whole, is rare; otherwise every block is found
+    before any is copied.
     """
-    verify = verify or arena.info.verify_checksums
-    if arena.compiled and (now := arena.trusted_now()) is not None:
+    verify = verify or arena.verify_checksums
+    if isinstance(arena, MappedArena) and arena.compiled and (now := arena.trusted_now()) is not None:
         for block, target in zip(hashes, targets, strict=True):
             if target is None:
-                break  # the Python reader sizes the buffer it allocates
+                break  # the general reader sizes the buffer it allocates
             copied = arena.read_published(namespace, block, target, verify, now)
             if copied is None:  # not published (yet): an earlier answer may know it
                 place = arena.known.find(namespace, block)
@@ -379,13 +392,16 @@ def copy_known(
     known = arena.known.lookup(namespace, hashes)
     if known is None:
         return None
-    filled: list[Target | None] = []
-    for block, (location, checksum), target in zip(hashes, known, targets, strict=True):
-        target = memoryview(bytearray(location.length)) if target is None else target
-        if not _copy_known(namespace, block, location, checksum, target, arena, verify):
-            return None
-        filled.append(target)
-    return [_OK] * len(filled), filled
+    filled = [memoryview(bytearray(k[0].length)) if t is None else t for k, t in zip(known, targets, strict=True)]
+    if any(len(target) != location.length for (location, _), target in zip(known, filled, strict=True)):
+        return None  # the node's answer reports it
+    held = arena.copy_held_all([(location, target) for (location, _), target in zip(known, filled, strict=True)])
+    copied = True
+    for block, (_, checksum), target, kept in zip(hashes, known, filled, held, strict=True):
+        if not kept or (verify and checksum_of(target) != checksum):
+            arena.known.forget(namespace, block)
+            copied = False
+    return ([_OK] * len(filled), list(filled)) if copied else None
 
 
 def _copy_known(
@@ -411,7 +427,7 @@ def _copy_known(
 
 
 def _copy_located(
-    response: LocateResponse, targets: Sequence[Target | None], arena: MappedArena, verify: bool
+    response: LocateResponse, targets: Sequence[Target | None], arena: Arena, verify: bool
 ) -> tuple[list[int], list[Target | None], list[int]]:
     """Copy each located block into its target: (statuses, filled buffers, indices to GET instead)."""
     statuses = list(response.statuses)
@@ -425,17 +441,100 @@ def _copy_located(
         if len(target) != location.length:
             statuses[i] = ErrorCode.SIZE_MISMATCH
             continue
-        arena.copy_into(location, target)
         filled[i] = target
         copied.append((i, location, target))
+    arena.copy_all([(location, target) for _, location, target in copied])
     again = [i for i, status in enumerate(statuses) if status == ErrorCode.NOT_IN_ARENA]
-    for i, location, target in copied:  # each check comes after its copy: a reuse during it shows
-        if not arena.unchanged(location):
+    # Every check comes after every copy: a reuse during one shows.
+    held = arena.unchanged_all([location for _, location, _ in copied])
+    for (i, _, target), unchanged in zip(copied, held, strict=True):
+        if not unchanged:
             filled[i] = None
             again.append(i)
         elif verify and checksum_of(target) != response.checksums[i]:
             statuses[i], filled[i] = ErrorCode.CHECKSUM_MISMATCH, None
     return statuses, filled, sorted(again)
+
+
+def with_peer(request_id: int, limits: WireLimits, arena: RemoteArena, then: Exchange[T]) -> Exchange[T]:
+    """``then``, once ``arena`` knows the node's one-sided peer (asked with PEER first if it does not)."""
+    if not arena.ready:
+        yield Send([encode(PeerRequest(request_id))])
+        response = yield from _response(request_id, Op.PEER, limits, PEER_RESPONSE.size)
+        if not isinstance(response, PeerResponse):
+            raise ProtocolError(f"expected a PEER response, got {response!r}")
+        arena.connect(response)
+    return (yield from then)
+
+
+def put_one_sided(
+    request: ReserveRequest, blocks: Sequence[Target], limits: WireLimits, arena: RemoteArena
+) -> Exchange[list[int]]:
+    """Store blocks by writing them into slots the node reserved: RESERVE, one WRITE, COMMIT; returns
+    what :func:`put` returns.
+
+    A node holds no more reserved bytes than its admission budget (over every connection):
+    blocks it refused ``OVERLOADED`` are reserved again once the others are committed; a round
+    that reserves none (other puts hold the budget) sends the rest over the wire, which takes
+    a block's slot only while its bytes arrive. An answer for another arena (the node
+    restarted) marks ``arena`` stale and puts the rest over the wire; a WRITE that fails gives
+    its slots back before it raises.
+    """
+    statuses = [_OVERLOADED] * len(request.hashes)
+    pending, one_sided = list(range(len(request.hashes))), True
+    while pending:
+        depths = None if request.depths is None else [request.depths[i] for i in pending]
+        hashes, lengths = [request.hashes[i] for i in pending], [request.lengths[i] for i in pending]
+        mine = [blocks[i] for i in pending]
+        if one_sided:
+            rest = ReserveRequest(request.request_id, request.namespace, hashes, lengths, depths)
+            codes = yield from _reserve_write_commit(rest, mine, limits, arena)
+        else:
+            codes = yield from put(
+                PutRequest(request.request_id, request.namespace, hashes, lengths, depths), mine, limits
+            )
+        for i, code in zip(pending, codes, strict=True):
+            statuses[i] = code
+        left = [i for i, code in zip(pending, codes, strict=True) if code == _OVERLOADED]
+        if not left or not one_sided:
+            break
+        one_sided = len(left) < len(pending)  # a round that reserved nothing: the rest over the wire
+        pending = left
+    return statuses
+
+
+def _reserve_write_commit(
+    request: ReserveRequest, blocks: Sequence[Target], limits: WireLimits, arena: RemoteArena
+) -> Exchange[list[int]]:
+    """One round of :func:`put_one_sided`."""
+    count = len(request.hashes)
+    yield Send([encode(request)])
+    reserved = yield from _response(request.request_id, Op.RESERVE, limits, answer_meta_size(Op.RESERVE, count))
+    if not isinstance(reserved, ReserveResponse) or len(reserved.statuses) != count:
+        raise ProtocolError(f"expected {count} RESERVE results, got {reserved!r}")
+    mine = [i for i, status in enumerate(reserved.statuses) if status == _OK]
+    if reserved.arena_id != arena.arena_id:
+        arena.stale = True
+        yield from _commit(request.request_id, reserved.lease, [], limits)  # gives the slots back
+        wired = PutRequest(request.request_id, request.namespace, request.hashes, request.lengths, request.depths)
+        return (yield from put(wired, blocks, limits))
+    if mine:
+        try:
+            arena.write_all([(reserved.offsets[i], blocks[i]) for i in mine])
+        except KVPoolError:
+            arena.stale = True
+            yield from _commit(request.request_id, reserved.lease, [], limits)
+            raise
+    checksums = [checksum_of(blocks[i]) if status == _OK else 0 for i, status in enumerate(reserved.statuses)]
+    committed = yield from _commit(request.request_id, reserved.lease, checksums, limits)
+    return [committed[i] if status == _OK else status for i, status in enumerate(reserved.statuses)]
+
+
+def _commit(request_id: int, lease: int, checksums: list[int], limits: WireLimits) -> Exchange[list[int]]:
+    """COMMIT a lease (no checksums: give its slots back); one status per block."""
+    yield Send([encode(CommitRequest(request_id, lease, checksums))])
+    response = yield from _response(request_id, Op.COMMIT, limits, answer_meta_size(Op.COMMIT, len(checksums)))
+    return _statuses(response, len(checksums))
 
 
 def fail(error: KVPoolError) -> Exchange[Any]:

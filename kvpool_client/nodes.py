@@ -3,8 +3,10 @@
 :class:`NodeHandle` is the I/O-free base of the blocking and asyncio node objects;
 they add fetching the info and opening, pooling and closing connections. The
 record also negotiates the transports: gets read the node's shared arena when it
-can be mapped here (``shm``); connections use ``ucx`` when both ends can and the
-arena is not used, else ``tcp``. ``auto`` falls back to tcp when ucx fails.
+can be mapped here (``shm``); puts, and gets the mapping does not serve, move their bytes
+one-sided when the node and this process have NIXL (``nixl``); connections use ``ucx``
+when both ends can and the arena is not used, else ``tcp``. ``auto`` falls back to tcp when
+ucx fails.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from kvpool_client.core.auth import TlsFiles
+from kvpool_client.core.channels.nixl_agent import NixlUnavailable
 from kvpool_client.core.config import ClientConfig
 from kvpool_client.core.control import NodeInfo
 from kvpool_client.core.errors import KVPoolError, NodeUnavailable
 from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
 from kvpool_client.transport import ucx
+from kvpool_client.transport.nixl import LocalAgent, RemoteArena
 from kvpool_client.transport.shm import MappedArena, open_shared_arena
 
 C = TypeVar("C")  # a pooled data connection
@@ -29,8 +33,11 @@ N = TypeVar("N", bound="NodeHandle[Any]")
 class NodeHandle(Generic[C]):
     """One node's member, cached info and idle connections of type ``C``."""
 
-    def __init__(self, member: Member, config: ClientConfig) -> None:
+    def __init__(self, member: Member, config: ClientConfig, nixl: LocalAgent) -> None:
         self.member = member
+        self._nixl = nixl  # the client's NIXL agent, shared by its nodes
+        self._remote: RemoteArena | None = None
+        self._remote_tried = False
         self.address = member.address
         self._config = config
         self._info: NodeInfo | None = None
@@ -58,7 +65,7 @@ class NodeHandle(Generic[C]):
             self._info = None
             self.reset_transport()
             return None
-        if self._config.transport == "ucx":  # every op over ucx: the arena is not read
+        if self._config.transport in ("ucx", "nixl"):  # the arena is not read
             return None
         if not self._arena_tried:
             arena = self._arena = open_shared_arena(
@@ -67,10 +74,43 @@ class NodeHandle(Generic[C]):
             self._arena_tried = True
         return arena
 
+    def one_sided(self) -> RemoteArena | None:
+        """The node's arena to read and write one-sided when the transport setting allows it;
+        None: over the wire (None before the info is read).
+
+        ``nixl`` requires it; ``auto`` takes it when the node offers it and NIXL works here.
+        Decided once per info read; an arena found stale (the node restarted, or a transfer
+        failed) is dropped with the info, so the next operation negotiates again.
+
+        Raises:
+            NixlUnavailable: ``nixl`` is required and the node or this process cannot do it.
+        """
+        info = self._info
+        if info is None:
+            return None
+        remote = self._remote
+        if remote is not None and remote.stale:
+            self._info = None
+            self.reset_transport()
+            return None
+        transport = self._config.transport
+        if transport not in ("auto", "nixl") or self._remote_tried:
+            return remote
+        self._remote_tried = True
+        if "nixl" not in info.data_endpoints:
+            if transport == "nixl":
+                raise NixlUnavailable(f"{self.address} offers no one-sided data plane (nixl transport)")
+        elif self._nixl.available(required=transport == "nixl"):
+            verify = info.shared_arena is not None and info.shared_arena.verify_checksums
+            self._remote = RemoteArena(self._nixl, self._config.location_ttl_s, verify)
+        return self._remote
+
     def transport(self) -> str:
-        """The transport gets use now: ``shm``, ``ucx`` or ``tcp``."""
+        """The transport gets use now: ``shm``, ``nixl``, ``ucx`` or ``tcp``."""
         if self.shared_arena() is not None:
             return "shm"
+        if self.one_sided() is not None:
+            return "nixl"
         return "ucx" if self.ucx_address() is not None else "tcp"
 
     def ucx_address(self) -> str | None:
@@ -108,6 +148,9 @@ class NodeHandle(Generic[C]):
         """Negotiate again next time (after a failure, or when the info is re-read)."""
         self._arena, self._arena_tried = None, False
         self._ucx_failed = False
+        if self._remote is not None:
+            self._remote.close()
+        self._remote, self._remote_tried = None, False
 
     def data_endpoint(self, endpoints: Mapping[str, str]) -> tuple[str, ssl.SSLContext | None]:
         """The node's TCP data address and, when its data plane requires TLS, the context to dial it with.

@@ -87,8 +87,8 @@ def put(
     keys: Sequence[BlockKey], views: Sequence[Target], requests: RequestFactory, gate: Gate
 ) -> Operation[PutResult]:
     """Store blocks on each key's write owners; see :meth:`~kvpool_client.client.KVPoolClient.put`.
-    A node's share of 8 MiB and more goes out as up to ``requests.streams`` frames at once
-    (:func:`batching.streams`).
+    A node's share of 8 MiB and more goes out as up to ``requests.put_streams(node)`` frames at
+    once (:func:`batching.streams`).
 
     Args:
         views: the blocks' views (:func:`batching.block_views`), one per key.
@@ -104,7 +104,7 @@ def put(
     plan = WritePlan(keys, placements, placement.write_quorum)
     sizes = [len(v) for v in views]
     causes = yield from drive(
-        plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes, requests.streams
+        plan, gate, lambda job, lim: requests.put(job, views, lim), batching.statuses_of, sizes, requests.put_streams
     )
     return PutResult(tuple(plan.statuses()), causes, stored_on=plan.stored_on())
 
@@ -129,7 +129,7 @@ def get(
 
     sizes = batching.expected_sizes(targets)  # keeps each answer under the payload limit
     streams = batching.read_streams(targets, requests.streams)
-    causes = yield from drive(plan, gate, requests.gets_into(targets), answer, sizes, streams)
+    causes = yield from drive(plan, gate, requests.gets_into(targets), answer, sizes, lambda _: streams)
     return GetResult(plan.statuses(), causes, buffers=tuple(filled))
 
 
@@ -235,7 +235,7 @@ def one_node_put(
     batching.check_block_sizes(views, lambda _: limits.max_block_size)
     if len(views) > 1:  # one block is one frame
         sizes = [len(v) for v in views]
-        lanes = batching.streams(job, sizes, requests.streams)
+        lanes = batching.streams(job, sizes, requests.put_streams(job.member))
         if len(lanes) > 1:
             build: Build = lambda piece, lim: requests.put(piece, views, lim)  # noqa: E731
             return _one_round(RunRound(lanes, build, sizes), len(views), put_result)
@@ -359,10 +359,10 @@ def drive(
     build: Build,
     answer: Answer,
     sizes: Sequence[int] | None = None,
-    streams: int = 1,
+    streams: Callable[[Member], int] | None = None,
 ) -> Operation[tuple[str, ...]]:
     """Run ``plan`` round after round until it has nothing left to send; each node's job of a
-    round as up to ``streams`` jobs the client runs at once (:func:`batching.streams`).
+    round as up to ``streams(node)`` jobs the client runs at once (:func:`batching.streams`).
 
     Returns:
         Why nodes failed, one line per node and error, naming the node (at most
@@ -370,8 +370,8 @@ def drive(
     """
     causes: dict[str, None] = {}
     while jobs := plan.next_round(gate()):
-        if streams > 1:
-            jobs = [piece for job in jobs for piece in batching.streams(job, sizes, streams)]
+        if streams is not None:
+            jobs = [piece for job in jobs for piece in batching.streams(job, sizes, streams(job.member))]
         outcomes: list[tuple[batching.Job, Outcome]] = yield RunRound(jobs, build, sizes)
         for piece, outcome in outcomes:
             if isinstance(outcome, KVPoolError) and len(causes) < MAX_CAUSES:

@@ -53,6 +53,7 @@ from kvpool_server.tiers.store import BlockStore
 
 if TYPE_CHECKING:
     from kvpool_server.config_sections import NetSettings
+    from kvpool_server.data.nixl import NixlPeer
 
 log = logging.getLogger("kvpool.server")
 
@@ -85,6 +86,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[object]] = set()
         self._repair: MembershipRepair | None = None
+        self._nixl: NixlPeer | None = None
 
     async def start(self) -> None:
         """Tiers, data plane, control plane, then membership and health."""
@@ -95,6 +97,7 @@ class Daemon:
         )
         self._tiers = await NodeTiers.open(cfg.dram, cfg.ssd, self.counters)
         store = self._tiers.store
+        self._nixl = self._start_nixl() if cfg.nixl.enabled else None
         data = self._start_data_plane(store)
         grpc_port = self._bind_grpc()
         net = cfg.resolved(grpc_port).net
@@ -131,9 +134,24 @@ class Daemon:
             self._certificates,
             self._accepting_writes,
             self._published_gets(),
+            self._nixl,
         )
         data.start()
         return data
+
+    def _start_nixl(self) -> NixlPeer:
+        """The arena registered with a NIXL agent: clients read and write it one-sided.
+
+        Raises:
+            NixlUnavailable: NIXL is not installed or cannot register the arena.
+        """
+        assert self._tiers is not None
+        from kvpool_server.data.nixl import NixlPeer  # NIXL is imported only when it is on
+
+        arena = self._tiers.arena
+        peer = NixlPeer(arena.view, self._tiers.generations.arena_id, arena.capacity)
+        peer.start()
+        return peer
 
     def _published_gets(self) -> PublishedGets | None:
         """One-key GETs of published blocks answered in compiled code; None without a published
@@ -159,6 +177,8 @@ class Daemon:
         ]
         if self._data.ucx_port is not None:
             endpoints.append(("ucx", f"{host}:{self._data.ucx_port}"))
+        if self._nixl is not None:  # its agent is reached through the data endpoint (PEER)
+            endpoints.append(("nixl", self._nixl.agent_name))
         # The advertised host, as for the data endpoints: where a scraper or kvpoolctl can reach it.
         url_host = f"[{host}]" if ":" in host else host  # IPv6
         metrics_url = f"http://{url_host}:{metrics_port}/metrics" if metrics_port > 0 else ""
@@ -321,6 +341,8 @@ class Daemon:
             flush_s = max(0.0, deadline - time.monotonic()) if self.config.ssd.flush_on_shutdown else 0.0
             await self._tiers.close_tiers(flush_s)
         await self._close_servers(deadline)
+        if self._nixl is not None:
+            self._nixl.stop(_left(deadline))
         if self._tiers is not None:  # last: a gRPC call may have held a view of it
             self._tiers.close_arena()
         log.info("stopped")

@@ -60,6 +60,7 @@ from kvpool_server.config_sections import (
     LogSection,
     MembershipSection,
     NetSettings,
+    NixlSection,
     RepairSection,
     SsdSection,
     TlsSection,
@@ -114,6 +115,7 @@ class ServerConfig:
     ssd: SsdSection = section(SsdSection, "SSD tier", prefix="ssd_")
     data: DataSection = section(DataSection, "Data plane")
     ucx: UcxSection = section(UcxSection, "UCX data plane", prefix="ucx_")
+    nixl: NixlSection = section(NixlSection, "One-sided data plane (NIXL)", prefix="nixl_")
     auth: AuthSection = section(AuthSection, "Authentication", prefix="auth_")
     tls: TlsSection = section(TlsSection, "TLS", prefix="tls_")
     log: LogSection = section(LogSection, "Logs", prefix="log_")
@@ -151,6 +153,10 @@ class ServerConfig:
                 report.fail("ucx_port", f"must differ from {report.describe(name)}")
         if self.ucx.port >= 0 and self.tls.data:
             report.fail("ucx_port", "UCX has no TLS: with data_tls set, turn the UCX data plane off (-1)")
+        if self.nixl.enabled and self.ucx.port >= 0:
+            report.fail("nixl_enabled", "NIXL and ucxx each bring a UCX, which cannot share a process: set ucx_port -1")
+        if self.nixl.enabled and self.tls.data:
+            report.fail("nixl_enabled", "NIXL moves bytes unencrypted: with data_tls set, leave it off")
 
     @property
     def max_block_size(self) -> int:

@@ -111,6 +111,19 @@ class UcxSection:
 
 
 @dataclass(frozen=True, slots=True)
+class NixlSection:
+    """The one-sided data plane: clients read and write the arena themselves (NIXL over UCX)."""
+
+    enabled: bool = setting(
+        False,
+        "register the DRAM arena with a NIXL agent: clients then read and write blocks one-sided; needs "
+        "kvpool's nixl extra",
+        doc="UCX's settings come from the daemon's environment (``UCX_TLS``, ``UCX_NET_DEVICES``). "
+        "See [docs/transports.md](transports.md#nixl-the-one-sided-data-plane)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class MembershipSection:
     """Registration in etcd, and etcd's TLS."""
 

@@ -23,7 +23,7 @@ from kvpool_client.core.wire.frames import Op
 
 TIERS = ("dram", "ssd")
 # Operations timed by the latency histogram (HELLO is counted, not timed).
-TIMED_OPS = ("put", "get", "exists", "delete", "ping", "locate")
+TIMED_OPS = ("put", "get", "exists", "delete", "ping", "locate", "peer", "reserve", "commit")
 # Codes of ``errors_<code>``: every kvpool code but OK, and the control plane's own
 # (gRPC statuses it aborts with, and requests it could not parse).
 ERROR_CODES = (
@@ -109,8 +109,14 @@ _TRAFFIC_COUNTERS = (
         Kind.COUNTER,
         "block payload bytes moved",
         ("direction", "transport"),
-        # bytes_out_shm: blocks located for same-node readers, who copy them out of the arena
-        {"bytes_in": ("in", "tcp"), "bytes_out": ("out", "tcp"), "bytes_out_shm": ("out", "shm")},
+        # bytes_out_shm: blocks located for same-node readers, who copy them out of the arena;
+        # bytes_in_nixl: blocks committed after their writers wrote them one-sided
+        {
+            "bytes_in": ("in", "tcp"),
+            "bytes_out": ("out", "tcp"),
+            "bytes_out_shm": ("out", "shm"),
+            "bytes_in_nixl": ("in", "nixl"),
+        },
     ),
     Family(
         "kvpool_requests",
@@ -147,6 +153,7 @@ _PLAIN_COUNTERS = (
     _counter("connections_closed_idle", "data connections closed after idle_timeout_s without a request"),
     _counter("connections_refused", "data connections refused at an admission limit (in all or per peer)"),
     _counter("puts_overloaded", "puts refused with OVERLOADED at the limit of put bytes in flight"),
+    _counter("leases_expired", "one-sided puts whose slots went back unpublished: not committed in time"),
     _counter("puts_duplicate", "blocks put that the node held already (received, then dropped: put-if-absent)"),
     _counter("namespace_flushes", "FlushNamespace calls answered"),
     _counter("dram_evictions_lost", "blocks evicted from DRAM before the demoter copied them to SSD"),

@@ -20,6 +20,16 @@ settings.register_profile("random", print_blob=True)
 settings.load_profile(os.environ.get("KVPOOL_HYPOTHESIS") or ("ci" if os.environ.get("CI") else "random"))
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k chose theirs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the one-sided data plane's tests out of a run that has others: NIXL's UCX and ucxx's
+    cannot share a process, so they run on their own (``-m nixl``, as deploy/dev.sh does)."""
+    nixl = [item for item in items if item.get_closest_marker("nixl")]
+    if nixl and len(nixl) < len(items):
+        config.hook.pytest_deselected(items=nixl)
+        items[:] = [item for item in items if not item.get_closest_marker("nixl")]
+
+
 @pytest.fixture
 def daemon_factory() -> Iterator[Callable[..., DaemonProcess]]:
     """Start daemons with extra flags; all are stopped (and killed if stuck) at teardown."""

@@ -41,11 +41,17 @@ def percent(part: int, whole: int) -> str:
     return "-" if whole == 0 else f"{100 * part / whole:.1f}%"
 
 
+# Transports without an address of their own: the shared arena's path is local, and a node's NIXL
+# agent is reached through its data endpoint.
+_NAMED_ONLY = ("nixl", "shm")
+
+
 def endpoints(by_transport: Mapping[str, str]) -> str:
-    """Network endpoints as URLs; a same-node shared-memory arena only as "+shm" (its path is local)."""
-    cell = " ".join(f"{t}://{a}" for t, a in sorted(by_transport.items()) if t != "shm")
-    if "shm" in by_transport:
-        cell = f"{cell} +shm".strip()
+    """Network endpoints as URLs; the same-node arena and the one-sided plane only as "+shm", "+nixl"."""
+    cell = " ".join(f"{t}://{a}" for t, a in sorted(by_transport.items()) if t not in _NAMED_ONLY)
+    for transport in _NAMED_ONLY:
+        if transport in by_transport:
+            cell = f"{cell} +{transport}".strip()
     return cell or "-"
 
 

@@ -19,7 +19,7 @@ from kvpool_client.core.errors import UsageError
 from kvpool_client.core.membership.records import MAX_REPLICAS, check_name
 from kvpool_client.core.settings import Schema, env_layer, load, setting
 
-TRANSPORTS = ("auto", "tcp", "shm", "ucx")  # how block bytes move; see ClientConfig.transport
+TRANSPORTS = ("auto", "tcp", "shm", "ucx", "nixl")  # how block bytes move; see ClientConfig.transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +33,16 @@ class ClientOptions:
     cluster: str = setting("default", "cluster name in etcd: /kvpool/<cluster>/")
     transport: str = setting(
         "auto",
-        "how block bytes move: auto, tcp, shm or ucx",
+        "how block bytes move: auto, tcp, shm, ucx or nixl",
         choices=TRANSPORTS,
         doc="``auto`` copies gets out of a node's shared-memory arena when the node runs on this "
-        "machine (``shm``), else uses ``ucx`` when the node offers it and ucxx is installed, else "
-        "``tcp``, falling back to tcp when ucx fails; ``tcp`` always uses the socket; ``shm`` "
-        "requires the arena (puts and the rest over tcp); ``ucx`` requires UCX for every op. A node "
-        "that cannot do a required transport fails its keys with ``UNAVAILABLE``.",
+        "machine (``shm``); puts, and gets the arena does not serve, move their bytes one-sided "
+        "(``nixl``) when the node offers it and NIXL is installed here; the rest uses ``ucx`` when "
+        "the node offers it and ucxx is installed, else ``tcp``, falling back to tcp when ucx fails; "
+        "``tcp`` always uses the socket; ``shm`` requires the arena (puts and the rest over tcp); "
+        "``ucx`` requires UCX for every op; ``nixl`` requires the one-sided data plane for gets and "
+        "puts (the rest over tcp). A node that cannot do a required transport fails its keys with "
+        "``UNAVAILABLE``.",
     )
     request_timeout_s: float = setting(
         10.0,
@@ -51,7 +54,7 @@ class ClientOptions:
     )
     location_ttl_s: float = setting(
         0.5,
-        "over shm, seconds a block's place in a node's arena is reused (0: ask each get)",
+        "over shm and nixl, seconds a block's place in a node's arena is reused (0: ask each get)",
         doc="A repeat read is then one memcpy. Safe at any length (the slot's generation shows a "
         "deleted, evicted or overwritten block); the node does not see such reads, so this bounds "
         "how stale its eviction order gets, and how long a restarted node goes unnoticed.",

@@ -197,6 +197,26 @@ class MappedArena:
             copy_into(view, self._view[at : at + len(view)], self._address + at)
             at += len(view)
 
+    ready = True  # mapped: nothing to ask the node before a read (a remote arena's PEER)
+
+    def copy_all(self, located: Sequence[tuple[SlotLocation, Target]]) -> None:
+        """:meth:`copy_into` of each located block into its target."""
+        for location, target in located:
+            self.copy_into(location, target)
+
+    @property
+    def verify_checksums(self) -> bool:
+        """The node checks each block it serves: the reads it does not see are checked here."""
+        return self.info.verify_checksums
+
+    def copy_held_all(self, located: Sequence[tuple[SlotLocation, Target]]) -> list[bool]:
+        """:meth:`copy_held` of each located block."""
+        return [self.copy_held(location, target) for location, target in located]
+
+    def unchanged_all(self, locations: Sequence[SlotLocation]) -> list[bool]:
+        """:meth:`unchanged` of each location, read after every copy before it."""
+        return [self.unchanged(location) for location in locations]
+
     def copy_held(self, location: SlotLocation, target: Target) -> bool:
         """Copy the located block into ``target`` if its slot's generation holds before the copy
         and after it: whether it did (False: the block was removed or its slot reused, and

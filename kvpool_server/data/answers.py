@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kvpool_client.core.errors import ErrorCode, KVPoolError, LimitExceeded
 from kvpool_client.core.wire import (
+    CommitRequest,
     DeleteRequest,
     ErrorResponse,
     ExistsRequest,
@@ -23,9 +24,11 @@ from kvpool_client.core.wire import (
     LocateRequest,
     LocateResponse,
     Op,
+    PeerRequest,
     PingRequest,
     PingResponse,
     PutRequest,
+    ReserveRequest,
     StatusResponse,
     WireLimits,
     encode,
@@ -48,6 +51,9 @@ _REQUEST_OPS: dict[type, Op] = {
     DeleteRequest: Op.DELETE,
     PingRequest: Op.PING,
     PutRequest: Op.PUT,
+    PeerRequest: Op.PEER,
+    ReserveRequest: Op.RESERVE,
+    CommitRequest: Op.COMMIT,
 }
 Reply = list[bytes | memoryview]
 
@@ -60,7 +66,9 @@ def request_op(request: GetOne | Request | PutRequest) -> Op:
 class Answer:
     """A request being answered: the blocks it holds pinned, and the reply not sent yet."""
 
-    request: GetOne | Request | PutRequest  # a put only once stored, its reply still to send
+    request: (
+        GetOne | Request | PutRequest
+    )  # a put (or another request without blocks) once answered, its reply still to send
     keys: list[StoreKey]  # the blocks it reads (GET, LOCATE)
     held: list[HeldBlock | None]
     started: float  # perf_counter when its head was in
@@ -117,8 +125,8 @@ class Answers:
                 return [encode(StatusResponse(request.request_id, Op.DELETE, statuses))]
             case PingRequest():
                 return [encode(PingResponse(request.request_id))]
-            case PutRequest():
-                raise AssertionError("a put's reply is made as its blocks are stored (Puts.reply)")
+            case PutRequest() | PeerRequest() | ReserveRequest() | CommitRequest():
+                raise AssertionError("answered when stepped (Session._one_sided, Puts.reply)")
 
     def _get_reply(self, request: GetRequest, held: list[HeldBlock | None]) -> Reply:
         if len(held) == 1:

@@ -25,6 +25,7 @@ from kvpool_server.data.workers import LoopThread
 if TYPE_CHECKING:
     from kvpool_server.config import ServerConfig
     from kvpool_server.control.tls import CertificateFiles
+    from kvpool_server.data.nixl import NixlPeer
     from kvpool_server.data.published_gets import PublishedGets
     from kvpool_server.data.ucx import UcxListener
     from kvpool_server.stats import Counters, Latencies
@@ -52,6 +53,7 @@ class DataPlane:
         accepting_writes: whether this node takes writes now (False while draining).
         published: sends published blocks in answer to one-key GETs over plain TCP; None: the
             sessions answer every get themselves.
+        nixl: the node's one-sided peer, which clients read and write the arena through; None: off.
     """
 
     def __init__(
@@ -64,8 +66,10 @@ class DataPlane:
         certificates: CertificateFiles | None,
         accepting_writes: Callable[[], bool],
         published: PublishedGets | None = None,
+        nixl: NixlPeer | None = None,
     ) -> None:
         self._config = config
+        self._nixl = nixl
         self._published = published
         self._store = store
         self._counters = counters
@@ -126,6 +130,7 @@ class DataPlane:
             self._published.bound(channel.fileno())
             if self._published is not None and isinstance(channel, AsyncSocketChannel)
             else None,
+            self._nixl,
         )
         with self._sessions_lock:
             self._sessions.add(session)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from kvpool_client.core.errors import ErrorCode
-from kvpool_client.core.wire import Op, PutRequest, StatusResponse, encode
+from kvpool_client.core.wire import Op, PutRequest, ReserveRequest, StatusResponse, encode
 from kvpool_client.core.wire.one_key import encode_put_one_answer
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import Reply
@@ -65,7 +65,7 @@ class Puts:
             for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
                 if writable and length > 0 and not arrived:
                     yield min(length, FIRST_BYTES)
-                outcome = self._admit((request.namespace, h), length, depth) if writable else ErrorCode.DRAINING
+                outcome = self.admit((request.namespace, h), length, depth) if writable else ErrorCode.DRAINING
                 outcomes.append(outcome)
                 if not isinstance(outcome, BlockEntry):
                     yield from self.sink(length)
@@ -73,7 +73,7 @@ class Puts:
                 try:
                     yield self._store.slot(outcome)
                 finally:
-                    self._admission.give(outcome.slot_size)  # its bytes are in, or not coming
+                    self.admitted(outcome)  # its bytes are in, or not coming
         except BaseException:
             for outcome in outcomes:
                 if isinstance(outcome, BlockEntry):
@@ -97,8 +97,9 @@ class Puts:
         sink = self._admission.sink
         return [sink[: min(len(sink), nbytes - start)] for start in range(0, nbytes, len(sink))]
 
-    def _admit(self, key: StoreKey, length: int, depth: int) -> Outcome:
-        """A slot for one block whose bytes are next on the wire, taken from the admission budget."""
+    def admit(self, key: StoreKey, length: int, depth: int) -> Outcome:
+        """A slot for one block whose bytes are on their way, taken from the admission budget
+        until :meth:`admitted`."""
         slot = self._store.slot_size(length)
         if slot is None:
             return self._store.reserve(key, length, depth)  # refused whatever the budget: says why
@@ -108,6 +109,10 @@ class Puts:
         if not isinstance(outcome, BlockEntry):
             self._admission.give(slot)
         return outcome
+
+    def admitted(self, entry: BlockEntry) -> None:
+        """A reserved block's bytes are in, or not coming: its slot leaves the admission budget."""
+        self._admission.give(entry.slot_size)
 
     def reply(self, request: PutRequest, outcomes: list[Outcome]) -> Reply:
         """The put's answer: OK for each block stored, else why not."""
@@ -120,6 +125,6 @@ class Puts:
         return [encode(StatusResponse(request.request_id, Op.PUT, statuses))]
 
 
-def depths(request: PutRequest) -> list[int]:
+def depths(request: PutRequest | ReserveRequest) -> list[int]:
     """Each block's chain depth; 0 where the client did not say."""
     return request.depths or [0] * len(request.hashes)

@@ -38,14 +38,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from kvpool_client.core.errors import KVPoolError, NodeUnavailable
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.core.wire import (
+    CommitRequest,
     HelloResponse,
     LocateRequest,
     Op,
+    PeerRequest,
     PutRequest,
+    ReserveRequest,
     WireLimits,
     encode,
 )
@@ -60,10 +63,14 @@ from kvpool_client.core.wire.connection import (
 )
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
+from kvpool_server.data.leases import Leases
 from kvpool_server.data.published_gets import SendPublished
 from kvpool_server.data.puts import Outcome, Puts
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tiers.store import BlockStore, HeldBlock
+
+if TYPE_CHECKING:
+    from kvpool_server.data.nixl import NixlPeer
 
 log = logging.getLogger("kvpool.data")
 
@@ -104,6 +111,7 @@ class PollableChannel(Channel, Protocol):
     def send_now(self, buffers: Sequence[bytes | memoryview]) -> list[memoryview]: ...
 
 
+OneSided = PeerRequest | ReserveRequest | CommitRequest  # the one-sided data plane's requests
 # What a step leaves for the coroutine: a request begun, a put whose bytes are on their way, a
 # HELLO or a refusal to answer.
 Pending = Answer | PutRequest | Hello | Refusal
@@ -147,11 +155,14 @@ class Session:
         accepting_writes: Callable[[], bool],
         admission: Admission,
         send_published: SendPublished | None = None,
+        nixl: NixlPeer | None = None,
     ) -> None:
         self._channel = channel
         self._connection = ServerConnection(config.limits, config.token)
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._puts = Puts(store, admission, counters)
+        self._nixl = nixl  # the node's one-sided peer: PEER, RESERVE and COMMIT need it
+        self._leases = Leases(store, self._puts, counters, config.payload_deadline, accepting_writes)
         self._store = store
         self._counters = counters
         self._latencies = latencies
@@ -175,7 +186,12 @@ class Session:
         (an idle pooled connection is fine); from then on every wait is bounded by
         the channel's stall timeout.
         """
-        idle = self._config.idle_timeout_s or None
+        try:
+            await self._serve(self._config.idle_timeout_s or None)
+        finally:
+            self._leases.close()  # the client left: what it reserved and did not commit goes back
+
+    async def _serve(self, idle: float | None) -> None:
         while True:
             try:
                 handed = await (self._handed_over(idle) if self._pollable else self._next_frame(idle))
@@ -240,6 +256,9 @@ class Session:
                 return self._put_now(event, started)
             case Hello() | Refusal():
                 return event
+            case PeerRequest() | ReserveRequest() | CommitRequest():
+                self._counters.add(_REQUEST_COUNTERS[request_op(event)])
+                return self._reply_now(event, self._one_sided(event), started)
             case NeedData():
                 raise AssertionError("a driver receives a frame's whole head before its step")
             case _:
@@ -298,10 +317,35 @@ class Session:
                     self._receive_payload_now(target)
         finally:
             steps.close()  # a put cut short aborts its reservations
-        unsent = self._send_now(self._puts.reply(request, outcomes), ())
+        return self._reply_now(request, self._puts.reply(request, outcomes), started)
+
+    def _one_sided(self, request: OneSided) -> Reply:
+        """The answer to a request of the one-sided data plane (:mod:`kvpool_server.data.nixl`)."""
+        nixl = self._nixl
+        try:
+            if nixl is None:
+                raise KVPoolError("this node has no one-sided data plane (nixl)", ErrorCode.INVALID_ARGUMENT)
+            match request:
+                case PeerRequest():
+                    return [encode(nixl.answer(request.request_id))]
+                case ReserveRequest():
+                    if self._puts.write_through:
+                        raise KVPoolError("a write-through node takes puts over the wire", ErrorCode.INVALID_ARGUMENT)
+                    nixl.expect_transfers()
+                    return self._leases.reserve(request)
+                case CommitRequest():
+                    return self._leases.commit(request)
+        except KVPoolError as exc:
+            return [self._answers.error_frame(request.request_id, request_op(request), exc)]
+
+    def _reply_now(
+        self, request: PutRequest | PeerRequest | ReserveRequest | CommitRequest, reply: Reply, started: float
+    ) -> Answer | None:
+        """Send a reply that pins no block; what the socket does not take at once is left to :meth:`_complete`."""
+        unsent = self._send_now(reply, ())
         if unsent:
             return Answer(request, [], [], started, unsent)
-        self._latencies.observe(_PUT, time.perf_counter() - started)
+        self._latencies.observe(OP_NAMES[request_op(request)], time.perf_counter() - started)
         return None
 
     def _send_now(self, reply: Reply, held: Sequence[HeldBlock | None]) -> list[bytes | memoryview] | None:

@@ -230,9 +230,13 @@ class BlockStore:
         """The reserved slot a block's bytes go into."""
         return self.dram.view(entry)
 
-    def commit(self, entry: BlockEntry) -> None:
-        """Make a filled block readable; it stays pinned for :meth:`persist` on a write-through node."""
-        self.dram.commit(entry, keep_pin=self.write_through)
+    def commit(self, entry: BlockEntry, checksum: int | None = None) -> None:
+        """Make a filled block readable; it stays pinned for :meth:`persist` on a write-through node.
+
+        Args:
+            checksum: the bytes' checksum as their writer gave it (a one-sided put); None: computed here.
+        """
+        self.dram.commit(entry, checksum, keep_pin=self.write_through)
 
     def abort(self, entry: BlockEntry) -> None:
         """Free a reservation whose bytes never all arrived: nothing of it was ever readable."""

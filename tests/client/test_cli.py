@@ -249,6 +249,8 @@ def test_table_formatter() -> None:
     assert [fmt.duration(s) for s in (42, 303, 7500, 273600)] == ["42s", "5m 03s", "2h 05m", "3d 04h"]
     with pytest.raises(ValueError):
         fmt.table(("A", "B"), [("only one",)])
+    offers = {"tcp": "10.0.0.1:7", "shm": "/dev/shm/kvpool-1", "nixl": "kvpool-arena-ab"}
+    assert fmt.endpoints(offers) == "tcp://10.0.0.1:7 +nixl +shm", "the status column names the one-sided plane"
 
 
 def test_flush_empties_one_namespace_and_keeps_the_others(daemon: DaemonProcess) -> None:

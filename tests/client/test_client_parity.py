@@ -44,7 +44,11 @@ PAIRS = (
             "start": "the etcd watch needs the caller's running loop; the blocking client starts "
             "its watch thread in __init__, and operations start the async one anyway",
         },
-        not_awaited={"counters": "reads the client's own totals: no I/O to wait for"},
+        not_awaited={
+            "counters": "reads the client's own totals: no I/O to wait for",
+            "register": "registers memory with this process's NIXL agent: no I/O to wait for",
+            "unregister": "the same",
+        },
     ),
     Pair(ControlClient, AsyncControlClient, only_sync={}, only_async={}, not_awaited={}),
 )

@@ -39,6 +39,7 @@ class Step:
     kwargs: Callable[[], dict[str, Any]] = dict
 
 
+REGION = bytearray(64 << 10)
 SCRIPT = (
     Step("put", lambda _: (KEYS[:4], BLOCKS[:4])),
     Step("put", lambda _: (KEYS[:4], BLOCKS[:4])),  # ALREADY_EXISTS
@@ -68,6 +69,8 @@ SCRIPT = (
     Step("get", lambda _: (KEYS[:1],), lambda: {"into": [bytes(4096)]}),  # read-only: UsageError
     Step("counters", lambda _: ()),
     Step("delete", lambda _: (KEYS[:1],)),  # the node as the script found it, for the next client
+    Step("register", lambda _: (REGION,)),  # for the one-sided data plane, which this node does not offer
+    Step("unregister", lambda _: (REGION,)),
 )
 
 

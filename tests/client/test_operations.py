@@ -18,6 +18,7 @@ from kvpool_client.core.routing import Member, RendezvousRouter
 from kvpool_client.core.wire import WireLimits
 from kvpool_client.placement_source import Placement
 from kvpool_client.request_factory import RequestFactory
+from kvpool_client.transport.nixl import LocalAgent
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 MEMBERS = [Member(n, f"{n}.local:7000") for n in "abc"]
@@ -136,7 +137,7 @@ def test_limit_helpers_ask_only_uncached_usable_nodes() -> None:
 
 def test_node_record_identity() -> None:
     a = MEMBERS[0]
-    record: nodes.NodeHandle[object] = nodes.NodeHandle(a, ClientConfig(nodes=("x:1",)))
+    record: nodes.NodeHandle[object] = nodes.NodeHandle(a, ClientConfig(nodes=("x:1",)), LocalAgent(1.0))
     assert record.serves(Member("a", a.address)) and not record.serves(Member("a", "elsewhere:1"))
     assert not record.serves(Member("a", a.address, data_address="a.local:7001"))
     assert nodes.find_node([record], "a") is record and nodes.find_node([record], a.address) is record

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from kvpool_client import AsyncKVPoolClient, BlockKey, CircuitState, ClientConfig, ErrorCode, KVPoolClient
+from kvpool_client.core.channels.nixl_agent import import_error as nixl_import_error
 from kvpool_client.transport.ucx import import_error as ucx_import_error
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.etcd import free_port
@@ -35,21 +36,51 @@ pytestmark = pytest.mark.integration
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 KiB, MiB = 1 << 10, 1 << 20
 UCX_MISSING = ucx_import_error()
+NIXL_MISSING = nixl_import_error()
 TRANSPORTS = [
     "tcp",
     "shm",
     pytest.param(
         "ucx", marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")
     ),
+    pytest.param(
+        "nixl",
+        marks=[
+            pytest.mark.nixl,
+            pytest.mark.skipif(NIXL_MISSING is not None, reason=f"nixl cannot be imported: {NIXL_MISSING}"),
+        ],
+    ),
 ]
 UCX = ("--ucx-port", "0") if UCX_MISSING is None else ()  # every daemon here offers ucx when it can
+NIXL = ("--nixl-enabled",)
+
+
+def offering(transport: str) -> tuple[str, ...]:
+    """A daemon's flags that offer ``transport``: ucx where it can, or nixl (ucxx's UCX and NIXL's
+    cannot share the daemon's process)."""
+    return NIXL if transport == "nixl" else UCX
+
+
 NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
 
 
 @pytest.fixture(scope="module")
-def node() -> Iterator[DaemonProcess]:
+def wire_node() -> Iterator[DaemonProcess]:
     with running_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *UCX) as daemon:
         yield daemon
+
+
+@pytest.fixture(scope="module")
+def nixl_node() -> Iterator[DaemonProcess]:
+    with running_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *NIXL) as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> DaemonProcess:
+    """The module's daemon that offers the test's transport."""
+    nixl = "transport" in request.fixturenames and request.getfixturevalue("transport") == "nixl"
+    return request.getfixturevalue("nixl_node" if nixl else "wire_node")  # type: ignore[no-any-return]
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -181,7 +212,9 @@ def test_eviction_racing_reads_never_returns_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:
     """A writer keeps the tiny arena evicting while readers fetch blocks that may vanish meanwhile."""
-    daemon = daemon_factory("--dram-capacity", "4MiB", "--slab-size", "1MiB", *UCX)  # 64 slots of 64 KiB
+    daemon = daemon_factory(
+        "--dram-capacity", "4MiB", "--slab-size", "1MiB", *offering(transport)
+    )  # 64 slots of 64 KiB
     written: list[BlockKey] = []
     stop = threading.Event()
     seen = {"ok": 0, "missing": 0}
@@ -286,7 +319,7 @@ def test_a_planned_get_from_a_killed_node_leaves_the_buffers_as_they_were(
 def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
     daemon_factory: Callable[..., DaemonProcess], transport: str
 ) -> None:
-    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *UCX)
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *offering(transport))
     keys = new_keys(32)
     blocks = [pattern(k, 256 * KiB) for k in keys]
     outcomes: list[tuple[ErrorCode, ...]] = []

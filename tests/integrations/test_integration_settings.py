@@ -32,7 +32,7 @@ def test_pool_settings_come_from_the_extra_config_then_the_environment() -> None
         ({}, "kv_connector_extra_config: no kvpool nodes given"),
         (
             {"nodes": "127.0.0.1:1", "transport": "pigeon"},
-            "kv_connector_extra_config: transport='pigeon': must be one of auto, tcp, shm, ucx",
+            "kv_connector_extra_config: transport='pigeon': must be one of auto, tcp, shm, ucx, nixl",
         ),
         ({"nodes": "127.0.0.1:1", "lookup_threads": 0}, "kv_connector_extra_config: lookup_threads=0: must be >= 1"),
         (
@@ -98,6 +98,6 @@ def test_values_are_typed_by_the_shared_declarations_and_the_environment_is_name
     assert (client.request_timeout_s, client.location_ttl_s) == (4.0, 0.0)
     with pytest.raises(UsageError) as caught:
         PoolSettings.parse({"nodes": "127.0.0.1:1"}, SOURCE, env={"KVPOOL_TRANSPORT": "pigeon"})
-    assert str(caught.value) == "KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx", (
+    assert str(caught.value) == "KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx, nixl", (
         "the variable is at fault"
     )

@@ -377,6 +377,18 @@ def test_validate_config_without_origins_names_the_field() -> None:
         validate_config(ServerConfig.of(dram_capacity=4096, slab_size=8192))
 
 
+def test_nixl_refuses_ucxx_beside_it_and_tls(tmp_path: Path) -> None:
+    """NIXL's UCX cannot share the daemon's process with ucxx's, and it moves bytes unencrypted."""
+    pem = tmp_path / "x.pem"
+    pem.write_text("")
+    with pytest.raises(ConfigError, match=r"^nixl_enabled=true: NIXL and ucxx each bring a UCX"):
+        validate_config(ServerConfig.of(nixl_enabled=True, ucx_port=0))
+    with pytest.raises(ConfigError, match=r"^nixl_enabled=true: NIXL moves bytes unencrypted"):
+        tls = {"data_tls": True, "tls_cert_file": str(pem), "tls_key_file": str(pem)}
+        validate_config(ServerConfig.of(nixl_enabled=True, **tls))
+    validate_config(ServerConfig.of(nixl_enabled=True))  # alone: fine
+
+
 # --- byte sizes ---------------------------------------------------------------------------------
 
 

@@ -232,7 +232,7 @@ def test_client_defaults_are_the_declared_ones() -> None:
 
 
 def test_client_env_errors_name_the_variable(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx$"):
+    with pytest.raises(ConfigError, match=r"^KVPOOL_TRANSPORT='pigeon': must be one of auto, tcp, shm, ucx, nixl$"):
         ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_TRANSPORT": "pigeon"})
     with pytest.raises(ConfigError, match=r"^KVPOOL_REQUEST_TIMEOUT_S='soon': not a number$"):
         ClientConfig.from_env({"KVPOOL_NODES": "a:1", "KVPOOL_REQUEST_TIMEOUT_S": "soon"})

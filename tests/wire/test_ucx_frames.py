@@ -26,6 +26,7 @@ from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
 from kvpool_client.nodes import NodeHandle
 from kvpool_client.transport import ucx
+from kvpool_client.transport.nixl import LocalAgent
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -104,7 +105,7 @@ def test_hello_round_trips_and_refuses_strangers() -> None:
 
 def record(transport: str, endpoints: dict[str, str]) -> NodeHandle[object]:
     node: NodeHandle[object] = NodeHandle(
-        Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport)
+        Member("n1", "127.0.0.1:1"), ClientConfig(nodes=("127.0.0.1:1",), transport=transport), LocalAgent(1.0)
     )
     node._info = NodeInfo("127.0.0.1:1", "n1", endpoints, WireLimits(), 1)
     return node

@@ -18,6 +18,7 @@ from kvpool_client.core.wire.frames import (
     MAX_NAMESPACE_BYTES,
     MAX_TOKEN_BYTES,
     RESPONSE_BIT,
+    CommitRequest,
     DeleteRequest,
     ErrorResponse,
     ExistsRequest,
@@ -28,9 +29,13 @@ from kvpool_client.core.wire.frames import (
     LocateRequest,
     LocateResponse,
     Op,
+    PeerRequest,
+    PeerResponse,
     PingRequest,
     PingResponse,
     PutRequest,
+    ReserveRequest,
+    ReserveResponse,
     StatusResponse,
     WireLimits,
 )
@@ -98,8 +103,27 @@ def locate_responses(draw) -> LocateResponse:
     return LocateResponse(draw(request_ids), draw(st.integers(0, U64)), codes, offsets, lengths, checksums, generations)
 
 
+@st.composite
+def reserve_requests(draw) -> ReserveRequest:
+    put = draw(put_requests())
+    return ReserveRequest(put.request_id, put.namespace, put.hashes, [max(n, 1) for n in put.lengths], put.depths)
+
+
+@st.composite
+def reserve_responses(draw) -> ReserveResponse:
+    codes = draw(st.lists(statuses, max_size=LIMITS.max_keys))
+    offsets = [draw(st.integers(0, U64)) if s == ErrorCode.OK else 0 for s in codes]
+    return ReserveResponse(draw(request_ids), draw(st.integers(0, U64)), draw(st.integers(0, U64)), codes, offsets)
+
+
+u64s = st.integers(0, U64)
 messages = st.one_of(
     put_requests(),
+    reserve_requests(),
+    reserve_responses(),
+    st.builds(CommitRequest, request_ids, u64s, st.lists(u64s, max_size=LIMITS.max_keys)),
+    st.builds(PeerRequest, request_ids),
+    st.builds(PeerResponse, request_ids, u64s, u64s, u64s, u64s, st.binary(max_size=600)),
     st.builds(GetRequest, request_ids, namespaces, hash_lists()),
     st.builds(ExistsRequest, request_ids, namespaces, hash_lists(), prefix=st.booleans()),
     st.builds(DeleteRequest, request_ids, namespaces, hash_lists()),
@@ -107,7 +131,7 @@ messages = st.one_of(
     st.builds(
         StatusResponse,
         request_ids,
-        st.sampled_from([Op.PUT, Op.EXISTS, Op.DELETE]),
+        st.sampled_from([Op.PUT, Op.EXISTS, Op.DELETE, Op.COMMIT]),
         st.lists(statuses, max_size=LIMITS.max_keys),
     ),
     get_responses(),
@@ -200,7 +224,16 @@ def test_every_message_round_trips(message):
     assert header.payload_len == payload_length(message) == sum(payload_lengths(message)), (
         f"header {header}, payload_length {payload_length(message)}, blocks {payload_lengths(message)}"
     )
-    responses = (StatusResponse, GetResponse, PingResponse, ErrorResponse, LocateResponse, HelloResponse)
+    responses = (
+        StatusResponse,
+        GetResponse,
+        PingResponse,
+        ErrorResponse,
+        LocateResponse,
+        HelloResponse,
+        PeerResponse,
+        ReserveResponse,
+    )
     is_response = isinstance(message, responses)
     assert header.is_response == is_response, f"header {header} for {message!r}"
 
@@ -307,8 +340,9 @@ def test_the_meta_limit_follows_the_key_limit():
         decode_header(raw_header(meta_len=large.max_meta), small)
 
 
-# Error text and tokens are free-form (any cut is valid); pings and hello answers have no meta to cut.
-FREE_FORM = (ErrorResponse, PingRequest, PingResponse, HelloRequest, HelloResponse)
+# Error text, tokens and agent metadata are free-form (any cut is valid); pings, hello answers and
+# peer requests have no meta to cut.
+FREE_FORM = (ErrorResponse, PingRequest, PingResponse, HelloRequest, HelloResponse, PeerRequest, PeerResponse)
 
 
 @given(messages.filter(lambda m: not isinstance(m, FREE_FORM)))
@@ -322,7 +356,10 @@ def test_truncated_meta_is_rejected_at_every_cut_point(message):
                 pytest.fail(f"{message!r} cut at {cut}/{len(meta)} (meta_len {claimed.meta_len}) decoded")
 
 
-@given(messages.filter(lambda m: not isinstance(m, (ErrorResponse, HelloRequest))), st.binary(min_size=1, max_size=8))
+@given(
+    messages.filter(lambda m: not isinstance(m, (ErrorResponse, HelloRequest, PeerResponse))),
+    st.binary(min_size=1, max_size=8),
+)
 def test_trailing_meta_bytes_are_rejected(message, extra):
     header, meta = split(encode(message))
     with pytest.raises(ProtocolError, match="trailing"):

@@ -43,7 +43,8 @@ from ucxx.types import Tag, TagMaskFull
 
 from kvpool_client.core.channels import ucx_frames as frames
 from kvpool_client.core.channels.copy import copy_into
-from kvpool_client.core.errors import KVPoolError, NodeUnavailable, ProtocolError, UsageError
+from kvpool_client.core.channels.ucx_builds import nixl_build
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, ProtocolError, UsageError
 
 T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview
@@ -107,6 +108,13 @@ class WorkerPump:
     """One UCX worker, progressed by the running event loop of the thread that made it."""
 
     def __init__(self, settings: UcxSettings) -> None:
+        nixl = nixl_build()
+        if nixl is not None:
+            raise KVPoolError(
+                f"this process runs NIXL's UCX already ({nixl}: the nixl transport); ucxx's UCX cannot share "
+                "a process with it: use one of the two per process",
+                ErrorCode.UNAVAILABLE,
+            )
         self.loop = asyncio.get_running_loop()
         settings.apply()
         self.context = ucx_api.UCXContext({})

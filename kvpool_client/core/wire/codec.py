@@ -11,14 +11,18 @@ No sockets here. A reader of the stream does three steps, each bounded:
 Where each field lies is :mod:`~kvpool_client.core.wire.layout`'s (header and keys); what
 its value may be, :mod:`~kvpool_client.core.wire.rules`'. The meta of each op::
 
-    PUT     keys | count*u32 lengths | has_depths u8 | has_depths ? count*u32 chain depths
+    PUT, RESERVE  keys | count*u32 lengths | has_depths u8 | has_depths ? count*u32 chain depths
     GET/DEL/LOCATE keys
+    COMMIT  lease u64 | count u32 | count*u64 checksums
     EXISTS  prefix u8 | keys
     HELLO   token bytes (at most MAX_TOKEN_BYTES); the response has no meta
-    status  count u32 | count*u8 statuses                  (PUT/EXISTS/DELETE responses)
+    PEER    no meta
+    status  count u32 | count*u8 statuses                  (PUT/EXISTS/DELETE/COMMIT responses)
     GET rsp count u32 | count*u8 statuses | count*u32 lengths | count*u64 checksums
     LOCATE rsp  count u32 | arena_id u64 | count*u8 statuses | count*u64 offsets |
             count*u32 lengths | count*u64 checksums | count*u64 generations
+    PEER rsp    arena_id u64 | base u64 | size u64 | generations_offset u64 | agent metadata
+    RESERVE rsp count u32 | arena_id u64 | lease u64 | count*u8 statuses | count*u64 offsets
     ERROR   utf-8 message (header.status holds the code)
 
 The single-key GET and PUT also have one-step codecs (:mod:`~kvpool_client.core.wire.one_key`),
@@ -37,6 +41,7 @@ from kvpool_client.core.wire.frames import (
     MAGIC,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
+    CommitRequest,
     DeleteRequest,
     ErrorResponse,
     ExistsRequest,
@@ -49,25 +54,32 @@ from kvpool_client.core.wire.frames import (
     LocateResponse,
     Message,
     Op,
+    PeerRequest,
+    PeerResponse,
     PingRequest,
     PingResponse,
     PutRequest,
+    ReserveRequest,
+    ReserveResponse,
     StatusResponse,
     WireLimits,
 )
 from kvpool_client.core.wire.layout import (
+    COMMIT_HEAD,
     HEADER,
     HEADER_SIZE,
+    PEER_RESPONSE,
     U32,
     get_response_layout,
     keys_field,
     locate_response_layout,
     pack,
+    reserve_response_layout,
 )
 
 _ITEM_BYTES = {"I": 4, "Q": 8}
 _MAX_ERROR_MESSAGE = 1000  # fits the smallest meta limit (WireLimits.max_meta >= 1024)
-_STATUS_OPS = frozenset({Op.PUT, Op.EXISTS, Op.DELETE})
+_STATUS_OPS = frozenset({Op.PUT, Op.EXISTS, Op.DELETE, Op.COMMIT})
 
 
 # -- encoding ---------------------------------------------------------------
@@ -109,11 +121,30 @@ def _encode_header(op: int, status: int, request_id: int, meta: bytes, payload_l
 Encoded = tuple[int, int, bytes]
 
 
-def _put(m: PutRequest) -> Encoded:
+def _put(m: PutRequest | ReserveRequest) -> Encoded:
     if len(m.lengths) != len(m.hashes) or (m.depths is not None and len(m.depths) != len(m.hashes)):
         raise ProtocolError(f"{len(m.hashes)} keys but {len(m.lengths)} lengths or depths")
     tail = b"\x00" if m.depths is None else b"\x01" + _pack_array("I", m.depths)
-    return Op.PUT, 0, keys_field(m.namespace, m.hashes) + _pack_array("I", m.lengths) + tail
+    op = Op.PUT if isinstance(m, PutRequest) else Op.RESERVE
+    return op, 0, keys_field(m.namespace, m.hashes) + _pack_array("I", m.lengths) + tail
+
+
+def _commit(m: CommitRequest) -> Encoded:
+    return Op.COMMIT, 0, pack(COMMIT_HEAD, m.lease, len(m.checksums)) + _pack_array("Q", m.checksums)
+
+
+def _peer_response(m: PeerResponse) -> Encoded:
+    head = pack(PEER_RESPONSE, m.arena_id, m.base, m.size, m.generations_offset)
+    return Op.PEER | RESPONSE_BIT, 0, head + bytes(m.agent)
+
+
+def _reserve_response(m: ReserveResponse) -> Encoded:
+    count = len(m.statuses)
+    if len(m.offsets) != count:
+        raise ProtocolError("statuses and offsets differ in length")
+    rules.check_nothing_when_not_ok("a slot", m.statuses, m.offsets)
+    meta = pack(reserve_response_layout(count), m.arena_id, m.lease, _statuses(m.statuses), *m.offsets)
+    return Op.RESERVE | RESPONSE_BIT, 0, U32.pack(count) + meta
 
 
 def _exists(m: ExistsRequest) -> Encoded:
@@ -153,6 +184,11 @@ _ENCODERS: dict[type, Callable[[Any], Encoded]] = {
     LocateRequest: _keys_of(Op.LOCATE),
     PingRequest: _empty(Op.PING),
     HelloRequest: _hello,
+    PeerRequest: _empty(Op.PEER),
+    ReserveRequest: _put,
+    CommitRequest: _commit,
+    PeerResponse: _peer_response,
+    ReserveResponse: _reserve_response,
     StatusResponse: _status_response,
     GetResponse: lambda m: (Op.GET | RESPONSE_BIT, 0, _encode_get_response(m.statuses, m.lengths, m.checksums)),
     LocateResponse: lambda m: (Op.LOCATE | RESPONSE_BIT, 0, _encode_locate_response(m)),
@@ -187,6 +223,8 @@ def answer_meta_size(op: Op, count: int) -> int:
         return U32.size + get_response_layout(count).size
     if op is Op.LOCATE:
         return U32.size + locate_response_layout(count).size
+    if op is Op.RESERVE:
+        return U32.size + reserve_response_layout(count).size
     if op in _STATUS_OPS:
         return U32.size + count  # one status byte a key
     return 0
@@ -260,12 +298,18 @@ def _decode_body(header: FrameHeader, reader: _Reader, limits: WireLimits) -> Me
     rid, op = header.request_id, header.request_op
     if header.op & RESPONSE_BIT:
         return _decode_response(op, rid, header.status, reader, limits)
-    if op is Op.PUT:
+    if op is Op.PUT or op is Op.RESERVE:
         ns, hashes = _decode_keys(reader, limits)
         lengths = reader.array("I", len(hashes))
         rules.check_block_lengths(lengths, limits)
         depths = reader.array("I", len(hashes)) if rules.depths_flag(reader.byte()) else None
-        return PutRequest(rid, ns, hashes, lengths, depths)
+        return (PutRequest if op is Op.PUT else ReserveRequest)(rid, ns, hashes, lengths, depths)
+    if op is Op.COMMIT:
+        lease, count = reader.unpack(COMMIT_HEAD)
+        rules.check_count(count, limits)
+        return CommitRequest(rid, lease, reader.array("Q", count))
+    if op is Op.PEER:
+        return PeerRequest(rid)
     if op is Op.EXISTS:
         prefix = reader.byte()
         return ExistsRequest(rid, *_decode_keys(reader, limits), prefix=bool(prefix))
@@ -295,7 +339,14 @@ def _decode_response(op: Op, rid: int, status: int, reader: _Reader, limits: Wir
         return HelloResponse(rid)
     if op is Op.LOCATE:
         return _decode_locate_response(rid, reader, limits)
+    if op is Op.PEER:
+        arena_id, base, size, generations_offset = reader.unpack(PEER_RESPONSE)
+        return PeerResponse(rid, arena_id, base, size, generations_offset, reader.take(reader.remaining))
     count = reader.count(limits)
+    if op is Op.RESERVE:
+        arena_id, lease, raw, *offsets = reader.unpack(reserve_response_layout(count))
+        rules.check_nothing_when_not_ok("a slot", list(raw), offsets)
+        return ReserveResponse(rid, arena_id, lease, list(raw), offsets)
     if op is not Op.GET:
         return StatusResponse(rid, op, list(reader.take(count)))
     raw, *fields = reader.unpack(get_response_layout(count))

@@ -32,6 +32,7 @@ from kvpool_client.core.errors import AuthenticationError, KVPoolError, Protocol
 from kvpool_client.core.wire.codec import decode_header, decode_message, header_identity
 from kvpool_client.core.wire.frames import (
     MAX_TOKEN_BYTES,
+    CommitRequest,
     DeleteRequest,
     ExistsRequest,
     FrameHeader,
@@ -39,8 +40,10 @@ from kvpool_client.core.wire.frames import (
     HelloRequest,
     LocateRequest,
     Op,
+    PeerRequest,
     PingRequest,
     PutRequest,
+    ReserveRequest,
     WireLimits,
 )
 from kvpool_client.core.wire.layout import HEADER_SIZE
@@ -50,7 +53,17 @@ NEEDS_TOKEN = (
     "this node requires the cluster's token: send HELLO first (ClientConfig.auth_token, KVPOOL_AUTH_TOKEN_FILE)"
 )
 
-Request = GetRequest | LocateRequest | ExistsRequest | DeleteRequest | PingRequest  # a request without payload
+# a request without payload
+Request = (
+    GetRequest
+    | LocateRequest
+    | ExistsRequest
+    | DeleteRequest
+    | PingRequest
+    | PeerRequest
+    | ReserveRequest
+    | CommitRequest
+)
 
 
 class State(enum.Enum):

@@ -32,6 +32,9 @@ class Op(enum.IntEnum):
     PING = 5
     LOCATE = 6  # where blocks lie in the node's shared arena (same-node readers)
     HELLO = 7  # the first frame on a connection to a node that requires a token
+    PEER = 8  # the node's one-sided peer: its NIXL agent and where its arena is registered
+    RESERVE = 9  # slots for a put's blocks under a lease: the client writes them one-sided
+    COMMIT = 10  # a lease's blocks written: publish them (or, with no checksums, give the slots back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,37 @@ class PingRequest:
 
 
 @dataclass(slots=True)
+class PeerRequest:
+    """Ask for the node's one-sided peer (:class:`PeerResponse`); only a proven connection gets it."""
+
+    request_id: int
+
+
+@dataclass(slots=True)
+class ReserveRequest:
+    """A put whose blocks the client writes itself: a slot per block, held under a lease.
+
+    The fields mean what a :class:`PutRequest`'s do; no payload follows.
+    """
+
+    request_id: int
+    namespace: str
+    hashes: list[bytes]
+    lengths: list[int]
+    depths: list[int] | None = None
+
+
+@dataclass(slots=True)
+class CommitRequest:
+    """The blocks of ``lease`` are written: publish each with its checksum, in the reservation's
+    order. No checksums at all gives the lease's slots back unpublished (the writes failed)."""
+
+    request_id: int
+    lease: int
+    checksums: list[int]
+
+
+@dataclass(slots=True)
 class HelloRequest:
     """Proves the cluster's shared token; a node with a token requires it first on every connection."""
 
@@ -137,7 +171,7 @@ class HelloRequest:
 
 @dataclass(slots=True)
 class StatusResponse:
-    """Per-key status codes; answers PUT, EXISTS and DELETE (see ``op``)."""
+    """Per-key status codes; answers PUT, EXISTS, DELETE and COMMIT (see ``op``)."""
 
     request_id: int
     op: Op
@@ -177,6 +211,32 @@ class LocateResponse:
 
 
 @dataclass(slots=True)
+class PeerResponse:
+    """The node's one-sided peer: its agent's metadata (opaque, NIXL's) and the span of its
+    process's memory registered with it, ``size`` bytes from ``base``: the arena's blocks, then
+    its slot generations (their header at ``generations_offset`` from ``base``)."""
+
+    request_id: int
+    arena_id: int
+    base: int
+    size: int
+    generations_offset: int
+    agent: bytes = field(repr=False)
+
+
+@dataclass(slots=True)
+class ReserveResponse:
+    """Per key: status, and for an OK key the offset of its slot in the arena ``arena_id``,
+    held under ``lease`` until committed or expired (then freed, nothing published)."""
+
+    request_id: int
+    arena_id: int
+    lease: int
+    statuses: list[int]
+    offsets: list[int]
+
+
+@dataclass(slots=True)
 class PingResponse:
     request_id: int
 
@@ -196,6 +256,26 @@ class ErrorResponse:
     message: str
 
 
-Request = PutRequest | GetRequest | ExistsRequest | DeleteRequest | PingRequest | LocateRequest | HelloRequest
-Response = StatusResponse | GetResponse | PingResponse | ErrorResponse | LocateResponse | HelloResponse
+Request = (
+    PutRequest
+    | GetRequest
+    | ExistsRequest
+    | DeleteRequest
+    | PingRequest
+    | LocateRequest
+    | HelloRequest
+    | PeerRequest
+    | ReserveRequest
+    | CommitRequest
+)
+Response = (
+    StatusResponse
+    | GetResponse
+    | PingResponse
+    | ErrorResponse
+    | LocateResponse
+    | HelloResponse
+    | PeerResponse
+    | ReserveResponse
+)
 Message = Request | Response

@@ -68,3 +68,13 @@ def get_response_layout(count: int) -> struct.Struct:
 def locate_response_layout(count: int) -> struct.Struct:
     """arena_id u64 | statuses | offsets u64 | lengths u32 | checksums u64 | generations u64."""
     return struct.Struct(f"<Q{count}s{count}Q{count}I{count}Q{count}Q")
+
+
+PEER_RESPONSE = struct.Struct("<QQQQ")  # arena_id | base | size | generations_offset, then the agent's metadata
+COMMIT_HEAD = struct.Struct("<QI")  # lease | count, then count*u64 checksums
+
+
+@functools.lru_cache(maxsize=64)
+def reserve_response_layout(count: int) -> struct.Struct:
+    """arena_id u64 | lease u64 | statuses | offsets u64."""
+    return struct.Struct(f"<QQ{count}s{count}Q")
