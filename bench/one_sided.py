@@ -7,7 +7,9 @@ measures 384 KiB gets of one block and of batches of 32 (and batch-32 gets of 64
 2 MiB blocks), and 384 KiB puts of one block and of 32, over ``nixl`` (the client reads and
 writes the daemon's arena itself: UCX's ``cma`` on one host, or what ``UCX_TLS`` allows),
 ``tcp`` and ``shm`` (gets only: a same-node client's puts go over tcp), against a plain
-``memcpy`` of the same bytes between the client's own buffers. The nixl client registers
+``memcpy`` of the same bytes between the client's own buffers, and against ``cma``: the one
+READ or WRITE per batch a nixl get or put makes, and nothing else (places located, or slots
+reserved, once): the transport's own ceiling on this machine. The nixl client registers
 its buffers once, as an engine registers its KV cache. Gets read a working set larger than
 the CPU caches; puts write fresh keys (the arena evicts the oldest). Every cell's bytes are
 checked once, untimed. Cells run in ``--rounds`` rounds, every other round in reverse order;
@@ -43,7 +45,18 @@ import numpy as np
 from bench.harness.machine import process_cpu_ns
 from bench.transports import page_aligned
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
+from kvpool_client.core.wire import (
+    LocateRequest,
+    LocateResponse,
+    PeerRequest,
+    PeerResponse,
+    ReserveRequest,
+    ReserveResponse,
+)
+from kvpool_client.transport.nixl import LocalAgent, RemoteArena
+from kvpool_client.transport.shm import SlotLocation
 from tests.support.daemon import start_daemon
+from tests.support.rawwire import RawConnection
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 384 * KiB
@@ -51,7 +64,7 @@ BLOCK = 384 * KiB
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    system: str  # memcpy, tcp, shm or nixl
+    system: str  # memcpy, cma (the bare transfers nixl makes: the transport's ceiling), tcp, shm or nixl
     op: str  # get or put
     block: int
     batch: int
@@ -71,7 +84,7 @@ SHAPES = tuple(
         ("put", BLOCK, 1),
         ("put", BLOCK, 32),
     )
-    for system in ("memcpy", "tcp", "shm", "nixl")
+    for system in ("memcpy", "cma", "tcp", "shm", "nixl")
     if not (op == "put" and system in ("shm", "memcpy"))  # memcpy's get cell is the put's baseline too
 )
 # (label, numerator, denominator, target): each ratio is taken round by round.
@@ -83,6 +96,13 @@ TARGETS = (
     ("nixl / tcp, 384 KiB get x32", Shape("nixl", "get", BLOCK, 32), Shape("tcp", "get", BLOCK, 32), None),
     ("nixl / tcp, 384 KiB put x32", Shape("nixl", "put", BLOCK, 32), Shape("tcp", "put", BLOCK, 32), None),
     ("nixl / shm, 384 KiB get x32", Shape("nixl", "get", BLOCK, 32), Shape("shm", "get", BLOCK, 32), None),
+    # The transport's own ceiling here, and kvpool's share of it.
+    ("cma / memcpy, 384 KiB READ x1", Shape("cma", "get", BLOCK, 1), Shape("memcpy", "get", BLOCK, 1), None),
+    ("cma / memcpy, 384 KiB READ x32", Shape("cma", "get", BLOCK, 32), Shape("memcpy", "get", BLOCK, 32), None),
+    ("cma / memcpy, 384 KiB WRITE x32", Shape("cma", "put", BLOCK, 32), Shape("memcpy", "get", BLOCK, 32), None),
+    ("nixl / cma, 384 KiB get x1", Shape("nixl", "get", BLOCK, 1), Shape("cma", "get", BLOCK, 1), None),
+    ("nixl / cma, 384 KiB get x32", Shape("nixl", "get", BLOCK, 32), Shape("cma", "get", BLOCK, 32), None),
+    ("nixl / cma, 384 KiB put x32", Shape("nixl", "put", BLOCK, 32), Shape("cma", "put", BLOCK, 32), None),
 )
 
 
@@ -151,6 +171,8 @@ def _operations(job: Job, blocks: list[np.ndarray], targets: list[np.ndarray]): 
             return all(np.array_equal(t, s) for t, s in zip(targets, blocks[batch : 2 * batch], strict=True))
 
         return copy, copied, lambda: None
+    if shape.system == "cma":
+        return _bare_transfers(job, blocks, targets)
     client = KVPoolClient(config=ClientConfig(nodes=(job.address,), transport=shape.system))
     if client.transport(job.address) != shape.system:
         raise RuntimeError(f"asked for {shape.system}, negotiated {client.transport(job.address)}")
@@ -190,6 +212,56 @@ def _operations(job: Job, blocks: list[np.ndarray], targets: list[np.ndarray]): 
         )
 
     return put, stored, client.close
+
+
+def _bare_transfers(job: Job, blocks: list[np.ndarray], targets: list[np.ndarray]):  # type: ignore[no-untyped-def]
+    """The one READ (get) or WRITE (put) per batch that a nixl get or put makes, and nothing else:
+    places located (gets) or slots reserved (puts, never committed) once, untimed."""
+    shape, batch = job.shape, job.shape.batch
+    client = KVPoolClient(config=ClientConfig(nodes=(job.address,), transport="tcp"))
+    data = client.server_info(job.address).data_endpoints["tcp"]
+    raw = RawConnection(data)
+    local = LocalAgent(30.0)
+    for buffer in (*targets, blocks[0].base if blocks[0].base is not None else blocks[0]):
+        local.register(memoryview(buffer).cast("B"))  # registered, as a nixl client's are
+    arena = RemoteArena(local)
+    peer = raw.request(PeerRequest(1)).message
+    assert isinstance(peer, PeerResponse)
+    arena.connect(peer)
+    namespace = "bench@u8@raw"
+    if shape.op == "get":
+        keys = [BlockKey(namespace, os.urandom(32)) for _ in blocks]
+        client.put(keys, blocks).raise_for_errors()
+        located = []
+        for start in range(0, len(keys), batch):
+            answer = raw.request(LocateRequest(2, namespace, [k.hash for k in keys[start : start + batch]])).message
+            assert isinstance(answer, LocateResponse)
+            places = zip(answer.offsets, answer.lengths, answer.generations, strict=True)
+            located.append([SlotLocation(o, n, g) for o, n, g in places])
+
+        def read(index: int) -> None:
+            arena.copy_all(list(zip(located[index], map(memoryview, targets), strict=True)))
+
+        def got() -> bool:
+            read(1)
+            return all(np.array_equal(t, s) for t, s in zip(targets, blocks[batch : 2 * batch], strict=True))
+
+        return read, got, lambda: (raw.close(), arena.close(), client.close())
+    keys = [BlockKey(namespace, os.urandom(32)) for _ in range(batch)]
+    reserved = raw.request(ReserveRequest(3, namespace, [k.hash for k in keys], [shape.block] * batch)).message
+    assert isinstance(reserved, ReserveResponse) and set(reserved.statuses) == {0}, reserved
+    views = [memoryview(b) for b in blocks]
+
+    def write(index: int) -> None:
+        arena.write_all(list(zip(reserved.offsets, views[index * batch : (index + 1) * batch], strict=True)))
+
+    def written() -> bool:
+        write(1)
+        slots = zip(reserved.offsets, targets, strict=True)
+        arena.copy_all([(SlotLocation(offset, shape.block, 0), memoryview(t)) for offset, t in slots])
+        return all(np.array_equal(t, s) for t, s in zip(targets, blocks[batch : 2 * batch], strict=True))
+
+    return write, written, lambda: (raw.close(), arena.close(), client.close())
 
 
 def run_cell(job: Job, daemon_pid: int) -> Cell:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from kvpool_client.buffers import Regions, Target
@@ -53,6 +54,7 @@ class LocalAgent:
         self._agent: Agent | None = None
         self._failure: NixlUnavailable | None = None
         self._regions: dict[int, tuple[int, int, memoryview, object]] = {}  # address -> (address, end, view, handle)
+        self._starts: list[int] = []  # the regions' addresses, sorted: a span's region is found by bisection
         self._staging = memoryview(bytearray(0))
         self._staging_handle: object = None
 
@@ -100,20 +102,25 @@ class LocalAgent:
             if start not in self._regions:
                 handle = None if self._agent is None else self._agent.register(start, buffer.nbytes)
                 self._regions[start] = (start, start + buffer.nbytes, buffer, handle)
+                self._starts = sorted(self._regions)
 
     def unregister(self, buffer: memoryview) -> None:
         with self.lock:
             region = self._regions.pop(address(buffer), None)
+            self._starts = sorted(self._regions)
             if region is not None and self._agent is not None and region[3] is not None:
                 self._agent.deregister(region[3])
 
-    def spans(self, target: Target) -> list[Span] | None:
-        """``target``'s spans, when every one lies inside a registered region; None otherwise."""
-        views = target.views if isinstance(target, Regions) else (target,)
-        spans = [(address(view), view.nbytes) for view in views]
-        for start, length in spans:
-            if not any(low <= start and start + length <= high for low, high, _, _ in self._regions.values()):
-                return None
+    def registered(self, buffers: Sequence[Target]) -> list[Span] | None:
+        """The spans of ``buffers``, in order, when every one lies inside a registered region; None otherwise."""
+        starts, regions, spans = self._starts, self._regions, []
+        for buffer in buffers:
+            for view in buffer.views if isinstance(buffer, Regions) else (buffer,):
+                start, length = address(view), view.nbytes
+                at = bisect_right(starts, start)  # the last region starting at or before the span
+                if not at or start + length > regions[starts[at - 1]][1]:
+                    return None
+                spans.append((start, length))
         return spans
 
     def staging(self, nbytes: int) -> memoryview:
@@ -212,14 +219,18 @@ class RemoteArena:
 
     def unchanged_all(self, locations: Sequence[SlotLocation]) -> list[bool]:
         """Whether each block's slot is still in the generation it was located in: one READ of
-        the counters, after the blocks' READ completed."""
+        the counters (into the staging buffer), after every READ before it completed."""
         if not locations:
             return []
-        counters = bytearray(8 * len(locations))
         remote = [(self._generations_at + 8 * self._slot_index(location.offset), 8) for location in locations]
-        self._read(remote, [memoryview(counters)[8 * i : 8 * i + 8] for i in range(len(locations))])
-        now = memoryview(counters).cast("Q")
-        return [now[i] == location.generation for i, location in enumerate(locations)]
+        local = self._local
+        with local.lock:
+            staging = local.staging(8 * len(remote))
+            local.agent.transfer(
+                "READ", _runs(address(staging), [8] * len(remote)), remote, self._peer, local.timeout_s
+            )
+            with staging[: 8 * len(remote)].cast("Q") as now:
+                return [now[i] == location.generation for i, location in enumerate(locations)]
 
     def write_all(self, placed: Sequence[tuple[int, Target]]) -> None:
         """Write each block into its reserved slot (offset): one WRITE for all of them.
@@ -228,44 +239,39 @@ class RemoteArena:
             ProtocolError: an offset lies outside the registered arena (the node lied).
             NodeUnavailable: the WRITE failed (the node is gone).
         """
-        remote = [self._span(offset, len(block)) for offset, block in placed]
-        blocks = [block for _, block in placed]
-        local = self._local
-        with local.lock:
-            spans = [local.spans(block) for block in blocks]
-            if all(s is not None for s in spans):
-                self._transfer("WRITE", [span for s in spans if s is not None for span in s], remote, blocks)
-                return
-            staging, at = local.staging(sum(len(b) for b in blocks)), 0
-            for block in blocks:
-                for view in block.views if isinstance(block, Regions) else (block,):
-                    copy_into(staging[at : at + view.nbytes], view)
-                    at += view.nbytes
-            local_spans = _runs(address(staging), [len(block) for block in blocks])
-            local.agent.transfer("WRITE", local_spans, remote, self._peer, local.timeout_s)
+        self._move("WRITE", [self._span(offset, len(block)) for offset, block in placed], [b for _, b in placed])
 
     def _read(self, remote: list[Span], targets: Sequence[Target]) -> None:
         """READ ``remote`` spans (one per target, in order) into ``targets``."""
+        self._move("READ", remote, targets)
+
+    def _move(self, op: str, remote: list[Span], buffers: Sequence[Target]) -> None:
+        """One transfer between ``buffers`` and ``remote`` spans (one per buffer, in order): in place
+        when every buffer lies in registered memory, else through the staging buffer (copied into
+        it before a WRITE, out of it after a READ)."""
         local = self._local
         with local.lock:
-            spans = [local.spans(target) for target in targets]
-            if all(s is not None for s in spans):
-                self._transfer("READ", [span for s in spans if s is not None for span in s], remote, targets)
+            spans = local.registered(buffers)
+            if spans is not None:
+                if any(isinstance(b, Regions) for b in buffers):  # one remote span per local one
+                    remote = _split(remote, [list(b.views) if isinstance(b, Regions) else [b] for b in buffers])
+                local.agent.transfer(op, spans, remote, self._peer, local.timeout_s)
                 return
             staging = local.staging(sum(length for _, length in remote))
-            local_spans = _runs(address(staging), [length for _, length in remote])
-            local.agent.transfer("READ", local_spans, remote, self._peer, local.timeout_s)
-            at = 0
-            for target in targets:
-                for view in target.views if isinstance(target, Regions) else (target,):
-                    copy_into(view, staging[at : at + view.nbytes])
+            pieces, at = [], 0
+            for buffer in buffers:
+                for view in buffer.views if isinstance(buffer, Regions) else (buffer,):
+                    pieces.append((staging[at : at + view.nbytes], view))
                     at += view.nbytes
-
-    def _transfer(self, op: str, local: list[Span], remote: list[Span], targets: Sequence[Target]) -> None:
-        """One transfer between registered ``local`` spans and ``remote`` ones, split so that they pair up."""
-        if any(isinstance(t, Regions) for t in targets):
-            remote = _split(remote, [list(t.views) if isinstance(t, Regions) else [t] for t in targets])
-        self._local.agent.transfer(op, local, remote, self._peer, self._local.timeout_s)
+            if op == "WRITE":
+                for staged, view in pieces:
+                    copy_into(staged, view)
+            local.agent.transfer(
+                op, _runs(address(staging), [n for _, n in remote]), remote, self._peer, local.timeout_s
+            )
+            if op == "READ":
+                for staged, view in pieces:
+                    copy_into(view, staged)
 
     def _span(self, offset: int, length: int) -> Span:
         if offset < 0 or offset + length > self._blocks_end:

@@ -26,7 +26,7 @@ from kvpool_client.core.wire import PeerResponse
 
 log = logging.getLogger("kvpool.data")
 
-_BUSY_INTERVAL_S = 0.0002  # progress this often while transfers are expected
+_BUSY_INTERVAL_S = 0.001  # progress this often while transfers are expected
 _IDLE_INTERVAL_S = 0.05  # and this often otherwise
 _BUSY_FOR_S = 0.2  # how long a client's request keeps the progress busy
 
