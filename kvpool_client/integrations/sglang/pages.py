@@ -61,6 +61,7 @@ class HostPages:
         for buffer in buffers:
             if buffer.device.type != "cpu":
                 raise UsageError(f"the host KV pool is on {buffer.device}, not in CPU memory")
+        self.buffers = tuple(buffers)
         self.page_size = page_size
         self._pages = capacity // page_size
         if self._pages < 1:

@@ -102,6 +102,9 @@ class KVPoolStore(HiCacheStorage):  # type: ignore[misc]
         super().register_mem_pool_host(mem_pool_host)
         self._keys = PageKeys(self.shape.namespaces())
         self._pages = host_pages(mem_pool_host, self.shape)
+        for buffer in self._pages.buffers:  # pages move straight in and out of the pool over nixl
+            if buffer.is_contiguous():
+                self._client.register(buffer)
         log.info(
             "kvpool: SGLang pages in %s (%s)",
             ", ".join(self._keys.namespace_ids),

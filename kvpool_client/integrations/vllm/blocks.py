@@ -16,7 +16,7 @@ buffers (pinned host memory): a save gathers the regions into one, a load scatte
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,11 @@ class BlockLayers:
         # larger copies to its intra-op thread pool, which is slower on a busy host.
         self._by_block_np = self._by_block.numpy() if self._by_block is not None and self.device.type == "cpu" else None
 
+    def storages(self) -> list[torch.Tensor]:
+        """Each storage the cache's blocks lie in, once: what a host cache registers with the
+        one-sided data plane, so that its blocks move straight in and out (``nixl``)."""
+        return list({region.raw.data_ptr(): region.raw for region in self.regions}.values())
+
     def check(self, block_ids: Sequence[int]) -> None:
         """Raises UsageError: a block id out of range."""
         bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
@@ -140,10 +145,16 @@ def _uniform_view(regions: Sequence[Region], num_blocks: int) -> torch.Tensor | 
 
 
 class StagingBuffers:
-    """Reusable block-sized host buffers (pinned when the cache is on a GPU), shared by threads."""
+    """Reusable block-sized host buffers (pinned when the cache is on a GPU), shared by threads.
 
-    def __init__(self, layers: BlockLayers) -> None:
+    Args:
+        register: called with each buffer made (the pool client's ``register``: a buffer the
+            one-sided data plane reads into and writes from in place).
+    """
+
+    def __init__(self, layers: BlockLayers, register: Callable[[torch.Tensor], None] | None = None) -> None:
         self._layers = layers
+        self._register = register
         self._lock = threading.Lock()
         self._spare: list[torch.Tensor] = []
 
@@ -153,6 +164,8 @@ class StagingBuffers:
         pinned = self._layers.device.type == "cuda"
         while len(buffers) < count:
             buffers.append(torch.empty(self._layers.block_nbytes, dtype=torch.uint8, pin_memory=pinned))
+            if self._register is not None:
+                self._register(buffers[-1])
         return buffers
 
     def give_back(self, buffers: Sequence[Any]) -> None:

@@ -91,7 +91,10 @@ class WorkerTransfers:
         self._layers = layers
         self._order = order
         self._tp_rank, self._pp_rank = tp_rank, pp_rank
-        self._staging = StagingBuffers(layers)
+        self._staging = StagingBuffers(layers, client.register)
+        if layers.host_memory:  # blocks move straight in and out of the cache over nixl
+            for storage in layers.storages():
+                client.register(storage)
         self._load_thread = _Lane("kvpool-load")
         self._save_thread = _Lane("kvpool-save")
         self._lock = threading.Lock()
