@@ -110,11 +110,13 @@ _TRAFFIC_COUNTERS = (
         "block payload bytes moved",
         ("direction", "transport"),
         # bytes_out_shm: blocks located for same-node readers, who copy them out of the arena;
-        # bytes_in_nixl: blocks committed after their writers wrote them one-sided
+        # bytes_out_nixl and bytes_in_nixl: blocks located for one-sided readers, and committed after
+        # their writers wrote them one-sided (reads of places a client knew already are not seen)
         {
             "bytes_in": ("in", "tcp"),
             "bytes_out": ("out", "tcp"),
             "bytes_out_shm": ("out", "shm"),
+            "bytes_out_nixl": ("out", "nixl"),
             "bytes_in_nixl": ("in", "nixl"),
         },
     ),

@@ -127,7 +127,7 @@ def _bytes_rate(value: float) -> str:
 
 def _bytes_out(report: NodeReport) -> int:
     """Block bytes served: over TCP, and located for same-node readers to copy (shm)."""
-    return _counter(report, "bytes_out") + _counter(report, "bytes_out_shm")
+    return sum(_counter(report, name) for name in ("bytes_out", "bytes_out_shm", "bytes_out_nixl"))
 
 
 def _requests(report: NodeReport) -> int:

@@ -87,7 +87,10 @@ def test_users_requirements_pin_nothing_the_engines_own() -> None:
     """Ranges only: no exact pin of torch, protobuf or grpcio in what users install."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    shipped = [*project["dependencies"], *(r for name in ("server", "etcd", "torch", "ucx", "nixl") for r in extras[name])]
+    shipped = [
+        *project["dependencies"],
+        *(r for name in ("server", "etcd", "torch", "ucx", "nixl") for r in extras[name]),
+    ]
     for text in shipped:
         req = Requirement(text)
         if req.name in ("torch", "protobuf", "grpcio"):
