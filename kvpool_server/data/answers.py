@@ -93,7 +93,7 @@ class Answers:
         self._limits = limits
         self._verify = verify_checksum_on_get
         self._peer = peer
-        self.located = "bytes_out_shm"  # where located bytes count: a one-sided reader's are bytes_out_nixl
+        self.one_sided = False  # the client reads what it locates through NIXL, not a mapping
 
     def begin(self, request: Request, started: float) -> Answer:
         """Pin the request's blocks that DRAM holds (a GET or LOCATE)."""
@@ -177,7 +177,7 @@ class Answers:
         rows = [self._location(key, block) for key, block in zip(keys, held, strict=True)]
         columns = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(5)]
         response = LocateResponse(request.request_id, arena_id, *columns)
-        self._counters.add(self.located, sum(response.lengths))
+        self._counters.add("bytes_out_nixl" if self.one_sided else "bytes_out_shm", sum(response.lengths))
         return [encode(response)]
 
     def _location(self, key: StoreKey, block: HeldBlock | None) -> tuple[int, int, int, int, int]:

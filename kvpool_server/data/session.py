@@ -327,7 +327,7 @@ class Session:
                 raise KVPoolError("this node has no one-sided data plane (nixl)", ErrorCode.INVALID_ARGUMENT)
             match request:
                 case PeerRequest():
-                    self._answers.located = "bytes_out_nixl"  # this client reads what it locates one-sided
+                    self._answers.one_sided = True  # this client reads what it locates through NIXL
                     return [encode(nixl.answer(request.request_id))]
                 case ReserveRequest():
                     if self._puts.write_through:
