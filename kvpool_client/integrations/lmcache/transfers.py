@@ -1,7 +1,10 @@
 """Chunks between the pool and LMCache memory objects: one pool call per batch, no copy.
 
 A read allocates the batch's memory objects, then one ``get`` receives every chunk
-straight into them; a write is one ``put`` sent straight from them.
+straight into them; a write is one ``put`` sent straight from them. The memory the objects
+lie in (LMCache's allocator hands out views of a few large buffers) is registered with the
+one-sided data plane the first time an object of it is seen, so that over ``nixl`` too the
+chunks move straight in and out.
 
 The calls come from LMCache's storage event loop and run on the plugin's own threads with
 the blocking client, as Mooncake's connector does: the loop never waits on a socket or a
@@ -65,6 +68,7 @@ class ChunkTransfers:
         self._allocator = allocator
         self._guard = guard
         self._partial = partial_chunks
+        self._registered: set[int] = set()  # the storages registered with the client, by address
 
     async def read(self, keys: Sequence[Any]) -> list[Any | None]:
         """The memory objects of ``keys``' chunks, None for each miss.
@@ -82,7 +86,7 @@ class ChunkTransfers:
         if not objs:
             return found
         try:
-            result = await self.run(self._client.get, pool_keys[: len(objs)], [payload(o) for o in objs], holding=objs)
+            result = await self.run(self._client.get, pool_keys[: len(objs)], self._payloads(objs), holding=objs)
         except BaseException:
             release(objs)
             raise
@@ -113,11 +117,21 @@ class ChunkTransfers:
             KVPoolError: the client failed as a whole.
         """
         pool_keys = self._keys.keys(keys)
-        result = await self.run(self._client.put, pool_keys, [payload(o) for o in memory_objs], holding=memory_objs)
+        result = await self.run(self._client.put, pool_keys, self._payloads(memory_objs), holding=memory_objs)
         failed = [s for s in result.statuses if s not in PUT_SUCCESS]
         if failed:
             self._guard.failed("put", f"{len(failed)} of {len(keys)} chunks not stored ({failed[0].name})")
         return len(keys) - len(failed)
+
+    def _payloads(self, memory_objs: Sequence[Any]) -> list[torch.Tensor]:
+        """Each object's bytes (:func:`payload`), the storage they lie in registered once."""
+        views = [payload(o) for o in memory_objs]
+        for view in views:
+            storage = view.untyped_storage()
+            if storage.data_ptr() not in self._registered:
+                self._registered.add(storage.data_ptr())
+                self._client.register(torch.empty(0, dtype=torch.uint8).set_(storage))
+        return views
 
     async def run(self, call: Callable[..., T], *args: Any, holding: Sequence[Any] = ()) -> T:
         """``call(*args)`` on a transfer thread, awaited from the loop.
