@@ -5,8 +5,9 @@ A get goes out of the node's shared arena mapped here when the node runs on this
 ``LOCATE`` and copied), else out of its arena read one-sided (``nixl``: located, then read),
 and over the wire otherwise; a get of one key into one buffer over the wire is a
 :class:`~kvpool_client.exchange.SingleGet`, the specialisation a blocking socket runs in line.
-A put writes its blocks one-sided into slots the node reserves (``nixl``) or sends them over the
-wire. Every other op goes over the wire. Request ids are unique per client.
+A put of :data:`ONE_SIDED_PUT_BYTES` or more writes its blocks one-sided into slots the node
+reserves (``nixl``); a smaller one, or any without nixl, sends them over the wire. Every other
+op goes over the wire. Request ids are unique per client.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from kvpool_client.transport.nixl import RemoteArena
 from kvpool_client.transport.shm import MappedArena
 
 _MAX_DEPTH = (1 << 32) - 1  # depths travel as u32
+# The least a put writes one-sided: below it, RESERVE and COMMIT (two round trips, and the node's
+# work per block) cost the node more than receiving the bytes would (bench/one_sided.py).
+ONE_SIDED_PUT_BYTES = 512 << 10
 
 ArenaOf = Callable[[Member], MappedArena | None]
 """The node's shared arena mapped here (the shm transport), or None to read over tcp."""
@@ -83,7 +87,7 @@ class RequestFactory:
             peer = self._peer_of(job.member)
         except NixlUnavailable as exc:
             return exchange.fail(exc)
-        if peer is not None:
+        if peer is not None and sum(lengths) >= ONE_SIDED_PUT_BYTES:
             reserve = ReserveRequest(next(self._ids), job.namespace, job.hashes, lengths, depths)
             return self._through(peer, exchange.put_one_sided(reserve, blocks, limits, peer), limits)
         return exchange.put(PutRequest(next(self._ids), job.namespace, job.hashes, lengths, depths), blocks, limits)

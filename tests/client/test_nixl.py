@@ -154,14 +154,18 @@ def test_a_commit_that_does_not_fit_its_lease_is_refused_and_stores_nothing(
 def test_the_node_counts_what_it_hands_one_sided_readers_and_writers(
     daemon_factory: Callable[..., DaemonProcess],
 ) -> None:
+    """A put of 512 KiB or more is written one-sided; a smaller one goes over the wire (RESERVE and
+    COMMIT would cost the node more than receiving it)."""
     daemon = daemon_factory(*NIXL)
-    keys = new_keys(4)
+    keys, small = new_keys(4), new_keys(1)
     with connect(daemon, location_ttl_s=0.0) as client:
-        assert client.put(keys, [pattern(k, 64 * KiB) for k in keys]).stored == 4
+        assert client.put(keys, [pattern(k, 256 * KiB) for k in keys]).stored == 4
+        assert client.put(small, [pattern(small[0], 64 * KiB)]).stored == 1
         assert client.get(keys).ok
         counters = client.stats(daemon.address).counters
-    assert counters["bytes_in_nixl"] == counters["bytes_out_nixl"] == 4 * 64 * KiB, dict(counters)
-    assert counters["bytes_in"] == counters["bytes_out"] == counters["bytes_out_shm"] == 0, dict(counters)
+    assert counters["bytes_in_nixl"] == counters["bytes_out_nixl"] == 4 * 256 * KiB, dict(counters)
+    assert counters["bytes_in"] == 64 * KiB and counters["requests_put"] == 1, dict(counters)
+    assert counters["bytes_out"] == counters["bytes_out_shm"] == 0, dict(counters)
     assert counters["requests_reserve"] == counters["requests_commit"] == counters["requests_locate"] == 1
 
 
