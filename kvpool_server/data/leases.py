@@ -14,8 +14,9 @@ reserved: pinned, and readable by nobody. A lease ends in one of four ways:
 The checksums are the writer's: the node does not read the bytes to check them (that is the
 point of writing one-sided); a reader that verifies checksums catches a writer that lied, and
 only about the blocks it wrote. A slot given back may be reused while a writer that outlived its
-lease is still writing into it; a client therefore never starts a write past its lease's deadline,
-and leases are long against a write (seconds against microseconds).
+lease is still writing into it: a client writes right after its RESERVE, and a lease is long
+against a write (seconds against microseconds), but nothing here can stop a writer stalled for
+the whole deadline.
 """
 
 from __future__ import annotations
