@@ -249,6 +249,7 @@ class AsyncKVPoolClient:
             await self._membership.close()
         await asyncio.gather(*(node.close() for node in self._nodes.values()), *self._closing)
         await asyncio.to_thread(self._ucx.close)  # joins the engine's thread
+        self._nixl.close()
 
     async def __aenter__(self) -> AsyncKVPoolClient:
         await self.start()

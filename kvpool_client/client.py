@@ -321,6 +321,7 @@ class KVPoolClient:
         for node in list(self._nodes.values()):
             node.close()
         self._ucx.close()
+        self._nixl.close()
 
     def __enter__(self) -> KVPoolClient:
         return self

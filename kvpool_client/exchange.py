@@ -1,7 +1,8 @@
 """One request/response exchange per data-plane op, written once for every transport.
 
 Each exchange is a generator that *yields* the I/O it needs (:class:`Send`,
-:class:`Receive`, :class:`ReceiveInto`) and is resumed with the result. It owns
+:class:`Receive`, :class:`ReceiveInto`, and :class:`Transfer` for a one-sided
+copy) and is resumed with the result. It owns
 the protocol logic (encoding, decoding, where each payload byte goes, checksum
 verification); :func:`run_sync` and :func:`run_async` are the only places that
 touch a connection. So the blocking client and the asyncio client cannot drift
@@ -10,8 +11,11 @@ apart, and the protocol logic is tested without sockets.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import asyncio
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, TypeVar, cast
 
 from kvpool_client.buffers import Target, spans
@@ -87,7 +91,30 @@ class ReceiveInto:
     targets: list[memoryview]
 
 
-Step = Send | Receive | ReceiveUpTo | ReceiveInto
+@dataclass(slots=True)
+class Transfer:
+    """A one-sided transfer (NIXL READs and WRITEs) that blocks until done: the asyncio driver
+    runs it on ``thread``, so its event loop goes on while the bytes move (or while a hung node
+    lets the transfer time out). Its outcome is raised or returned inside the exchange."""
+
+    work: Callable[[], Any]
+    thread: Executor
+    value: Any = None
+    error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.work()
+        except Exception as exc:  # raised again inside the exchange, which may handle it
+            self.error = exc
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+Step = Send | Receive | ReceiveUpTo | ReceiveInto | Transfer
 Exchange = Generator[Step, Any, T]
 GetAnswer = tuple[list[int], list[Target | None]]  # per-key statuses, filled buffers (None where not OK)
 
@@ -129,6 +156,8 @@ def run_sync(connection: SyncConnection, exchange: Exchange[T]) -> T:
             reply = connection.recv_upto(step.nbytes)
         elif isinstance(step, ReceiveInto):
             connection.recv_into(step.targets)
+        elif isinstance(step, Transfer):
+            step.run()
         else:
             reply = connection.recv_exactly(step.nbytes)
 
@@ -149,6 +178,8 @@ async def run_async(connection: AsyncConnection, exchange: Exchange[T]) -> T:
             reply = await connection.recv_upto(step.nbytes)
         elif isinstance(step, ReceiveInto):
             await connection.recv_into(step.targets)
+        elif isinstance(step, Transfer):
+            await asyncio.get_running_loop().run_in_executor(step.thread, step.run)
         else:
             reply = await connection.recv_exactly(step.nbytes)
 
@@ -310,10 +341,20 @@ def get_shared(
     A plan runs it on a connection it took first, so a node that cannot be reached fails the
     exchange before any block is copied into ``targets``.
     """
-    copied = copy_known(request.namespace, request.hashes, targets, arena, verify)
+    copied = yield from _in_arena(arena, partial(copy_known, request.namespace, request.hashes, targets, arena, verify))
     if copied is not None:
         return copied
     return (yield from locate_shared(request, targets, limits, verify, arena))
+
+
+def _in_arena(arena: Arena, work: Callable[[], T]) -> Exchange[T]:
+    """``work``, which copies out of or into ``arena``: in line from a mapping (a memcpy); a
+    :class:`Transfer` step of its own when the arena is a node's, reached one-sided."""
+    if isinstance(arena, MappedArena):
+        return work()
+    step = Transfer(work, arena.thread)
+    yield step
+    return cast("T", step.outcome())
 
 
 def locate_shared(
@@ -344,7 +385,7 @@ def locate_shared(
         filled: list[Target | None] = [None] * count
         statuses, again = [int(ErrorCode.NOT_IN_ARENA)] * count, list(range(count))
     else:
-        statuses, filled, again = _copy_located(response, targets, arena, verify)
+        statuses, filled, again = yield from _in_arena(arena, partial(_copy_located, response, targets, arena, verify))
         for i, view in enumerate(filled):
             if view is not None:
                 where = SlotLocation(response.offsets[i], response.lengths[i], response.generations[i])
@@ -370,8 +411,9 @@ def copy_known(
     costs no copy) and after it, and its checksum matching when this client or the node verifies
     them. None: ask the node.
 
-    No connection: a client runs it before it takes one at all (a remote arena is read one-sided:
-    the generations, the blocks, the generations again). With the compiled reader each block is
+    No connection: a client runs it on a mapped arena before it takes one at all; a remote arena
+    (read one-sided: the generations, the blocks, the generations again) as the first
+    :class:`Transfer` of :func:`get_shared`. With the compiled reader each block is
     one call (found, copied, checked): an engine loads the blocks a lookup just found, so a block
     missing midway, whose batch is then asked for whole, is rare; otherwise every block is found
     before any is copied.
@@ -463,7 +505,7 @@ def with_peer(request_id: int, limits: WireLimits, arena: RemoteArena, then: Exc
         response = yield from _response(request_id, Op.PEER, limits, PEER_RESPONSE.size)
         if not isinstance(response, PeerResponse):
             raise ProtocolError(f"expected a PEER response, got {response!r}")
-        arena.connect(response)
+        yield from _in_arena(arena, partial(arena.connect, response))
     return (yield from then)
 
 
@@ -520,7 +562,7 @@ def _reserve_write_commit(
         return (yield from put(wired, blocks, limits))
     if mine:
         try:
-            arena.write_all([(reserved.offsets[i], blocks[i]) for i in mine])
+            yield from _in_arena(arena, partial(arena.write_all, [(reserved.offsets[i], blocks[i]) for i in mine]))
         except KVPoolError:
             arena.stale = True
             yield from _commit(request.request_id, reserved.lease, [], limits)

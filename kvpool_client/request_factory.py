@@ -120,11 +120,13 @@ class RequestFactory:
             return exchange.fail(exc)
         if arena is None:
             return self._wire_get(job, targets, limits)
+        located = LocateRequest(next(self._ids), job.namespace, job.hashes)
+        if isinstance(arena, RemoteArena):  # its copies are transfers, which the exchange runs
+            return self._through(arena, exchange.get_shared(located, targets, limits, self._verify, arena), limits)
         copied = exchange.copy_known(job.namespace, job.hashes, targets, arena, self._verify)
         if copied is not None:
             return copied
-        located = LocateRequest(next(self._ids), job.namespace, job.hashes)
-        return self._through(arena, exchange.locate_shared(located, targets, limits, self._verify, arena), limits)
+        return exchange.locate_shared(located, targets, limits, self._verify, arena)
 
     def _through(
         self, arena: MappedArena | RemoteArena, then: exchange.Exchange[exchange.T], limits: WireLimits

@@ -27,6 +27,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from kvpool_client.buffers import Regions, Target
 from kvpool_client.core.channels.copy import address, copy_into
@@ -51,6 +52,9 @@ class LocalAgent:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.lock = threading.Lock()
+        # Where an asyncio client's transfers run, off its event loop: one thread is enough,
+        # as the lock lets one transfer run at a time.
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="kvpool-nixl")
         self._agent: Agent | None = None
         self._failure: NixlUnavailable | None = None
         self._regions: dict[int, tuple[int, int, memoryview, object]] = {}  # address -> (address, end, view, handle)
@@ -123,6 +127,10 @@ class LocalAgent:
                 spans.append((start, length))
         return spans
 
+    def close(self) -> None:
+        """Let the transfer thread go once it is idle."""
+        self.thread.shutdown(wait=False)
+
     def staging(self, nbytes: int) -> memoryview:
         """A registered buffer of at least ``nbytes`` (the lock held): for blocks outside every region."""
         agent = self._agent
@@ -153,6 +161,11 @@ class RemoteArena:
         self._blocks_end = 0  # blocks lie in [0, this) of the registered span
         self._generations_at = 0  # the first counter's address in the node's process
         self._header: GenerationsHeader | None = None
+
+    @property
+    def thread(self) -> Executor:
+        """Where an asyncio client runs this arena's transfers."""
+        return self._local.thread
 
     def connect(self, answer: PeerResponse) -> None:
         """Know the node's agent, then read and check its generations' header.

@@ -33,6 +33,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvpool_client.core.channels.tcp import parse_address
+from kvpool_client.core.channels.ucx_builds import nixl_build
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, RequestTimeout, UsageError
 from kvpool_client.exchange import Exchange, run_async
 
@@ -52,7 +53,12 @@ class UcxUnavailable(KVPoolError):
 
 @functools.cache
 def import_error() -> str | None:
-    """Why ucxx cannot be imported here, or None when it can (asked once per process)."""
+    """Why ucxx cannot be used here, or None when it can (asked once per process): it does not
+    import, or NIXL's UCX is loaded already (two UCX builds cannot share a process:
+    :mod:`kvpool_client.core.channels.ucx_builds`)."""
+    nixl = nixl_build()
+    if nixl is not None:
+        return f"NIXL's UCX is loaded in this process already ({nixl}: the nixl transport)"
     try:
         import kvpool_client.core.channels.ucx_channel  # noqa: F401 - imports ucxx
     except Exception as exc:  # ImportError, or a broken native library

@@ -9,15 +9,18 @@ cma and again with ``UCX_TLS=tcp``): NIXL's UCX cannot share a process with ucxx
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
 
-from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from kvpool_client import AsyncKVPoolClient, BlockKey, ClientConfig, ErrorCode, KVPoolClient
 from kvpool_client.core.channels.nixl_agent import import_error
 from kvpool_client.core.errors import ProtocolError
 from kvpool_client.core.wire import (
@@ -49,6 +52,7 @@ pytestmark = [
 ]
 
 KiB = 1 << 10
+CMA = "tcp" not in os.environ.get("UCX_TLS", "")  # else UCX emulates READ and WRITE on the node's progress thread
 NIXL = ("--nixl-enabled", "--dram-capacity", "16MiB", "--slab-size", "1MiB")
 OK = ErrorCode.OK
 
@@ -62,6 +66,12 @@ def connect(daemon: DaemonProcess, **settings: object) -> KVPoolClient:
 def dram_used(client: KVPoolClient, daemon: DaemonProcess) -> int:
     (tier,) = [t for t in client.stats(daemon.address).tiers if t.name == "dram"]
     return int(tier.used_bytes)
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def reserve(raw: RawConnection, keys: list[BlockKey], size: int) -> ReserveResponse:
@@ -260,3 +270,48 @@ def test_a_daemon_killed_mid_put_fails_the_puts_cleanly(daemon_factory: Callable
                 daemon.process.send_signal(signal.SIGKILL)
             codes.update(client.put(keys, [pattern(k, 256 * KiB) for k in keys]).statuses)
         assert OK in codes and codes - {OK} <= {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}, codes
+
+
+# -- the asyncio client ------------------------------------------------------------------------
+
+
+def test_the_asyncio_client_transfers_off_its_event_loop(daemon_factory: Callable[..., DaemonProcess]) -> None:
+    """A stopped daemon: its known blocks are read one-sided over cma (the node's CPU takes no part),
+    and a READ UCX emulates over TCP (which needs the node) times out; either way the client's event
+    loop goes on meanwhile: a transfer runs on a thread, not on the loop."""
+    daemon = daemon_factory(*NIXL)
+    keys = new_keys(8)
+    blocks = [pattern(k, 128 * KiB) for k in keys]
+    timeout = 2.0
+
+    async def scenario() -> tuple[list[ErrorCode], list[bytes], float]:
+        config = ClientConfig(nodes=(daemon.address,), transport="nixl", location_ttl_s=60.0, request_timeout_s=timeout)
+        async with AsyncKVPoolClient(config=config) as client:
+            assert (await client.put(keys, blocks)).stored == 8
+            assert (await client.get(keys)).ok, "places now known"
+            ticks: list[float] = []
+
+            async def tick() -> None:
+                while True:
+                    ticks.append(time.monotonic())
+                    await asyncio.sleep(0.005)
+
+            daemon.process.send_signal(signal.SIGSTOP)
+            try:
+                wait_until(lambda: process_state(daemon.process.pid), lambda state: state == "T", "the daemon stopped")
+                ticks.append(time.monotonic())
+                ticker = asyncio.ensure_future(tick())
+                got = await client.get(keys)
+                ticks.append(time.monotonic())
+                ticker.cancel()
+            finally:
+                daemon.process.send_signal(signal.SIGCONT)
+            gap = max(b - a for a, b in itertools.pairwise(ticks))
+            return list(got.statuses), [bytes(b) for b in got.buffers if b is not None], gap
+
+    statuses, got, gap = asyncio.run(scenario())
+    if CMA:
+        assert statuses == [OK] * 8 and got == blocks, statuses
+    else:
+        assert OK not in statuses and set(statuses) <= {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}, statuses
+    assert gap < timeout / 2, f"the event loop stood still for {gap:.3f} s during the get"

@@ -35,14 +35,14 @@ pytestmark = pytest.mark.integration
 
 OK, NOT_FOUND = ErrorCode.OK, ErrorCode.NOT_FOUND
 KiB, MiB = 1 << 10, 1 << 20
-UCX_MISSING = ucx_import_error()
+# Asked when a ucx test is set up, not at import: once ucxx is imported, NIXL cannot work in
+# this process (the nixl tests run in one of their own, which imports this module).
+needs_ucx = pytest.mark.skipif("ucx_import_error() is not None", reason="ucxx cannot be imported here")
 NIXL_MISSING = nixl_import_error()
 TRANSPORTS = [
     "tcp",
     "shm",
-    pytest.param(
-        "ucx", marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")
-    ),
+    pytest.param("ucx", marks=needs_ucx),
     pytest.param(
         "nixl",
         marks=[
@@ -51,14 +51,18 @@ TRANSPORTS = [
         ],
     ),
 ]
-UCX = ("--ucx-port", "0") if UCX_MISSING is None else ()  # every daemon here offers ucx when it can
 NIXL = ("--nixl-enabled",)
+
+
+def ucx_flags() -> tuple[str, ...]:
+    """Every daemon here offers ucx when ucxx imports."""
+    return ("--ucx-port", "0") if ucx_import_error() is None else ()
 
 
 def offering(transport: str) -> tuple[str, ...]:
     """A daemon's flags that offer ``transport``: ucx where it can, or nixl (ucxx's UCX and NIXL's
     cannot share the daemon's process)."""
-    return NIXL if transport == "nixl" else UCX
+    return NIXL if transport == "nixl" else ucx_flags()
 
 
 NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
@@ -66,7 +70,7 @@ NODE_DOWN = {ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT}
 
 @pytest.fixture(scope="module")
 def wire_node() -> Iterator[DaemonProcess]:
-    with running_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *UCX) as daemon:
+    with running_daemon("--dram-capacity", "32MiB", "--slab-size", "1MiB", *ucx_flags()) as daemon:
         yield daemon
 
 
@@ -355,8 +359,6 @@ def test_a_daemon_killed_mid_batch_fails_keys_never_with_wrong_bytes(
 
 # -- ucx traps ---------------------------------------------------------------------------------
 
-needs_ucx = pytest.mark.skipif(UCX_MISSING is not None, reason=f"ucxx cannot be imported: {UCX_MISSING}")
-
 _PENDING_AT_EXIT = """
 import os, sys, threading, time
 from kvpool_client import BlockKey, ClientConfig, KVPoolClient
@@ -393,7 +395,7 @@ def run_script(source: str, *args: str, **kwargs: object) -> subprocess.Popen[st
 @needs_ucx
 def test_ucx_client_exits_with_a_request_pending(daemon_factory: Callable[..., DaemonProcess]) -> None:
     """A process may exit while a ucx get waits on a stopped daemon: no hang, no crash, the daemon goes on."""
-    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *UCX)
+    daemon = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *ucx_flags())
     child = run_script(_PENDING_AT_EXIT, daemon.address, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None and child.stdin is not None
     assert child.stdout.readline().strip() == "ready"

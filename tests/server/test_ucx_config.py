@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvpool_client.core.errors import UsageError
 from kvpool_server.config import ConfigError, load_config
 
-ucx_channel = pytest.importorskip("kvpool_client.core.channels.ucx_channel", reason="ucxx cannot be imported")
+
+def ucx_channel() -> Any:
+    """The module, imported by the tests that need it: not at collection, where ucxx's UCX would
+    be loaded into a run of the nixl tests (they cannot share a process)."""
+    return pytest.importorskip("kvpool_client.core.channels.ucx_channel", reason="ucxx cannot be imported")
 
 
 def test_ucx_is_off_by_default_and_set_by_flag_env_or_yaml(tmp_path: Path) -> None:
@@ -46,7 +51,7 @@ def test_ucx_is_refused_beside_data_plane_tls(tmp_path: Path) -> None:
 
 
 def test_settings_go_to_the_environment_unless_already_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = ucx_channel.UcxSettings(tls="tcp,sm", net_devices="lo")
+    settings = ucx_channel().UcxSettings(tls="tcp,sm", net_devices="lo")
     for name in settings.ucx_environment():  # restored after the test, whatever apply() sets
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("UCX_TLS", "rc,sm,self")
@@ -57,4 +62,4 @@ def test_settings_go_to_the_environment_unless_already_set(monkeypatch: pytest.M
 
 def test_an_unknown_progress_mode_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="progress mode"):
-        ucx_channel.UcxSettings(progress_mode="thread")
+        ucx_channel().UcxSettings(progress_mode="thread")

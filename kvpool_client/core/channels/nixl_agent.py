@@ -75,8 +75,8 @@ class Agent:
         other = other_build("nixl")
         if other is not None:
             raise NixlUnavailable(
-                f"this process runs another UCX already ({other}: the ucx transport); NIXL's own UCX cannot "
-                "share a process with it: use one of the two per process"
+                f"this process loaded another UCX already ({other}: the ucx transport); beside it NIXL's UCX "
+                "finds only TCP and cannot share the process: use one of the two per process"
             )
         api = _api()
         try:
