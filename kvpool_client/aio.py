@@ -136,7 +136,11 @@ class AsyncKVPoolClient:
         self._ucx = UcxEngine()  # starts with the first ucx connection
         self._nixl = LocalAgent(self.config.request_timeout_s)  # NIXL is loaded with the first nixl node
         self._requests = RequestFactory(
-            self.config.verify_checksums, self._shared_arena, self.config.streams_per_node, self._one_sided
+            self.config.verify_checksums,
+            self._shared_arena,
+            self.config.streams_per_node,
+            self._one_sided,
+            blocking=False,
         )
         self._membership = AsyncMembershipSource(self.config) if self.config.uses_etcd and router is None else None
         self._source: PlacementSource = self._membership or StaticSource(self.config, router)

@@ -62,8 +62,15 @@ class RequestFactory:
     """
 
     def __init__(
-        self, verify_checksums: bool, arena_of: ArenaOf | None = None, streams: int = 1, peer_of: PeerOf | None = None
+        self,
+        verify_checksums: bool,
+        arena_of: ArenaOf | None = None,
+        streams: int = 1,
+        peer_of: PeerOf | None = None,
+        *,
+        blocking: bool = True,
     ) -> None:
+        self._blocking = blocking  # the caller may wait on a one-sided transfer in line (not an event loop)
         self._ids = count(1)
         self._verify = verify_checksums
         self._arena_of: ArenaOf = arena_of or _no_arena
@@ -111,9 +118,10 @@ class RequestFactory:
         self, job: Job, targets: list[Target | None], limits: WireLimits
     ) -> exchange.GetAnswer | exchange.Request[exchange.GetAnswer]:
         """:meth:`get` of a job that is its whole batch (``targets``: one per key, in order), or its
-        answer when the node's arena mapped here served it with no I/O at all
+        answer when the node's arena served it from known places without asking the node
         (:func:`exchange.copy_known`): what a get one node alone answers runs, the arena looked up
-        once, before any connection is taken."""
+        once, before any connection is taken. An event loop's client reads a remote arena's known
+        places in the exchange instead, whose transfers run off the loop."""
         try:
             arena = self._arena_of(job.member) or self._peer_of(job.member)
         except KVPoolError as exc:  # a required transport is unavailable
@@ -121,12 +129,12 @@ class RequestFactory:
         if arena is None:
             return self._wire_get(job, targets, limits)
         located = LocateRequest(next(self._ids), job.namespace, job.hashes)
-        if isinstance(arena, RemoteArena):  # its copies are transfers, which the exchange runs
+        if isinstance(arena, RemoteArena) and not self._blocking:
             return self._through(arena, exchange.get_shared(located, targets, limits, self._verify, arena), limits)
         copied = exchange.copy_known(job.namespace, job.hashes, targets, arena, self._verify)
         if copied is not None:
             return copied
-        return exchange.locate_shared(located, targets, limits, self._verify, arena)
+        return self._through(arena, exchange.locate_shared(located, targets, limits, self._verify, arena), limits)
 
     def _through(
         self, arena: MappedArena | RemoteArena, then: exchange.Exchange[exchange.T], limits: WireLimits
