@@ -1,0 +1,1 @@
+"""Tenants: which namespaces a token may use, with what rights and quotas."""
