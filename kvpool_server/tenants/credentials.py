@@ -117,18 +117,35 @@ def load_credentials(path: str | Path, cluster_token: bytes | None = None) -> Cr
     Raises:
         CredentialsError: the file cannot be read, is too large, or does not parse.
     """
+    return decode_credentials(read_file(path), cluster_token, str(path))
+
+
+def read_file(path: str | Path) -> bytes:
+    """The file's bytes; one more than :data:`MAX_FILE_BYTES` tells it is too large.
+
+    Raises:
+        CredentialsError: it cannot be read.
+    """
     try:
         with open(path, "rb") as file:
-            raw = file.read(MAX_FILE_BYTES + 1)
+            return file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise CredentialsError(f"cannot read the credentials file {path}: {exc.strerror}") from None
+
+
+def decode_credentials(raw: bytes, cluster_token: bytes | None, source: str) -> Credentials:
+    """:func:`parse_credentials` of a file's bytes.
+
+    Raises:
+        CredentialsError: they are too many, not UTF-8, or do not parse.
+    """
     if len(raw) > MAX_FILE_BYTES:
-        raise CredentialsError(f"the credentials file {path} is over {MAX_FILE_BYTES} bytes")
+        raise CredentialsError(f"the credentials file {source} is over {MAX_FILE_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CredentialsError(f"the credentials file {path} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    return parse_credentials(text, cluster_token, source=str(path))
+        raise CredentialsError(f"the credentials file {source} is not UTF-8 (at byte {exc.start})") from None
+    return parse_credentials(text, cluster_token, source)
 
 
 def parse_credentials(text: str, cluster_token: bytes | None = None, source: str = "credentials") -> Credentials:

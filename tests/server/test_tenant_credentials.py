@@ -22,6 +22,7 @@ from kvpool_server.tenants.credentials import (
     load_credentials,
     parse_credentials,
 )
+from kvpool_server.tenants.reload import CredentialsFile
 
 TOKEN_A, TOKEN_B, CLUSTER_TOKEN = b"a" * 24, b"team-b-token-0123456789", b"cluster-token-0123456789"
 TWO_TENANTS = f"""
@@ -223,3 +224,49 @@ def test_written_tenants_are_read_back(tenants: dict[str, dict[str, object]]) ->
             Quotas(**entry["quotas"]),  # type: ignore[arg-type]
         )
         assert tenant == expected, (tenant, expected)
+
+
+# -- reloading ---------------------------------------------------------------------------------
+
+
+def test_a_rotated_file_takes_effect_and_a_bad_one_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TWO_TENANTS)
+    refusals: list[int] = []
+    held = CredentialsFile(path, CLUSTER_TOKEN, recheck_s=0.0, on_refused=lambda: refusals.append(1))
+    assert held.current().tenant_of(TOKEN_A) is not None and held.version == 1
+    rotated = TWO_TENANTS.replace(TOKEN_A.decode(), "a-new-token-for-team-a")
+    path.write_text(rotated)
+    credentials = held.current()
+    assert credentials.tenant_of(TOKEN_A) is None, "the old token no longer works"
+    new = credentials.tenant_of(b"a-new-token-for-team-a")
+    assert new is not None and new.name == "team-a" and held.version == 2
+    for bad in ("tenants: [", "tenants: ["):  # refused, and said once per version
+        path.write_text(bad)
+        assert held.current() is credentials
+    assert refusals == [1] and "refused" in caplog.text
+    path.unlink()
+    assert held.current() is credentials and refusals == [1, 1], "an unreadable file keeps the loaded one too"
+    path.write_text(rotated)
+    assert held.current() is credentials, "the same bytes as in force: nothing to do"
+    assert held.version == 2
+
+
+def test_the_file_is_read_again_at_most_every_recheck_s(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TWO_TENANTS)
+    now = [100.0]
+    held = CredentialsFile(path, None, recheck_s=1.0, clock=lambda: now[0])
+    path.write_text("tenants: {}")
+    assert len(held.current().tenants) == 2, "checked less than recheck_s ago"
+    now[0] += 1.0
+    assert held.current().tenants == []
+
+
+def test_a_daemon_cannot_start_on_a_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {t: {token: short}}")
+    with pytest.raises(CredentialsError, match="a token is 16"):
+        CredentialsFile(path, None)
