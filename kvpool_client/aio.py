@@ -203,6 +203,7 @@ class AsyncKVPoolClient:
 
         Raises:
             NodeUnavailable, RequestTimeout: no reader of some key could be reached.
+            PermissionDenied: this client's token may not delete in a key's namespace.
         """
         return await self._run(operations.delete(keys, self._requests, self.breaker.gate))
 

@@ -250,6 +250,7 @@ class KVPoolClient:
 
         Raises:
             NodeUnavailable, RequestTimeout: no reader of some key could be reached.
+            PermissionDenied: this client's token may not delete in a key's namespace.
         """
         return self._run(operations.delete(keys, self._requests, self.breaker.gate))
 

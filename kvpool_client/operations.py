@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from kvpool_client import batching
 from kvpool_client.buffers import Target
-from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable, PermissionDenied
 from kvpool_client.core.keys import BlockKey
 from kvpool_client.core.routing import Member
 from kvpool_client.core.wire import WireLimits
@@ -332,6 +332,7 @@ def delete(keys: Sequence[BlockKey], requests: RequestFactory, gate: Gate) -> Op
 
     Raises:
         NodeUnavailable, RequestTimeout: no reader of some key could be reached.
+        PermissionDenied: this client's token may not delete in a key's namespace.
     """
     batching.check_keys(keys)
     tally = DeleteTally(len(keys))
@@ -344,6 +345,8 @@ def delete(keys: Sequence[BlockKey], requests: RequestFactory, gate: Gate) -> Op
         tally.record(job, None if isinstance(outcome, KVPoolError) else outcome)
     if tally.unreached():
         raise failure or NodeUnavailable(f"no reader of key {tally.unreached()[0]} is reachable")
+    if tally.denied:
+        raise PermissionDenied("this token's tenant may not delete in some key's namespace")
     return tally.removed
 
 

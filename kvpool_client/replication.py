@@ -136,6 +136,7 @@ class DeleteTally:
     count: int
     removed: list[bool] = field(init=False)
     answered: list[bool] = field(init=False)
+    denied: bool = False  # a node refused some key: this token's tenant may not delete there
 
     def __post_init__(self) -> None:
         self.removed = [False] * self.count
@@ -148,6 +149,7 @@ class DeleteTally:
         for index, code in zip(job.indices, codes, strict=True):
             self.answered[index] = True
             self.removed[index] = self.removed[index] or code == ErrorCode.OK
+            self.denied = self.denied or code == ErrorCode.PERMISSION_DENIED
 
     def unreached(self) -> list[int]:
         """Batch indices of the keys no node answered for."""

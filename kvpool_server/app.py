@@ -48,6 +48,7 @@ from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
+from kvpool_server.tenants.access import Access
 from kvpool_server.tiers.node import NodeTiers
 from kvpool_server.tiers.store import BlockStore
 
@@ -68,9 +69,10 @@ def _left(deadline: float) -> float:
 class Daemon:
     """One node's storage daemon: DRAM and SSD tiers, TCP data plane, gRPC control plane."""
 
-    def __init__(self, config: ServerConfig, token: bytes | None = None) -> None:
+    def __init__(self, config: ServerConfig, access: Access | None = None) -> None:
         self.config = config
-        self._token = token  # the cluster's shared token; None: no authentication
+        self._access = access or Access(None)  # the cluster's token and the tenants'; none: no authentication
+        self._token = self._access.cluster_token
         self.counters = Counters()
         self.latencies = Latencies()
         membership = config.membership
@@ -130,7 +132,7 @@ class Daemon:
             store,
             self.counters,
             self.latencies,
-            self._token,
+            self._access,
             self._certificates,
             self._accepting_writes,
             self._published_gets(),
@@ -215,8 +217,8 @@ class Daemon:
         """
         net = self.config.net
         interceptors: list[grpc.aio.ServerInterceptor] = [MalformedBodyInterceptor(self.counters)]
-        if self._token is not None:
-            interceptors.insert(0, TokenInterceptor(self._token, self.counters))  # refuse before parsing
+        if self._access.required:
+            interceptors.insert(0, TokenInterceptor(self._access, self.counters))  # refuse before parsing
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
         address = f"{net.host}:{net.grpc_port}"
         try:
@@ -365,8 +367,8 @@ class Daemon:
             await self._grpc.stop(grace=_left(deadline))
 
 
-async def run(config: ServerConfig, token: bytes | None) -> None:
-    daemon = Daemon(config, token)
+async def run(config: ServerConfig, access: Access) -> None:
+    daemon = Daemon(config, access)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
@@ -380,7 +382,7 @@ async def run(config: ServerConfig, token: bytes | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
-        token = config.auth.token()
+        access = Access(config.auth.token(), config.auth.tenants_file)
     except (ConfigError, UsageError) as exc:
         print(f"kvpool-server: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for warning in preflight.check(config):
             log.warning(warning)
-        uvloop.run(run(config, token))
+        uvloop.run(run(config, access))
     except (OSError, KVPoolError) as exc:  # a port in use; ucx asked for and unavailable
         log.error("cannot start", extra={"error": str(exc)})
         return 1

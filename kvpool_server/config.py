@@ -69,6 +69,7 @@ from kvpool_server.config_sections import (
 from kvpool_server.data.admission import AdmissionLimits
 
 if TYPE_CHECKING:
+    from kvpool_client.core.wire.connection import Verify
     from kvpool_server.data.session import SessionConfig
 
 __all__ = [
@@ -172,14 +173,15 @@ class ServerConfig:
         inflight = self.data.max_inflight_put_bytes or max(self.dram.capacity // 4, self.dram.slab_size)
         return AdmissionLimits(inflight, self.data.max_connections, self.data.max_connections_per_peer)
 
-    def session_config(self, token: bytes | None) -> SessionConfig:
-        """What every data connection is served with; ``token``: the cluster's (None: no authentication)."""
+    def session_config(self, verify: Verify | None) -> SessionConfig:
+        """What every data connection is served with; ``verify``: a HELLO's token to its tenant
+        (None: no authentication)."""
         from kvpool_server.data.session import SessionConfig  # the session imports the tiers (numpy)
 
         return SessionConfig(
             self.wire_limits(),
             self.data.verify_checksum_on_get,
-            token,
+            verify,
             self.data.idle_timeout_s,
             self.data.io_timeout_s,
         )

@@ -367,7 +367,7 @@ class TlsSection:
 
 @dataclass(frozen=True, slots=True)
 class AuthSection:
-    """The cluster's shared token."""
+    """The cluster's shared token, and the tenants'."""
 
     token_file: str = setting(
         "",
@@ -376,8 +376,17 @@ class AuthSection:
         doc="See [SECURITY.md](SECURITY.md)",
     )
 
+    tenants_file: str = setting(
+        "",
+        "file naming tenants: each one's token, namespaces, rights and quotas (read again when it changes); "
+        "needs token_file, whose token stays a tenant with every right; empty: the cluster's token only",
+        doc="See [SECURITY.md](SECURITY.md#tenants)",
+    )
+
     def check(self, report: SectionReport) -> None:
-        _file_exists(report, self, "token_file")
+        _file_exists(report, self, "token_file", "tenants_file")
+        if self.tenants_file and not self.token_file:
+            report.fail("tenants_file", "needs token_file: nodes prove the cluster's token to each other")
 
     def token(self) -> bytes | None:
         """The cluster's token; None: no authentication.

@@ -30,6 +30,7 @@ class ErrorCode(enum.IntEnum):
     CHECKSUM_MISMATCH = 14
     UNAUTHENTICATED = 15  # the connection or call did not prove the cluster's token
     OVERLOADED = 16  # the node is at an admission limit (put bytes in flight): retry later
+    PERMISSION_DENIED = 17  # the token's tenant may not do this (write, delete, admin) in this namespace
     UNAVAILABLE = 20  # node unreachable, connection lost
     TIMEOUT = 21
     SHUTTING_DOWN = 22
@@ -86,6 +87,12 @@ class AuthenticationError(KVPoolError):
     code = ErrorCode.UNAUTHENTICATED
 
 
+class PermissionDenied(KVPoolError):
+    """The token proved a tenant that may not do this (write, delete, administer) here."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 class ServerError(KVPoolError):
     """The node answered a whole request with an error code."""
 
@@ -105,5 +112,6 @@ def error_for_code(code: int, message: str) -> KVPoolError:
         ErrorCode.SHUTTING_DOWN: NodeUnavailable,
         ErrorCode.TIMEOUT: RequestTimeout,
         ErrorCode.UNAUTHENTICATED: AuthenticationError,
+        ErrorCode.PERMISSION_DENIED: PermissionDenied,
     }
     return by_code.get(known, ServerError)(message, known)

@@ -51,7 +51,8 @@ class Leases:
 
     Args:
         deadline: seconds a lease of so many bytes is held.
-        writable: whether the node takes writes now (False while it drains).
+        refusal: why a namespace's blocks are refused now (the node drains, the tenant may not
+            write there); None: they are taken.
     """
 
     def __init__(
@@ -60,13 +61,13 @@ class Leases:
         puts: Puts,
         counters: Counters,
         deadline: Callable[[int], float],
-        writable: Callable[[], bool],
+        refusal: Callable[[str], ErrorCode | None],
     ) -> None:
         self._store = store
         self._puts = puts
         self._counters = counters
         self._deadline = deadline
-        self._writable = writable
+        self._refusal = refusal
         self._ids = itertools.count(1)
         self._held: dict[int, Lease] = {}
 
@@ -74,11 +75,11 @@ class Leases:
         """Take the blocks' slots under a new lease; answer where each lies."""
         arena_id = self._store.arena_id
         assert arena_id is not None  # a node without an arena has no one-sided peer
-        writable = self._writable()
+        refusal = self._refusal(request.namespace)
         outcomes: list[Outcome] = []
         for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
             key = (request.namespace, h)
-            outcomes.append(self._puts.admit(key, length, depth) if writable else ErrorCode.DRAINING)
+            outcomes.append(self._puts.admit(key, length, depth) if refusal is None else refusal)
         lease_id = next(self._ids)
         lease = self._held[lease_id] = Lease(outcomes, sum(request.lengths))
         lease.expiry = asyncio.get_running_loop().call_later(self._deadline(lease.nbytes), self._expire, lease_id)

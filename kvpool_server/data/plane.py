@@ -21,6 +21,7 @@ from kvpool_server.data.admission import Admission
 from kvpool_server.data.session import Channel, Session
 from kvpool_server.data.tcp import TcpListener
 from kvpool_server.data.workers import LoopThread
+from kvpool_server.tenants.access import Access
 
 if TYPE_CHECKING:
     from kvpool_server.config import ServerConfig
@@ -48,7 +49,7 @@ class DataPlane:
         config: the daemon's settings; this reads its ``data``, ``net``, ``tls`` and ``ucx`` sections.
         store: the tiers every session reads and writes.
         counters, latencies: where sessions count requests and time them.
-        token: the cluster's token a HELLO must prove; None: no authentication.
+        access: the tokens a HELLO may prove, and their tenants.
         certificates: the server's certificates; with ``data_tls``, every connection is TLS.
         accepting_writes: whether this node takes writes now (False while draining).
         published: sends published blocks in answer to one-key GETs over plain TCP; None: the
@@ -62,7 +63,7 @@ class DataPlane:
         store: BlockStore,
         counters: Counters,
         latencies: Latencies,
-        token: bytes | None,
+        access: Access,
         certificates: CertificateFiles | None,
         accepting_writes: Callable[[], bool],
         published: PublishedGets | None = None,
@@ -74,7 +75,7 @@ class DataPlane:
         self._store = store
         self._counters = counters
         self._latencies = latencies
-        self._session_config = config.session_config(token)
+        self._session_config = config.session_config(access.verifier())
         self._tls = certificates.server_context if config.tls.data and certificates is not None else None
         self._accepting_writes = accepting_writes
         self.admission = Admission(config.admission_limits(), counters)

@@ -43,7 +43,7 @@ class Puts:
         return self._store.write_through
 
     def store(
-        self, request: PutRequest, writable: bool, outcomes: list[Outcome], *, arrived: bool = False
+        self, request: PutRequest, refusal: ErrorCode | None, outcomes: list[Outcome], *, arrived: bool = False
     ) -> Generator[int | memoryview, None, None]:
         """Store a put's blocks as their bytes arrive, whichever driver moves the bytes.
 
@@ -57,15 +57,16 @@ class Puts:
 
         Args:
             request: the put, its head read.
-            writable: False while the node drains: every block is refused ``DRAINING``.
+            refusal: why every block is refused (``DRAINING`` while the node drains,
+                ``PERMISSION_DENIED`` for another tenant's namespace); None: they are stored.
             outcomes: an empty list, filled as the blocks are taken.
             arrived: the whole payload is buffered already: no count is yielded.
         """
         try:
             for h, length, depth in zip(request.hashes, request.lengths, depths(request), strict=True):
-                if writable and length > 0 and not arrived:
+                if refusal is None and length > 0 and not arrived:
                     yield min(length, FIRST_BYTES)
-                outcome = self.admit((request.namespace, h), length, depth) if writable else ErrorCode.DRAINING
+                outcome = self.admit((request.namespace, h), length, depth) if refusal is None else refusal
                 outcomes.append(outcome)
                 if not isinstance(outcome, BlockEntry):
                     yield from self.sink(length)

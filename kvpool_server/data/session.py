@@ -43,12 +43,14 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.core.wire import (
     CommitRequest,
+    DeleteRequest,
     HelloResponse,
     LocateRequest,
     Op,
     PeerRequest,
     PutRequest,
     ReserveRequest,
+    StatusResponse,
     WireLimits,
     encode,
 )
@@ -60,6 +62,7 @@ from kvpool_client.core.wire.connection import (
     NeedData,
     Refusal,
     ServerConnection,
+    Verify,
 )
 from kvpool_server.data.admission import Admission
 from kvpool_server.data.answers import OP_NAMES, Answer, Answers, Reply, request_op
@@ -67,6 +70,8 @@ from kvpool_server.data.leases import Leases
 from kvpool_server.data.published_gets import SendPublished
 from kvpool_server.data.puts import Outcome, Puts
 from kvpool_server.stats import Counters, Latencies
+from kvpool_server.tenants.credentials import Tenant
+from kvpool_server.tenants.gate import Denied, screened, write_refusal
 from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 if TYPE_CHECKING:
@@ -124,7 +129,7 @@ Handover = Pending | None
 class SessionConfig:
     limits: WireLimits
     verify_checksum_on_get: bool
-    token: bytes | None = field(default=None, repr=False)  # required in a HELLO first, when set
+    verify: Verify | None = field(default=None, repr=False)  # a HELLO's token to its tenant; None: none required
     idle_timeout_s: float = 0.0  # close a connection idle this long between frames; 0: never
     io_timeout_s: float = 30.0  # the stall allowed mid-frame; a put's whole payload gets this plus its transfer time
 
@@ -158,11 +163,12 @@ class Session:
         nixl: NixlPeer | None = None,
     ) -> None:
         self._channel = channel
-        self._connection = ServerConnection(config.limits, config.token)
+        self._connection = ServerConnection(config.limits, config.verify)
+        self._restricted: Tenant | None = None  # the HELLO's tenant, unless it may do everything
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._puts = Puts(store, admission, counters)
         self._nixl = nixl  # the node's one-sided peer: PEER, RESERVE and COMMIT need it
-        self._leases = Leases(store, self._puts, counters, config.payload_deadline, accepting_writes)
+        self._leases = Leases(store, self._puts, counters, config.payload_deadline, self._write_refusal)
         self._store = store
         self._counters = counters
         self._latencies = latencies
@@ -249,12 +255,22 @@ class Session:
             put whose bytes are still on their way, a HELLO, a refusal.
         """
         started = time.perf_counter()
+        if self._restricted is not None:
+            allowed = screened(self._restricted, event)
+            if isinstance(allowed, Denied):
+                return self._reply_now(allowed.request, self._denied(allowed), started)
+            event = allowed
         if isinstance(event, GetOne):  # the usual single-block get
             return self._get_one(event, started)
         match event:
             case PutRequest():
                 return self._put_now(event, started)
-            case Hello() | Refusal():
+            case Hello():
+                tenant = event.identity
+                assert tenant is None or isinstance(tenant, Tenant)
+                self._restricted = None if tenant is None or tenant.everything else tenant
+                return event
+            case Refusal():
                 return event
             case PeerRequest() | ReserveRequest() | CommitRequest():
                 self._counters.add(_REQUEST_COUNTERS[request_op(event)])
@@ -310,7 +326,7 @@ class Session:
             return request
         self._counters.add("requests_put")
         outcomes: list[Outcome] = []
-        steps = self._puts.store(request, self._accepting_writes(), outcomes, arrived=True)
+        steps = self._puts.store(request, self._write_refusal(request.namespace), outcomes, arrived=True)
         try:
             for target in steps:
                 if isinstance(target, memoryview):  # the payload is all here: never a count to wait for
@@ -339,9 +355,21 @@ class Session:
         except KVPoolError as exc:
             return [self._answers.error_frame(request.request_id, request_op(request), exc)]
 
-    def _reply_now(
-        self, request: PutRequest | PeerRequest | ReserveRequest | CommitRequest, reply: Reply, started: float
-    ) -> Answer | None:
+    def _write_refusal(self, namespace: str) -> ErrorCode | None:
+        """Why blocks of ``namespace`` are refused now; None: they are taken."""
+        if not self._accepting_writes():
+            return ErrorCode.DRAINING
+        return write_refusal(self._restricted, namespace)
+
+    def _denied(self, denied: Denied) -> Reply:
+        """The answer to a request its tenant may not make."""
+        request = denied.request
+        if denied.error is not None:
+            return [self._answers.error_frame(request.request_id, request_op(request), denied.error)]
+        assert denied.statuses is not None
+        return [encode(StatusResponse(request.request_id, request_op(request), denied.statuses))]
+
+    def _reply_now(self, request: PutRequest | DeleteRequest | OneSided, reply: Reply, started: float) -> Answer | None:
         """Send a reply that pins no block; what the socket does not take at once is left to :meth:`_complete`."""
         unsent = self._send_now(reply, ())
         if unsent:
@@ -504,7 +532,7 @@ class Session:
         started = time.perf_counter()
         self._counters.add("requests_put")
         outcomes: list[Outcome] = []
-        steps = self._puts.store(request, self._accepting_writes(), outcomes)
+        steps = self._puts.store(request, self._write_refusal(request.namespace), outcomes)
         try:
             async with asyncio.timeout(self._config.payload_deadline(sum(request.lengths))):
                 for wait in steps:

@@ -55,6 +55,9 @@ class Right(enum.Enum):
     ADMIN = "admin"  # drain, node state, cluster config
 
 
+_ALL_RIGHTS = frozenset(Right)
+
+
 @dataclass(frozen=True, slots=True)
 class Quotas:
     """Most a tenant may hold; 0: no limit."""
@@ -85,6 +88,11 @@ class Tenant:
     def may(self, right: Right, namespace: str) -> bool:
         """Whether this tenant holds ``right`` over ``namespace``."""
         return right in self.rights and self.covers(namespace)
+
+    @property
+    def everything(self) -> bool:
+        """Every right over every namespace (the cluster's token): nothing to check."""
+        return self.rights == _ALL_RIGHTS and "*" in self.namespaces
 
 
 @dataclass(frozen=True)

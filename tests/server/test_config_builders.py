@@ -13,6 +13,7 @@ from kvpool_client.core.wire import WireLimits
 from kvpool_server.app import Daemon
 from kvpool_server.config import GiB, MiB, ServerConfig, load_config
 from kvpool_server.data.admission import AdmissionLimits
+from kvpool_server.tenants.access import Access
 
 
 def test_wire_limits_announce_one_slab_as_the_largest_block() -> None:
@@ -33,12 +34,13 @@ def test_admission_limits(settings: dict[str, int], inflight: int) -> None:
     assert config.admission_limits() == AdmissionLimits(inflight, 10, 3), config.admission_limits()
 
 
-def test_session_config_carries_the_token_timeouts_and_limits() -> None:
+def test_session_config_carries_the_token_check_timeouts_and_limits() -> None:
     config = ServerConfig.of(verify_checksum_on_get=True, idle_timeout_s=5.0, io_timeout_s=7.0)
-    session = config.session_config(b"t" * 16)
-    assert (session.limits, session.verify_checksum_on_get, session.token) == (config.wire_limits(), True, b"t" * 16)
+    verify = Access(b"t" * 16).verifier()
+    session = config.session_config(verify)
+    assert (session.limits, session.verify_checksum_on_get, session.verify) == (config.wire_limits(), True, verify)
     assert (session.idle_timeout_s, session.io_timeout_s) == (5.0, 7.0), session
-    assert config.session_config(None).token is None
+    assert config.session_config(None).verify is None
 
 
 def test_the_token_is_read_from_its_file(tmp_path: Path) -> None:

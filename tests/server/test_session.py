@@ -43,6 +43,7 @@ from kvpool_server.data.admission import Admission, AdmissionLimits
 from kvpool_server.data.answers import Answers
 from kvpool_server.data.session import HEAD_CHUNK, Session, SessionConfig
 from kvpool_server.stats import Counters, Latencies
+from kvpool_server.tenants.access import Access
 from kvpool_server.tiers.dram import DramTier
 from kvpool_server.tiers.store import BlockStore
 
@@ -186,7 +187,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 async def serving(node: Node, channel: FakeChannel, token: bytes | None = None) -> asyncio.Task[None]:
-    config = SessionConfig(LIMITS, verify_checksum_on_get=True, token=token, io_timeout_s=5.0)
+    verify = None if token is None else Access(token).verifier()
+    config = SessionConfig(LIMITS, verify_checksum_on_get=True, verify=verify, io_timeout_s=5.0)
     session = Session(channel, node.store, node.counters, Latencies(), config, lambda: True, node.admission)
     return asyncio.create_task(session.run())
 

@@ -128,7 +128,7 @@ def test_a_one_key_get_arriving_alone_is_taken_whole_and_nothing_else_is() -> No
 
 
 def test_a_one_key_get_before_the_hello_is_not_taken() -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     assert machine.receive_get_one(FRAMES[0]) is None
     refusal = machine.next_event()
     assert isinstance(refusal, Refusal) and refusal.close, refusal
@@ -173,10 +173,10 @@ def test_misuse_is_the_daemon_s_bug_not_the_peer_s() -> None:
 
 
 def test_a_node_with_a_token_accepts_a_hello_with_it_then_requests() -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     assert machine.state is State.HELLO
     machine.receive_data(encode(HelloRequest(1, TOKEN)) + encode(GetRequest(2, "ns", [H[0]])))
-    assert machine.next_event() == Hello(1)
+    assert machine.next_event() == Hello(1, "tenant"), "the HELLO says who the token proved"
     assert machine.state is State.READY
     assert machine.next_event() == GetOne(2, "ns", H[0])
 
@@ -190,7 +190,7 @@ def test_a_node_with_a_token_accepts_a_hello_with_it_then_requests() -> None:
     ],
 )
 def test_a_request_before_the_hello_closes_the_connection(first: bytes) -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     machine.receive_data(first)
     event = machine.next_event()
     assert isinstance(event, Refusal) and event.close and isinstance(event.error, AuthenticationError), event
@@ -199,7 +199,7 @@ def test_a_request_before_the_hello_closes_the_connection(first: bytes) -> None:
 
 
 def test_a_wrong_token_closes_the_connection() -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     machine.receive_data(encode(HelloRequest(1, b"guess")))
     event = machine.next_event()
     assert isinstance(event, Refusal) and event.close and "wrong token" in str(event.error)
@@ -207,7 +207,7 @@ def test_a_wrong_token_closes_the_connection() -> None:
 
 
 def test_an_oversized_hello_is_refused_before_its_meta_arrives() -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     header = bytearray(encode(HelloRequest(1, b"t"))[:HEADER_SIZE])
     struct.pack_into("<I", header, 16, 1500)  # meta_len: a token past MAX_TOKEN_BYTES announced
     machine.receive_data(bytes(header))
@@ -275,7 +275,7 @@ frames = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(frames, min_size=1, max_size=6), st.integers(1, 64))
 def test_without_the_token_no_stream_gets_past_hello(stream: list[bytes], piece: int) -> None:
-    machine = ServerConnection(LIMITS, TOKEN)
+    machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     data = b"".join(stream)
     seen = []
     for start in range(0, len(data), piece):

@@ -24,7 +24,7 @@ A connection without a required token starts READY; a bad header moves any state
 from __future__ import annotations
 
 import enum
-import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -93,9 +93,13 @@ class GetOne(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A HELLO that proved the token (or none was required): answer it with a HelloResponse."""
+    """A HELLO that proved a token (or none was required): answer it with a HelloResponse.
+
+    ``identity``: what the token proved (the daemon's tenant), as the machine's ``verify`` said.
+    """
 
     request_id: int
+    identity: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +126,23 @@ class LocalProtocolError(RuntimeError):
     """The daemon used the machine out of order (a bug in the session, not the peer's fault)."""
 
 
-class ServerConnection:
-    """The protocol state of one client connection, fed bytes by its transport."""
+Verify = Callable[[bytes], object | None]
+"""Who a presented token proves to be; None: nobody (the HELLO is refused)."""
 
-    def __init__(self, limits: WireLimits, token: bytes | None = None) -> None:
+
+class ServerConnection:
+    """The protocol state of one client connection, fed bytes by its transport.
+
+    Args:
+        verify: checks the token of the HELLO that must come first; None: no token is required.
+    """
+
+    def __init__(self, limits: WireLimits, verify: Verify | None = None) -> None:
         self._limits = limits
-        self._token = token
+        self._verify = verify
         self._buffer = bytearray()
         self._payload_left = 0
-        self.state = State.READY if token is None else State.HELLO
+        self.state = State.READY if verify is None else State.HELLO
 
     # -- bytes in -------------------------------------------------------------
 
@@ -217,10 +229,11 @@ class ServerConnection:
         return message
 
     def _hello(self, hello: HelloRequest) -> Hello | Refusal:
-        if self._token is not None and not hmac.compare_digest(hello.token, self._token):
+        identity = None if self._verify is None else self._verify(hello.token)
+        if self._verify is not None and identity is None:
             return self._refuse_stream(hello.request_id, Op.HELLO, AuthenticationError("wrong token"))
         self.state = State.READY
-        return Hello(hello.request_id)
+        return Hello(hello.request_id, identity)
 
     def _refuse_stream(self, request_id: int, op: Op, error: KVPoolError) -> Refusal:
         self.state = State.CLOSED

@@ -1,0 +1,53 @@
+"""Who a token proves to be, for every path that checks one: data connections and gRPC calls.
+
+Without a credentials file the cluster's token is the one tenant (every right over every
+namespace), as before tenants existed; with one, its tenants join it. A node without a token
+requires none, and every caller is that tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kvpool_server.tenants.credentials import Credentials, Quotas, Tenant, cluster_tenant, digest
+from kvpool_server.tenants.reload import CredentialsFile
+
+log = logging.getLogger("kvpool.server")
+
+
+class Access:
+    """The tokens a node accepts, and each one's tenant.
+
+    Args:
+        cluster_token: the cluster's token; None: the node requires no token.
+        tenants_file: the credentials file (needs ``cluster_token``); empty: none.
+
+    Raises:
+        CredentialsError: the credentials file cannot be read or parsed.
+    """
+
+    def __init__(self, cluster_token: bytes | None, tenants_file: str = "") -> None:
+        self.cluster_token = cluster_token
+        self._fixed = Credentials({} if cluster_token is None else {digest(cluster_token): cluster_tenant()})
+        self._file = CredentialsFile(tenants_file, cluster_token) if tenants_file else None
+        limited = [t.name for t in self.credentials().tenants if t.quotas != Quotas()]
+        if limited:  # said, not silently ignored
+            log.warning("tenants' quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
+
+    @property
+    def required(self) -> bool:
+        """Whether callers must prove a token."""
+        return self.cluster_token is not None
+
+    def credentials(self) -> Credentials:
+        """The tenants in force now."""
+        return self._file.current() if self._file is not None else self._fixed
+
+    def tenant_of(self, token: bytes) -> Tenant | None:
+        """The tenant ``token`` proves; None: no tenant's."""
+        return self.credentials().tenant_of(token)
+
+    def verifier(self) -> Callable[[bytes], Tenant | None] | None:
+        """What a data connection checks its HELLO's token with; None: no token is required."""
+        return self.tenant_of if self.required else None

@@ -1,0 +1,192 @@
+"""Tenants against a real daemon: what one tenant can and cannot do to another's blocks, on every path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient
+from kvpool_client.core.auth import Credentials, open_channel
+from kvpool_client.core.channels.nixl_agent import import_error as nixl_import_error
+from kvpool_client.core.errors import AuthenticationError, PermissionDenied
+from kvpool_client.core.proto import kvpool_pb2 as pb
+from kvpool_client.core.proto import kvpool_pb2_grpc
+from kvpool_client.core.wire import ErrorResponse, HelloRequest, HelloResponse, PeerRequest, ReserveRequest
+from tests.support.daemon import DaemonProcess
+from tests.support.rawwire import RawConnection
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+CLUSTER, A, B, READER = (f"{who}-token-0123456789abcdef".encode() for who in ("cluster", "team-a", "team-b", "reader"))
+A_NS, B_NS = "team-a.llama@test", "team-b.qwen@test"
+
+
+def tenants(b_token: bytes = B) -> dict[str, object]:
+    return {
+        "tenants": {
+            "team-a": {"token": A.decode(), "namespaces": ["team-a.*"], "rights": ["read", "write", "delete"]},
+            "team-b": {
+                "token_sha256": hashlib.sha256(b_token).hexdigest(),
+                "namespaces": ["team-b.*"],
+                "rights": ["read", "write", "delete"],
+            },
+            "reader": {"token": READER.decode(), "namespaces": ["team-a.*"], "rights": ["read"]},
+        }
+    }
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    token, listing = tmp_path / "token", tmp_path / "tenants.yaml"
+    token.write_bytes(CLUSTER)
+    listing.write_text(yaml.safe_dump(tenants()))
+    return token, listing
+
+
+@pytest.fixture
+def node(daemon_factory: Callable[..., DaemonProcess], files: tuple[Path, Path]) -> DaemonProcess:
+    token, listing = files
+    return daemon_factory(
+        "--dram-capacity",
+        "16MiB",
+        "--slab-size",
+        "1MiB",
+        "--auth-token-file",
+        str(token),
+        "--auth-tenants-file",
+        str(listing),
+    )
+
+
+def connect(node: DaemonProcess, token: bytes, transport: str = "auto") -> KVPoolClient:
+    return KVPoolClient(config=ClientConfig(nodes=(node.address,), auth_token=token, transport=transport))
+
+
+def keys(namespace: str, count: int) -> list[BlockKey]:
+    return [BlockKey(namespace, os.urandom(32)) for _ in range(count)]
+
+
+def stub_call(node: DaemonProcess, token: bytes, method: str, request: object) -> object:
+    with open_channel(node.address, Credentials(token)) as channel:
+        return getattr(kvpool_pb2_grpc.KVPoolStub(channel), method)(request, timeout=10)
+
+
+def test_a_tenant_cannot_read_write_or_delete_another_tenant_s_blocks(node: DaemonProcess) -> None:
+    mine, absent = keys(A_NS, 4), keys(A_NS, 2)
+    blocks = [os.urandom(8192) for _ in mine]
+    with connect(node, A) as a, connect(node, B) as b, connect(node, READER) as reader:
+        assert a.put(mine, blocks).stored == 4
+        got = b.get(mine + absent)
+        assert got.statuses == (ErrorCode.NOT_FOUND,) * 6, "another tenant's blocks look absent"
+        assert b.get(mine[:1]).statuses == (ErrorCode.NOT_FOUND,), "the one-key get's path too"
+        assert b.exists(mine) == [False] * 4 and b.lookup(mine) == 0
+        assert set(b.put(mine, blocks).statuses) == {ErrorCode.PERMISSION_DENIED}
+        written = b.put(keys(A_NS, 2), blocks[:2])
+        assert set(written.statuses) == {ErrorCode.PERMISSION_DENIED} and written.stored == 0
+        with pytest.raises(PermissionDenied):
+            b.delete(mine)
+        assert a.exists(mine) == [True] * 4, "nothing of A's was touched"
+        read = reader.get(mine)
+        assert read.ok and [bytes(x) for x in read.buffers] == blocks, "a read-only tenant reads"
+        assert set(reader.put(keys(A_NS, 1), blocks[:1]).statuses) == {ErrorCode.PERMISSION_DENIED}
+        with pytest.raises(PermissionDenied):
+            reader.delete(mine[:1])
+        assert a.delete(mine[:1]) == [True]
+
+
+def test_a_tenant_s_control_calls_keep_to_its_rights(node: DaemonProcess) -> None:
+    mine = keys(A_NS, 2)
+    with connect(node, A) as a:
+        assert a.put(mine, [os.urandom(4096) for _ in mine]).stored == 2
+        wire = [k.hash for k in mine]
+        present = stub_call(node, B, "Exists", pb.KeysRequest(namespace=A_NS, hashes=wire))
+        assert list(present.present) == [False, False]  # type: ignore[attr-defined]
+        own = stub_call(node, A, "Exists", pb.KeysRequest(namespace=A_NS, hashes=wire))
+        assert list(own.present) == [True, True]  # type: ignore[attr-defined]
+        for token, method, request in [
+            (B, "Delete", pb.KeysRequest(namespace=A_NS, hashes=wire)),
+            (B, "FlushNamespace", pb.FlushNamespaceRequest(namespace=A_NS)),
+            (A, "FlushNamespace", pb.FlushNamespaceRequest(model="team-a.llama")),  # a model: not one at a time
+            (A, "SetState", pb.SetStateRequest(state="draining")),
+            (A, "GetStats", pb.GetStatsRequest()),
+        ]:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub_call(node, token, method, request)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, (method, refused.value)
+        listed = stub_call(node, B, "ListNamespaces", pb.ListNamespacesRequest())
+        assert [row.namespace for row in listed.namespaces] == [], "B does not see A's namespaces"  # type: ignore[attr-defined]
+        assert A_NS in [row.namespace for row in a.namespaces(node.address)]
+        assert a.flush_namespace(A_NS) == 2, "a tenant flushes its own namespace"
+        with connect(node, CLUSTER) as cluster:
+            assert cluster.stats(node.address).counters["requests_put"] >= 1, "the cluster's token may do everything"
+
+
+def test_the_same_node_path_is_the_cluster_token_s_only(node: DaemonProcess) -> None:
+    """The arena and its published index hold every namespace: a tenant's client reads over the wire."""
+    with connect(node, A) as a, connect(node, CLUSTER) as cluster:
+        assert cluster.transport(node.address) == "shm"
+        assert a.transport(node.address) == "tcp"
+        info = stub_call(node, A, "GetServerInfo", pb.GetServerInfoRequest())
+        assert not info.HasField("shared_arena")  # type: ignore[attr-defined]
+        assert {e.transport for e in info.endpoints} == {"tcp"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(nixl_import_error() is not None, reason="nixl cannot be imported")
+def test_the_one_sided_plane_is_the_cluster_token_s_only(
+    daemon_factory: Callable[..., DaemonProcess], files: tuple[Path, Path]
+) -> None:
+    """PEER and RESERVE reach the whole arena (a reserved slot still holds an evicted block's bytes)."""
+    token, listing = files
+    flags = ("--auth-token-file", str(token), "--auth-tenants-file", str(listing), "--nixl-enabled")
+    node = daemon_factory("--dram-capacity", "16MiB", "--slab-size", "1MiB", *flags)
+    with RawConnection(node.data_address) as raw:
+        assert isinstance(raw.request(HelloRequest(1, A)).message, HelloResponse)
+        for request in (PeerRequest(2), ReserveRequest(3, A_NS, [os.urandom(32)], [4096])):
+            answer = raw.request(request).message
+            assert isinstance(answer, ErrorResponse) and answer.code == ErrorCode.PERMISSION_DENIED, answer
+        assert raw.ping(), "the connection goes on"
+
+
+def test_a_rotated_credentials_file_takes_effect_without_a_restart(
+    node: DaemonProcess, files: tuple[Path, Path]
+) -> None:
+    rotated = b"team-b-rotated-token-0123456789"
+    files[1].write_text(yaml.safe_dump(tenants(b_token=rotated)))
+
+    def old_token_refused() -> bool:
+        try:
+            stub_call(node, B, "GetServerInfo", pb.GetServerInfoRequest())
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+        return False
+
+    wait_until(old_token_refused, bool, "the old token refused")
+    with connect(node, rotated) as b:
+        assert b.put(keys(B_NS, 1), [b"x" * 4096]).stored == 1
+    with pytest.raises(AuthenticationError), connect(node, B) as old:
+        old.put(keys(B_NS, 1), [b"x" * 4096]).raise_for_errors()
+
+
+def test_another_tenant_s_hits_and_misses_look_the_same(node: DaemonProcess) -> None:
+    """Counts and times: B probes A's stored keys and keys nobody stored, interleaved, many times."""
+    stored, never = keys(A_NS, 64), keys(A_NS, 64)
+    with connect(node, A) as a, connect(node, B) as b:
+        assert a.put(stored, [os.urandom(4096) for _ in stored]).stored == 64
+        times: dict[str, list[float]] = {"stored": [], "never": []}
+        for _ in range(5):
+            for name, probe in (("stored", stored), ("never", never)):
+                for key in probe:
+                    started = time.perf_counter()
+                    assert b.exists([key]) == [False]
+                    times[name].append(time.perf_counter() - started)
+    ratio = statistics.median(times["stored"]) / statistics.median(times["never"])
+    assert 0.8 < ratio < 1.25, f"median probe time of stored / never-stored keys: {ratio:.3f}"
