@@ -48,6 +48,7 @@ class Admission:
         self._lock = threading.Lock()
         self._inflight = 0
         self._connections: Counter[str] = Counter()
+        self._tenants: Counter[str] = Counter()  # proven connections per tenant with a cap
         self.sink = memoryview(bytearray(SINK_BYTES))  # shared: what lands in it is dropped
 
     @property
@@ -74,6 +75,24 @@ class Admission:
             self._connections[host] -= 1
             if self._connections[host] <= 0:
                 del self._connections[host]
+
+    def join(self, tenant: str, cap: int) -> bool:
+        """Admit a connection that proved ``tenant``'s token; False (counted): the tenant holds ``cap``
+        connections already, close it."""
+        with self._lock:
+            admitted = self._tenants[tenant] < cap
+            if admitted:
+                self._tenants[tenant] += 1
+        if not admitted:
+            self._counters.add("connections_refused")
+        return admitted
+
+    def leave(self, tenant: str) -> None:
+        """A connection :meth:`join` admitted ended."""
+        with self._lock:
+            self._tenants[tenant] -= 1
+            if self._tenants[tenant] <= 0:
+                del self._tenants[tenant]
 
     def take(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` of the put budget; False (counted): over it, refuse the block."""

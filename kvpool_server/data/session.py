@@ -165,6 +165,8 @@ class Session:
         self._channel = channel
         self._connection = ServerConnection(config.limits, config.verify)
         self._restricted: Tenant | None = None  # the HELLO's tenant, unless it may do everything
+        self._admission = admission
+        self._joined = ""  # the tenant whose connection cap this connection counts against
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._puts = Puts(store, admission, counters)
         self._nixl = nixl  # the node's one-sided peer: PEER, RESERVE and COMMIT need it
@@ -196,6 +198,8 @@ class Session:
             await self._serve(self._config.idle_timeout_s or None)
         finally:
             self._leases.close()  # the client left: what it reserved and did not commit goes back
+            if self._joined:
+                self._admission.leave(self._joined)
 
     async def _serve(self, idle: float | None) -> None:
         while True:
@@ -266,10 +270,7 @@ class Session:
             case PutRequest():
                 return self._put_now(event, started)
             case Hello():
-                tenant = event.identity
-                assert tenant is None or isinstance(tenant, Tenant)
-                self._restricted = None if tenant is None or tenant.everything else tenant
-                return event
+                return self._hello(event)
             case Refusal():
                 return event
             case PeerRequest() | ReserveRequest() | CommitRequest():
@@ -354,6 +355,18 @@ class Session:
                     return self._leases.commit(request)
         except KVPoolError as exc:
             return [self._answers.error_frame(request.request_id, request_op(request), exc)]
+
+    def _hello(self, hello: Hello) -> Hello | Refusal:
+        """Serve the connection as the tenant its HELLO proved, within the tenant's connection cap."""
+        tenant = hello.identity
+        assert tenant is None or isinstance(tenant, Tenant)
+        if tenant is not None and tenant.quotas.connections:
+            if not self._admission.join(tenant.name, tenant.quotas.connections):
+                why = f"tenant {tenant.name} holds its {tenant.quotas.connections} connections to this node"
+                return Refusal(hello.request_id, Op.HELLO, KVPoolError(why, ErrorCode.OVERLOADED), close=True)
+            self._joined = tenant.name
+        self._restricted = None if tenant is None or tenant.everything else tenant
+        return hello
 
     def _write_refusal(self, namespace: str) -> ErrorCode | None:
         """Why blocks of ``namespace`` are refused now; None: they are taken."""

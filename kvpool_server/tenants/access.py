@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kvpool_server.tenants.credentials import Credentials, Quotas, Tenant, cluster_tenant, digest
+from kvpool_server.tenants.credentials import Credentials, Tenant, cluster_tenant, digest
 from kvpool_server.tenants.reload import CredentialsFile
 
 log = logging.getLogger("kvpool.server")
@@ -31,9 +31,9 @@ class Access:
         self.cluster_token = cluster_token
         self._fixed = Credentials({} if cluster_token is None else {digest(cluster_token): cluster_tenant()})
         self._file = CredentialsFile(tenants_file, cluster_token) if tenants_file else None
-        limited = [t.name for t in self.credentials().tenants if t.quotas != Quotas()]
+        limited = [t.name for t in self.credentials().tenants if t.quotas.dram or t.quotas.ssd]
         if limited:  # said, not silently ignored
-            log.warning("tenants' quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
+            log.warning("tenants' byte quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
 
     @property
     def required(self) -> bool:

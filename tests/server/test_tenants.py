@@ -39,7 +39,12 @@ def tenants(b_token: bytes = B) -> dict[str, object]:
                 "namespaces": ["team-b.*"],
                 "rights": ["read", "write", "delete"],
             },
-            "reader": {"token": READER.decode(), "namespaces": ["team-a.*"], "rights": ["read"]},
+            "reader": {
+                "token": READER.decode(),
+                "namespaces": ["team-a.*"],
+                "rights": ["read"],
+                "quotas": {"connections": 2},
+            },
         }
     }
 
@@ -154,6 +159,26 @@ def test_the_one_sided_plane_is_the_cluster_token_s_only(
             answer = raw.request(request).message
             assert isinstance(answer, ErrorResponse) and answer.code == ErrorCode.PERMISSION_DENIED, answer
         assert raw.ping(), "the connection goes on"
+
+
+def test_a_tenant_holds_at_most_its_connections(node: DaemonProcess) -> None:
+    def hello(raw: RawConnection) -> object:
+        return raw.request(HelloRequest(1, READER)).message
+
+    with RawConnection(node.data_address) as first, RawConnection(node.data_address) as second:
+        assert isinstance(hello(first), HelloResponse) and isinstance(hello(second), HelloResponse)
+        with RawConnection(node.data_address) as third:
+            refused = hello(third)
+            assert isinstance(refused, ErrorResponse) and refused.code == ErrorCode.OVERLOADED, refused
+            assert third.closed_by_peer(within=5.0)
+        with connect(node, A) as a:  # another tenant is not held by this one's cap
+            assert a.put(keys(A_NS, 1), [b"a" * 4096]).stored == 1
+
+    def admitted() -> bool:
+        with RawConnection(node.data_address) as again:
+            return isinstance(hello(again), HelloResponse)
+
+    wait_until(admitted, bool, "a connection admitted once the others closed")
 
 
 def test_a_rotated_credentials_file_takes_effect_without_a_restart(
