@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kvpool_server.tenants.credentials import Credentials, Tenant, cluster_tenant, digest
+from kvpool_server.tenants.credentials import Credentials, Right, Tenant, cluster_tenant, digest
 from kvpool_server.tenants.reload import CredentialsFile
+from kvpool_server.tiers.dram import QuotaGroup
 
 log = logging.getLogger("kvpool.server")
 
@@ -31,9 +32,10 @@ class Access:
         self.cluster_token = cluster_token
         self._fixed = Credentials({} if cluster_token is None else {digest(cluster_token): cluster_tenant()})
         self._file = CredentialsFile(tenants_file, cluster_token) if tenants_file else None
-        limited = [t.name for t in self.credentials().tenants if t.quotas.dram or t.quotas.ssd]
+        self._groups: tuple[Credentials, dict[str, list[QuotaGroup]]] = (self._fixed, {})
+        limited = [t.name for t in self.credentials().tenants if t.quotas.ssd]
         if limited:  # said, not silently ignored
-            log.warning("tenants' byte quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
+            log.warning("tenants' SSD quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
 
     @property
     def required(self) -> bool:
@@ -47,6 +49,26 @@ class Access:
     def tenant_of(self, token: bytes) -> Tenant | None:
         """The tenant ``token`` proves; None: no tenant's."""
         return self.credentials().tenant_of(token)
+
+    def dram_quotas(self, namespace: str) -> list[QuotaGroup]:
+        """The tenants' DRAM quotas a block of ``namespace`` counts against: every tenant's that may
+        write there (called under the DRAM tier's lock: the file is not looked at)."""
+        credentials = self._file.loaded if self._file is not None else self._fixed
+        known, groups = self._groups
+        if known is not credentials:
+            known, groups = self._groups = credentials, {}
+        found = groups.get(namespace)
+        if found is None:
+            found = groups[namespace] = [
+                QuotaGroup(f"tenant {t.name}", t.quotas.dram, t.covers)
+                for t in credentials.tenants
+                if t.quotas.dram and t.may(Right.WRITE, namespace)
+            ]
+        return found
+
+    @property
+    def has_tenants(self) -> bool:
+        return self._file is not None
 
     def verifier(self) -> Callable[[bytes], Tenant | None] | None:
         """What a data connection checks its HELLO's token with; None: no token is required."""

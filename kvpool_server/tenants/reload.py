@@ -52,6 +52,11 @@ class CredentialsFile:
         self._checked = clock()
         self.version = 1  # counts the versions loaded
 
+    @property
+    def loaded(self) -> Credentials:
+        """The credentials in force, without looking at the file (for callers that must not wait on it)."""
+        return self._credentials
+
     def current(self) -> Credentials:
         """The credentials in force, the file read again first when ``recheck_s`` passed."""
         with self._lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import count, islice, takewhile
 
 import numpy as np
@@ -43,6 +44,15 @@ _QUOTA_VICTIM_SCAN = 4096
 _TOUCH_BATCH = 1024
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaGroup:
+    """Blocks that share a quota: one namespace's, or those of every namespace a tenant writes."""
+
+    name: str
+    limit: int  # most slot bytes the group's blocks may hold
+    covers: Callable[[str], bool]  # whether a namespace's blocks are the group's
+
+
 def checksum(data: memoryview | bytes) -> int:
     """The per-block checksum: xxh3-64, about memcpy speed."""
     return xxhash.xxh3_64_intdigest(data)
@@ -61,6 +71,8 @@ class DramTier:
             when a pinned block is unlinked (its free waits for the last reader).
         namespace_quota: most slot bytes one namespace may hold (0: no quota); past
             it, the namespace's own least recent blocks make room.
+        group_quotas: the other quotas a namespace's blocks count against (a tenant's, over
+            the namespaces it writes); past one, that group's least recent blocks make room.
         published: the shared table same-node readers find blocks in without asking
             (needs ``generations``): a block is published once committed and
             withdrawn when unlinked.
@@ -76,8 +88,10 @@ class DramTier:
         generations: SlotGenerations | None = None,
         namespace_quota: int = 0,
         published: PublishedIndex | None = None,
+        group_quotas: Callable[[str], Sequence[QuotaGroup]] | None = None,
     ) -> None:
         self._quota = namespace_quota
+        self._group_quotas = group_quotas
         self._ns_bytes: Counter[str] = Counter()  # slot bytes per namespace, writing blocks included
         self._on_evict = on_evict
         self.generations = generations
@@ -119,7 +133,7 @@ class DramTier:
             if existing >= 0:
                 return ErrorCode.ALREADY_EXISTS if self._blocks.flags[existing] & COMPLETE else ErrorCode.BUSY
             # Victims are chosen first and evicted only for a reserve that then succeeds.
-            victims = self._quota_victims(key[0], self._alloc.slot_size_for(length))
+            victims = self._quota_victims(self._quota_groups(key[0]), self._alloc.slot_size_for(length))
             if victims is None:
                 return ErrorCode.QUOTA_EXCEEDED
             if victims and not self._room_after(victims, length):
@@ -381,32 +395,44 @@ class DramTier:
             policy = self._policies[slot_size] = self._new_policy()
         return policy
 
-    def _quota_victims(self, namespace: str, slot_size: int) -> list[int] | None:
-        """The namespace's least recent blocks whose eviction lets one more slot fit its quota.
+    def _quota_groups(self, namespace: str) -> list[QuotaGroup]:
+        """Every quota a block of ``namespace`` counts against: its namespace's, then its groups'."""
+        groups = [QuotaGroup(namespace, self._quota, namespace.__eq__)] if self._quota else []
+        if self._group_quotas is not None:
+            groups += self._group_quotas(namespace)
+        return groups
+
+    def _quota_victims(self, groups: Sequence[QuotaGroup], slot_size: int) -> list[int] | None:
+        """The least recent blocks of each quota group whose eviction lets one more slot fit every quota.
 
         Returns:
-            The victims, least recent first (none needed: empty); None when its evictable
-            blocks are not enough (the rest pinned or being written, or the slot exceeds the quota).
+            The victims, least recent first within each group (none needed: empty); None when
+            a group's evictable blocks are not enough (the rest pinned or being written, or the
+            slot exceeds its quota).
         """
-        if self._quota and slot_size > self._quota:
-            return None  # no eviction can make it fit: spare the look at every block
-        excess = self._ns_bytes[namespace] + slot_size - self._quota if self._quota else 0
         victims: dict[int, None] = {}
-        while excess > 0:
-            victim = self._oldest_of(namespace, victims)
-            if victim is None:
-                return None
-            victims[victim] = None
-            excess -= self._blocks.slot_size[victim]
+        for group in groups:
+            if slot_size > group.limit:
+                return None  # no eviction can make it fit: spare the look at every block
+            held = sum(n for namespace, n in self._ns_bytes.items() if group.covers(namespace))
+            going = sum(self._blocks.slot_size[v] for v in victims if group.covers(self._keys.namespace_of(v)))
+            excess = held - going + slot_size - group.limit
+            while excess > 0:
+                victim = self._oldest_of(group.covers, victims)
+                if victim is None:
+                    return None
+                victims[victim] = None
+                excess -= self._blocks.slot_size[victim]
         return list(victims)
 
-    def _oldest_of(self, namespace: str, taken: Container[int]) -> int | None:
-        """The least recent evictable block of ``namespace`` not in ``taken`` (a bounded look at each order)."""
+    def _oldest_of(self, covers: Callable[[str], bool], taken: Container[int]) -> int | None:
+        """The least recent evictable block of a namespace ``covers`` not in ``taken`` (a bounded
+        look at each order)."""
         best: int | None = None
         blocks = self._blocks
         for policy in self._policies.values():
             for block in islice((c for c in policy.candidates() if c not in taken), _QUOTA_VICTIM_SCAN):
-                if self._keys.namespace_of(block) == namespace and not blocks.pins[block]:
+                if covers(self._keys.namespace_of(block)) and not blocks.pins[block]:
                     if best is None or blocks.last_access[block] < blocks.last_access[best]:
                         best = block
                     break

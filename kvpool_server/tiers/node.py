@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.eviction import POLICIES
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
-from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.dram import DramTier, QuotaGroup
 from kvpool_server.tiers.shared_index import SharedIndex
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
@@ -53,7 +54,13 @@ class NodeTiers:
     demoter: Demoter | None
 
     @classmethod
-    async def open(cls, dram: DramSection, ssd: SsdSection, counters: Counters) -> NodeTiers:
+    async def open(
+        cls,
+        dram: DramSection,
+        ssd: SsdSection,
+        counters: Counters,
+        group_quotas: Callable[[str], Sequence[QuotaGroup]] | None = None,
+    ) -> NodeTiers:
         """Map the arena, then open the SSD tier (its segments are scanned on a thread) and start the demoter.
 
         Raises:
@@ -82,6 +89,7 @@ class NodeTiers:
                 generations=generations,
                 namespace_quota=dram.namespace_quota,
                 published=index.table if index is not None else None,
+                group_quotas=group_quotas,
             )
             store = BlockStore(
                 memory,

@@ -13,7 +13,7 @@ from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.dram import DramTier, QuotaGroup
 
 KiB = 1024
 BLOCK = 4 * KiB
@@ -69,3 +69,31 @@ def test_quota_exceeded_when_every_block_of_the_namespace_is_pinned(tier: DramTi
         assert isinstance(entry, BlockEntry)
         tier.abort(entry)
     assert isinstance(put(tier, ("ns", b"x")), BlockEntry), "aborted reservations give their quota back"
+
+
+def test_a_group_quota_bounds_every_namespace_it_covers_together() -> None:
+    """A tenant's quota over the namespaces it writes: its two namespaces share 4 slots, others are untouched."""
+    directory = tempfile.mkdtemp(prefix="kvpool-quota-")
+    arena = SharedArena(directory, "kvpool-quota", 64 * KiB, prefault=False)
+    group = QuotaGroup("tenant a", 4 * BLOCK, lambda namespace: namespace.startswith("a."))
+    tier = DramTier(
+        arena,
+        SlabAllocator(64 * KiB, 16 * KiB),
+        Counters(),
+        namespace_quota=3 * BLOCK,
+        group_quotas=lambda namespace: [group] if group.covers(namespace) else [],
+    )
+    try:
+        for i in range(4):
+            put(tier, ("other", b"o%d" % i))
+        for i in range(3):
+            put(tier, ("a.x", b"x%d" % i))
+        for i in range(3):
+            assert isinstance(put(tier, ("a.y", b"y%d" % i)), BlockEntry)
+        assert len(held(tier, "a.x")) + len(held(tier, "a.y")) == 4, (held(tier, "a.x"), held(tier, "a.y"))
+        assert held(tier, "a.y") == [b"y0", b"y1", b"y2"], "the group's least recent blocks went first"
+        assert held(tier, "other") == [b"o1", b"o2", b"o3"], "its own namespace quota, not the group's"
+    finally:
+        del tier
+        arena.close()
+        shutil.rmtree(directory)

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 CLUSTER, A, B, READER = (f"{who}-token-0123456789abcdef".encode() for who in ("cluster", "team-a", "team-b", "reader"))
 A_NS, B_NS = "team-a.llama@test", "team-b.qwen@test"
+KiB = 1 << 10
 
 
 def tenants(b_token: bytes = B) -> dict[str, object]:
@@ -38,6 +39,7 @@ def tenants(b_token: bytes = B) -> dict[str, object]:
                 "token_sha256": hashlib.sha256(b_token).hexdigest(),
                 "namespaces": ["team-b.*"],
                 "rights": ["read", "write", "delete"],
+                "quotas": {"dram": "256KiB"},
             },
             "reader": {
                 "token": READER.decode(),
@@ -159,6 +161,18 @@ def test_the_one_sided_plane_is_the_cluster_token_s_only(
             answer = raw.request(request).message
             assert isinstance(answer, ErrorResponse) and answer.code == ErrorCode.PERMISSION_DENIED, answer
         assert raw.ping(), "the connection goes on"
+
+
+def test_a_tenant_s_puts_evict_its_own_blocks_past_its_quota_never_another_s(node: DaemonProcess) -> None:
+    theirs = keys(A_NS, 32)
+    mine = [keys(f"team-b.m{i % 2}@test", 8) for i in range(8)]  # B: 1 MiB over two namespaces, 128 KiB a put
+    with connect(node, A) as a, connect(node, B) as b, connect(node, CLUSTER) as cluster:
+        assert a.put(theirs, [os.urandom(16 * KiB) for _ in theirs]).stored == 32
+        for batch in mine:
+            assert b.put(batch, [os.urandom(16 * KiB) for _ in batch]).stored == len(batch)
+        assert a.exists(theirs) == [True] * 32, "another tenant's puts evicted none of A's blocks"
+        held = sum(row.bytes for row in cluster.namespaces(node.address) if row.namespace.startswith("team-b."))
+        assert 0 < held <= 256 * KiB, f"B holds {held} bytes over its two namespaces"
 
 
 def test_a_tenant_holds_at_most_its_connections(node: DaemonProcess) -> None:
