@@ -34,6 +34,9 @@ class AdmissionLimits:
     connections_per_peer: int
 
 
+TENANT_SHARE = 0.5  # of the put budget one tenant (with limited rights) may hold in flight
+
+
 class Admission:
     """The daemon-wide budgets every data connection draws from.
 
@@ -49,6 +52,7 @@ class Admission:
         self._inflight = 0
         self._connections: Counter[str] = Counter()
         self._tenants: Counter[str] = Counter()  # proven connections per tenant with a cap
+        self._tenant_inflight: Counter[str] = Counter()  # put bytes in flight per tenant
         self.sink = memoryview(bytearray(SINK_BYTES))  # shared: what lands in it is dropped
 
     @property
@@ -94,22 +98,33 @@ class Admission:
             if self._tenants[tenant] <= 0:
                 del self._tenants[tenant]
 
-    def take(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` of the put budget; False (counted): over it, refuse the block."""
+    def take(self, nbytes: int, tenant: str = "") -> bool:
+        """Reserve ``nbytes`` of the put budget; False (counted): over it, refuse the block.
+
+        A ``tenant`` (one with limited rights) may hold at most :data:`TENANT_SHARE` of the
+        budget: one tenant's stalled or flooding puts leave the rest to the others.
+        """
+        limit = self.limits.inflight_put_bytes
         with self._lock:
-            if self._inflight + nbytes > self.limits.inflight_put_bytes:
-                admitted = False
-            else:
+            admitted = self._inflight + nbytes <= limit and (
+                not tenant or self._tenant_inflight[tenant] + nbytes <= limit * TENANT_SHARE
+            )
+            if admitted:
                 self._inflight += nbytes
-                admitted = True
+                if tenant:
+                    self._tenant_inflight[tenant] += nbytes
         if not admitted:
             self._counters.add("puts_overloaded")
         return admitted
 
-    def give(self, nbytes: int) -> None:
+    def give(self, nbytes: int, tenant: str = "") -> None:
         """Return ``nbytes`` taken by :meth:`take` (the block was committed or aborted)."""
         with self._lock:
             self._inflight -= nbytes
+            if tenant:
+                self._tenant_inflight[tenant] -= nbytes
+                if self._tenant_inflight[tenant] <= 0:
+                    del self._tenant_inflight[tenant]
 
 
 def peer_host(peer: str) -> str:

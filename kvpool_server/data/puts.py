@@ -36,6 +36,7 @@ class Puts:
         self._store = store
         self._admission = admission
         self._counters = counters
+        self.tenant = ""  # the connection's tenant, when its rights are limited: it holds a share of the budget
 
     @property
     def write_through(self) -> bool:
@@ -104,16 +105,16 @@ class Puts:
         slot = self._store.slot_size(length)
         if slot is None:
             return self._store.reserve(key, length, depth)  # refused whatever the budget: says why
-        if not self._admission.take(slot):
+        if not self._admission.take(slot, self.tenant):
             return ErrorCode.OVERLOADED
         outcome = self._store.reserve(key, length, depth)
         if not isinstance(outcome, BlockEntry):
-            self._admission.give(slot)
+            self._admission.give(slot, self.tenant)
         return outcome
 
     def admitted(self, entry: BlockEntry) -> None:
         """A reserved block's bytes are in, or not coming: its slot leaves the admission budget."""
-        self._admission.give(entry.slot_size)
+        self._admission.give(entry.slot_size, self.tenant)
 
     def reply(self, request: PutRequest, outcomes: list[Outcome]) -> Reply:
         """The put's answer: OK for each block stored, else why not."""

@@ -366,6 +366,7 @@ class Session:
                 return Refusal(hello.request_id, Op.HELLO, KVPoolError(why, ErrorCode.OVERLOADED), close=True)
             self._joined = tenant.name
         self._restricted = None if tenant is None or tenant.everything else tenant
+        self._puts.tenant = self._restricted.name if self._restricted is not None else ""
         return hello
 
     def _write_refusal(self, namespace: str) -> ErrorCode | None:

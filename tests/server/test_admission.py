@@ -15,6 +15,8 @@ import pytest
 from kvpool_client import BlockKey, KVPoolClient
 from kvpool_client.core.errors import ErrorCode
 from kvpool_client.core.wire import PutRequest, StatusResponse, encode
+from kvpool_server.data.admission import Admission, AdmissionLimits
+from kvpool_server.stats import Counters
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection, put_frame
 
@@ -121,3 +123,12 @@ def _counter(client: KVPoolClient, daemon: DaemonProcess, name: str) -> int:
 def _reserved(client: KVPoolClient, daemon: DaemonProcess) -> bool:
     (dram,) = client.stats(daemon.address).tiers
     return dram.used_bytes > 0
+
+
+def test_a_tenant_holds_at_most_its_share_of_the_put_budget() -> None:
+    admission = Admission(AdmissionLimits(inflight_put_bytes=100, connections=8, connections_per_peer=8), Counters())
+    assert admission.take(50, "hostile") and not admission.take(1, "hostile"), "half the budget, no more"
+    assert admission.take(40, "other") and admission.take(10), "the rest is the others'"
+    assert not admission.take(1), "the budget is whole"
+    admission.give(50, "hostile")
+    assert admission.take(30, "hostile") and admission.inflight_put_bytes == 80
