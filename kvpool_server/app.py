@@ -235,8 +235,15 @@ class Daemon:
 
     async def _start_control_plane(self, store: BlockStore, identity: NodeIdentity) -> None:
         assert self._grpc is not None
+        assert self._data is not None
         control = ControlService(
-            identity, store, self.counters, self.presence, lambda: self._start_handoff(store, identity)
+            identity,
+            store,
+            self.counters,
+            self.presence,
+            lambda: self._start_handoff(store, identity),
+            self._access,
+            self._data.admission.tenant_connections,
         )
         kvpool_pb2_grpc.add_KVPoolServicer_to_server(control, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)

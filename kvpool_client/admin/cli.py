@@ -20,6 +20,7 @@ Commands:
                               delete one block
   flush --namespace NS|--model M  delete every block of a namespace, or of a model, on every node
   namespaces                  blocks and bytes of each namespace, per tier, over the nodes
+  tenants                     each tenant's namespaces, rights, quotas and use, over the nodes
   lookup TOKEN_FILE --namespace-model M --dtype D --layout L --block-size N
                               how many leading blocks of a token sequence are in the pool
   top [--interval S] [--count N]
@@ -194,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     names = command("namespaces", "show the blocks and bytes of each namespace, per tier, over the nodes")
     names.set_defaults(run=cluster.run_namespaces)
+
+    tenants = command("tenants", "show each tenant's rights, quotas and use, over the nodes (an admin call)")
+    tenants.set_defaults(run=cluster.run_tenants)
 
     _add_cluster_commands(command, common)
 

@@ -17,6 +17,7 @@ from kvpool_client.admin.exits import CliError, ExitCode
 from kvpool_client.admin.namespaces import show_namespaces
 from kvpool_client.admin.nodes import NodeReport
 from kvpool_client.admin.session import ClusterSession, open_session
+from kvpool_client.admin.tenants import show_tenants
 from kvpool_client.core.membership.cluster import NodeListing
 from kvpool_client.core.membership.records import ClusterConfig, NodeRecord
 
@@ -155,14 +156,28 @@ def _node_json(record: NodeRecord, report: NodeReport) -> dict[str, object]:
 
 def run_namespaces(args: argparse.Namespace) -> ExitCode:
     """``namespaces``; with ``--etcd`` the nodes come from etcd."""
+    return show_namespaces(args, _addresses(args, "namespaces"))
+
+
+def run_tenants(args: argparse.Namespace) -> ExitCode:
+    """``tenants``; with ``--etcd`` the nodes come from etcd."""
+    return show_tenants(args, _addresses(args, "tenants"))
+
+
+def _addresses(args: argparse.Namespace, command: str) -> tuple[str, ...]:
+    """The nodes to ask: ``--nodes``, or with ``--etcd`` every node registered there.
+
+    Raises:
+        CliError: no node is registered.
+    """
     if not args.etcd:
-        return show_namespaces(args, args.nodes)
-    with open_session(args, "namespaces") as session:
+        return tuple(args.nodes)
+    with open_session(args, command) as session:
         listing = session.nodes()
     addresses = tuple(listing.nodes[n].address for n in sorted(listing.nodes))
     if not addresses:
         raise CliError(ExitCode.NOT_FOUND, f"no nodes registered in cluster {args.cluster!r}")
-    return show_namespaces(args, addresses)
+    return addresses
 
 
 def run_stats(args: argparse.Namespace) -> ExitCode:

@@ -58,6 +58,8 @@ def unreachable(address: str, exc: KVPoolError) -> CliError:
         return CliError(ExitCode.UNREACHABLE, f"{address} is shutting down: use another node in --nodes")
     if exc.code is ErrorCode.UNAUTHENTICATED:
         return CliError(ExitCode.USAGE, f"{address} {_TOKEN_HINT}", refused=address)
+    if exc.code is ErrorCode.PERMISSION_DENIED:  # a tenant's token: the node says which right it lacks
+        return CliError(ExitCode.USAGE, f"refused: {exc.args[0] if exc.args else exc}")
     return CliError(ExitCode.UNREACHABLE, f"cannot reach {address}: {_UNREACHABLE_HINT}")
 
 
@@ -71,6 +73,8 @@ def from_kvpool_error(exc: KVPoolError) -> CliError:
     message = str(exc.args[0]) if exc.args else str(exc)
     if exc.code is ErrorCode.UNAUTHENTICATED:
         return CliError(ExitCode.USAGE, f"a node {_TOKEN_HINT}", refused="a node")
+    if exc.code is ErrorCode.PERMISSION_DENIED:
+        return CliError(ExitCode.USAGE, f"refused: {message}")
     if isinstance(exc, (NodeUnavailable, RequestTimeout)) or exc.code in _UNREACHABLE_CODES:
         return CliError(ExitCode.UNREACHABLE, f"{message}: {_UNREACHABLE_HINT}")
     if isinstance(exc, UsageError) or exc.code in _USAGE_CODES:

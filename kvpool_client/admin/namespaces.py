@@ -8,39 +8,50 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import ExitCode
 from kvpool_client.admin.nodes import NodeReport, report_failures
-from kvpool_client.core.auth import Credentials, open_channel
+from kvpool_client.core.auth import open_channel
 from kvpool_client.core.control import blocking_stub, translate_rpc_error
 from kvpool_client.core.proto import kvpool_pb2 as pb
 
 Usage = dict[tuple[str, str], list[int]]  # (namespace, tier) -> [blocks, bytes, nodes]
 
 
-def list_node(address: str, timeout: float, credentials: Credentials) -> list[pb.NamespaceUsage] | NodeReport:
-    """One node's namespaces, or a report of the error that kept us from them."""
-    channel = open_channel(address, credentials)
+def ask_node(address: str, args: argparse.Namespace, call: Callable[[Any], Message]) -> Message | NodeReport:
+    """``call`` (given the node's stub) answered by one node, or a report of the error that kept us from it."""
+    channel = open_channel(address, args.credentials)
     try:
-        stub = blocking_stub(channel)
-        return list(stub.ListNamespaces(pb.ListNamespacesRequest(), timeout=timeout).namespaces)
+        return call(blocking_stub(channel))
     except grpc.RpcError as exc:
         return NodeReport(address, error=translate_rpc_error(address, exc))
     finally:
         channel.close()
 
 
+def ask_nodes(
+    args: argparse.Namespace, addresses: tuple[str, ...], call: Callable[[Any], Message]
+) -> list[Message | NodeReport]:
+    """:func:`ask_node` of every node, in parallel."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(addresses)))) as pool:
+        return list(pool.map(lambda a: ask_node(a, args, call), addresses))
+
+
 def show_namespaces(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode:
     """Print each namespace's blocks and bytes per tier, summed over ``addresses``."""
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(addresses)))) as pool:
-        answers = list(pool.map(lambda a: list_node(a, args.timeout, args.credentials), addresses))
+    answers = ask_nodes(
+        args, addresses, lambda stub: stub.ListNamespaces(pb.ListNamespacesRequest(), timeout=args.timeout)
+    )
     usage: Usage = defaultdict(lambda: [0, 0, 0])
     for answer in answers:
-        for row in answer if isinstance(answer, list) else ():
+        for row in answer.namespaces if isinstance(answer, pb.NamespaceList) else ():
             total = usage[(row.namespace, row.tier)]
             total[0] += row.blocks
             total[1] += row.bytes

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -24,6 +24,8 @@ from kvpool_server.index import StoreKey
 from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
+from kvpool_server.tenants.access import Access
+from kvpool_server.tenants.credentials import Right
 from kvpool_server.tiers.store import BlockStore, TierReport
 
 
@@ -64,12 +66,16 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
         counters: Counters,
         presence: NodePresence,
         start_handoff: Callable[[], None],
+        access: Access | None = None,
+        tenant_connections: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._identity = identity
         self._store = store
         self._counters = counters
         self._presence = presence
         self._start_handoff = start_handoff
+        self._access = access or Access(None)
+        self._tenant_connections = tenant_connections
 
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: ServicerContext[pb.GetServerInfoRequest, pb.ServerInfo]
@@ -155,6 +161,32 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
             for ns, u in sorted(usage.items())
         ]
         return pb.NamespaceList(namespaces=rows)
+
+    async def ListTenants(
+        self, request: pb.ListTenantsRequest, context: ServicerContext[pb.ListTenantsRequest, pb.TenantList]
+    ) -> pb.TenantList:
+        tiers = await asyncio.to_thread(self._store.namespace_usage)
+        connections = self._tenant_connections()
+        rows = []
+        for tenant in self._access.credentials().tenants:
+            used = {
+                tier: sum(u.bytes for ns, u in usage.items() if tenant.may(Right.WRITE, ns))
+                for tier, usage in tiers.items()
+            }
+            rows.append(
+                pb.TenantUsage(
+                    tenant=tenant.name,
+                    namespaces=tenant.namespaces,
+                    rights=sorted(r.value for r in tenant.rights),
+                    dram_bytes=used.get("dram", 0),
+                    ssd_bytes=used.get("ssd", 0),
+                    dram_quota=tenant.quotas.dram,
+                    ssd_quota=tenant.quotas.ssd,
+                    connections=connections.get(tenant.name, 0),
+                    connection_cap=tenant.quotas.connections,
+                )
+            )
+        return pb.TenantList(tenants=rows)
 
     async def SetState(
         self, request: pb.SetStateRequest, context: ServicerContext[pb.SetStateRequest, pb.ServerInfo]

@@ -91,6 +91,11 @@ class Admission:
             self._counters.add("connections_refused")
         return admitted
 
+    def tenant_connections(self) -> dict[str, int]:
+        """The data connections of each tenant that has a cap, now."""
+        with self._lock:
+            return dict(self._tenants)
+
     def leave(self, tenant: str) -> None:
         """A connection :meth:`join` admitted ended."""
         with self._lock:

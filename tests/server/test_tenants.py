@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -229,3 +232,35 @@ def test_another_tenant_s_hits_and_misses_look_the_same(node: DaemonProcess) -> 
                     times[name].append(time.perf_counter() - started)
     ratio = statistics.median(times["stored"]) / statistics.median(times["never"])
     assert 0.8 < ratio < 1.25, f"median probe time of stored / never-stored keys: {ratio:.3f}"
+
+
+def test_kvpoolctl_shows_each_tenant_s_rights_quotas_and_use(node: DaemonProcess, files: tuple[Path, Path]) -> None:
+    with connect(node, A) as a, connect(node, B) as b:
+        assert a.put(keys(A_NS, 4), [b"a" * 4096] * 4).stored == 4
+        assert b.put(keys(B_NS, 2), [b"b" * 4096] * 2).stored == 2
+        base = ("--nodes", node.address, "--auth-token-file")
+        listing = json.loads(kvpoolctl(*base, str(files[0]), "--json", "tenants"))["tenants"]
+        by_name = {t["tenant"]: t for t in listing}
+        assert sorted(by_name) == ["cluster", "reader", "team-a", "team-b"], listing
+        assert by_name["team-a"]["dram_bytes"] == 4 * 4096 and by_name["team-b"]["dram_bytes"] == 2 * 4096
+        assert by_name["reader"]["dram_bytes"] == 0, "it writes nothing: nothing counts against it"
+        assert by_name["team-b"]["quotas_per_node"] == {"dram": 256 * KiB, "ssd": 0, "connections": 0}
+        assert by_name["team-a"]["rights"] == ["delete", "read", "write"]
+        table = kvpoolctl(*base, str(files[0]), "tenants")
+        assert "team-b" in table and "quota 256.0 KiB/node" in table, table
+        token = files[0].parent / "a.token"
+        token.write_bytes(A)
+        refused = kvpoolctl_run(*base, str(token), "tenants")
+        assert refused.returncode != 0 and "admin right" in refused.stderr, refused.stderr
+
+
+def kvpoolctl_run(*args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+    command = [sys.executable, "-m", "kvpool_client.admin.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean, check=False)
+
+
+def kvpoolctl(*args: str) -> str:
+    done = kvpoolctl_run(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

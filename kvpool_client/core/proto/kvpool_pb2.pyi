@@ -6,6 +6,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListTenantsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("tenant", "namespaces", "rights", "dram_bytes", "ssd_bytes", "dram_quota", "ssd_quota", "connections", "connection_cap")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    RIGHTS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    SSD_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_CAP_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    namespaces: _containers.RepeatedScalarFieldContainer[str]
+    rights: _containers.RepeatedScalarFieldContainer[str]
+    dram_bytes: int
+    ssd_bytes: int
+    dram_quota: int
+    ssd_quota: int
+    connections: int
+    connection_cap: int
+    def __init__(self, tenant: _Optional[str] = ..., namespaces: _Optional[_Iterable[str]] = ..., rights: _Optional[_Iterable[str]] = ..., dram_bytes: _Optional[int] = ..., ssd_bytes: _Optional[int] = ..., dram_quota: _Optional[int] = ..., ssd_quota: _Optional[int] = ..., connections: _Optional[int] = ..., connection_cap: _Optional[int] = ...) -> None: ...
+
+class TenantList(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+
 class FlushNamespaceRequest(_message.Message):
     __slots__ = ("namespace", "model")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class KVPoolStub(object):
                 request_serializer=kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.SerializeToString,
                 response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.FromString,
                 _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/kvpool.v1.KVPool/ListTenants',
+                request_serializer=kvpool_dot_v1_dot_kvpool__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=kvpool_dot_v1_dot_kvpool__pb2.TenantList.FromString,
+                _registered_method=True)
 
 
 class KVPoolServicer(object):
@@ -134,6 +139,13 @@ class KVPoolServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTenants(self, request, context):
+        """The tenants of the node's credentials file, their rights, quotas and use of this node (an admin call).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVPoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +188,11 @@ def add_KVPoolServicer_to_server(servicer, server):
                     servicer.ListNamespaces,
                     request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.FromString,
                     response_serializer=kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=kvpool_dot_v1_dot_kvpool__pb2.ListTenantsRequest.FromString,
+                    response_serializer=kvpool_dot_v1_dot_kvpool__pb2.TenantList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +411,33 @@ class KVPool(object):
             '/kvpool.v1.KVPool/ListNamespaces',
             kvpool_dot_v1_dot_kvpool__pb2.ListNamespacesRequest.SerializeToString,
             kvpool_dot_v1_dot_kvpool__pb2.NamespaceList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.KVPool/ListTenants',
+            kvpool_dot_v1_dot_kvpool__pb2.ListTenantsRequest.SerializeToString,
+            kvpool_dot_v1_dot_kvpool__pb2.TenantList.FromString,
             options,
             channel_credentials,
             insecure,
