@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ from kvpool_server.membership.repair import MembershipRepair, RepairSettings
 from kvpool_server.metrics import KVPoolCollector, MetricsServer, build_registry
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tenants.access import Access
+from kvpool_server.tenants.usage import TenantUse, tenant_use
 from kvpool_server.tiers.node import NodeTiers
 from kvpool_server.tiers.store import BlockStore
 
@@ -258,12 +260,26 @@ class Daemon:
         net = self.config.net
         if net.metrics_port < 0:
             return -1
-        collector = KVPoolCollector(node_id, package_version(), store, self.counters, self.latencies, self.presence)
+        collector = KVPoolCollector(
+            node_id, package_version(), store, self.counters, self.latencies, self.presence, self._tenant_use(store)
+        )
         try:
             self._metrics = MetricsServer(net.host, net.metrics_port, build_registry(collector))
         except OSError as exc:
             raise OSError(f"cannot bind metrics on {net.host}:{net.metrics_port}: {exc}") from exc
         return self._metrics.port
+
+    def _tenant_use(self, store: BlockStore) -> Callable[[], list[TenantUse]]:
+        """Each tenant's use of this node, for the metrics; none without a credentials file."""
+        if not self._access.has_tenants:
+            return list
+        data = self._data
+        assert data is not None
+
+        def use() -> list[TenantUse]:
+            return tenant_use(self._access.credentials(), store.namespace_bytes(), data.admission.tenant_connections())
+
+        return use
 
     def _record(self, identity: NodeIdentity, net: NetSettings, grpc_port: int) -> NodeRecord:
         """This node as etcd lists it; ``net`` resolved."""

@@ -83,6 +83,14 @@ _GAUGES = (
     ),
     Family("kvpool_tier_failing", Kind.GAUGE, "1 while the tier refuses writes after an I/O error", ("tier",)),
     Family(
+        "kvpool_tenant_bytes",
+        Kind.GAUGE,
+        "bytes of every namespace a tenant may write, in a tier (DRAM: their slots, as its quota counts)",
+        ("tenant", "tier"),
+    ),
+    Family("kvpool_tenant_quota_bytes", Kind.GAUGE, "a tenant's quota in a tier (0: none)", ("tenant", "tier")),
+    Family("kvpool_tenant_connections", Kind.GAUGE, "a capped tenant's data connections now", ("tenant",)),
+    Family(
         "kvpool_request_duration_seconds",
         Kind.HISTOGRAM,
         "data-plane request time from its header to the last reply byte sent, by operation",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -24,6 +24,7 @@ from kvpool_client.core.membership.records import NodeState
 from kvpool_server.membership.registration import SessionState
 from kvpool_server.metric_names import FAMILIES, TIMED_OPS, Kind
 from kvpool_server.stats import Counters, Latencies
+from kvpool_server.tenants.usage import TenantUse
 from kvpool_server.tiers.store import TierReport
 
 _SESSION_STATES = ("standalone", *(str(s) for s in SessionState))
@@ -60,6 +61,7 @@ class KVPoolCollector(Collector):
         counters: the daemon's named counters.
         latencies: data-plane request durations per operation.
         presence: the node's presence (``state`` and ``session``).
+        tenants: each tenant's use of the node (none without a credentials file).
     """
 
     def __init__(
@@ -70,8 +72,10 @@ class KVPoolCollector(Collector):
         counters: Counters,
         latencies: Latencies,
         presence: PresenceSource,
+        tenants: Callable[[], list[TenantUse]] = list,
     ) -> None:
         self._info = {"node_id": node_id, "version": version}
+        self._tenants = tenants
         self._tiers = tiers
         self._counters = counters
         self._latencies = latencies
@@ -81,6 +85,7 @@ class KVPoolCollector(Collector):
         reports = self._tiers.reports()
         yield from self._node_families()
         yield from self._tier_families(reports)
+        yield from self._tenant_families()
         yield self._latency_family()
         yield from _counter_families(self._counters.snapshot(zeros=True), {report.name for report in reports})
 
@@ -120,6 +125,19 @@ class KVPoolCollector(Collector):
         for report in reports:
             failing.add_metric([report.name], int(bool(report.failure)))
         yield failing
+
+    def _tenant_families(self) -> Iterator[Metric]:
+        held, quotas, connections = (
+            _gauge(name) for name in ("kvpool_tenant_bytes", "kvpool_tenant_quota_bytes", "kvpool_tenant_connections")
+        )
+        for use in self._tenants():
+            name, quota = use.tenant.name, use.tenant.quotas
+            for tier, nbytes in use.tier_bytes.items():
+                held.add_metric([name, tier], nbytes)
+                quotas.add_metric([name, tier], quota.dram if tier == "dram" else quota.ssd)
+            if quota.connections:
+                connections.add_metric([name], use.connections)
+        yield from (held, quotas, connections)
 
     def _latency_family(self) -> Metric:
         spec = _DECLARED["kvpool_request_duration_seconds"]

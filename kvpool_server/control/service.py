@@ -25,7 +25,7 @@ from kvpool_server.membership.presence import NodePresence
 from kvpool_server.membership.registration import InvalidTransition
 from kvpool_server.stats import Counters
 from kvpool_server.tenants.access import Access
-from kvpool_server.tenants.credentials import Right
+from kvpool_server.tenants.usage import tenant_use
 from kvpool_server.tiers.store import BlockStore, TierReport
 
 
@@ -165,28 +165,24 @@ class ControlService(kvpool_pb2_grpc.KVPoolServicer):
     async def ListTenants(
         self, request: pb.ListTenantsRequest, context: ServicerContext[pb.ListTenantsRequest, pb.TenantList]
     ) -> pb.TenantList:
-        tiers = await asyncio.to_thread(self._store.namespace_usage)
-        connections = self._tenant_connections()
-        rows = []
-        for tenant in self._access.credentials().tenants:
-            used = {
-                tier: sum(u.bytes for ns, u in usage.items() if tenant.may(Right.WRITE, ns))
-                for tier, usage in tiers.items()
-            }
-            rows.append(
+        tiers = await asyncio.to_thread(self._store.namespace_bytes)
+        uses = tenant_use(self._access.credentials(), tiers, self._tenant_connections())
+        return pb.TenantList(
+            tenants=[
                 pb.TenantUsage(
-                    tenant=tenant.name,
-                    namespaces=tenant.namespaces,
-                    rights=sorted(r.value for r in tenant.rights),
-                    dram_bytes=used.get("dram", 0),
-                    ssd_bytes=used.get("ssd", 0),
-                    dram_quota=tenant.quotas.dram,
-                    ssd_quota=tenant.quotas.ssd,
-                    connections=connections.get(tenant.name, 0),
-                    connection_cap=tenant.quotas.connections,
+                    tenant=use.tenant.name,
+                    namespaces=use.tenant.namespaces,
+                    rights=sorted(r.value for r in use.tenant.rights),
+                    dram_bytes=use.tier_bytes.get("dram", 0),
+                    ssd_bytes=use.tier_bytes.get("ssd", 0),
+                    dram_quota=use.tenant.quotas.dram,
+                    ssd_quota=use.tenant.quotas.ssd,
+                    connections=use.connections,
+                    connection_cap=use.tenant.quotas.connections,
                 )
-            )
-        return pb.TenantList(tenants=rows)
+                for use in uses
+            ]
+        )
 
     async def SetState(
         self, request: pb.SetStateRequest, context: ServicerContext[pb.SetStateRequest, pb.ServerInfo]

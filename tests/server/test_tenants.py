@@ -23,6 +23,7 @@ from kvpool_client.core.errors import AuthenticationError, PermissionDenied
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
 from kvpool_client.core.wire import ErrorResponse, HelloRequest, HelloResponse, PeerRequest, ReserveRequest
+from tests.server.test_metrics_daemon import scrape
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection
 from tests.support.waiting import wait_until
@@ -234,7 +235,9 @@ def test_another_tenant_s_hits_and_misses_look_the_same(node: DaemonProcess) -> 
     assert 0.8 < ratio < 1.25, f"median probe time of stored / never-stored keys: {ratio:.3f}"
 
 
-def test_kvpoolctl_shows_each_tenant_s_rights_quotas_and_use(node: DaemonProcess, files: tuple[Path, Path]) -> None:
+def test_kvpoolctl_and_the_metrics_show_each_tenant_s_rights_quotas_and_use(
+    node: DaemonProcess, files: tuple[Path, Path]
+) -> None:
     with connect(node, A) as a, connect(node, B) as b:
         assert a.put(keys(A_NS, 4), [b"a" * 4096] * 4).stored == 4
         assert b.put(keys(B_NS, 2), [b"b" * 4096] * 2).stored == 2
@@ -248,6 +251,10 @@ def test_kvpoolctl_shows_each_tenant_s_rights_quotas_and_use(node: DaemonProcess
         assert by_name["team-a"]["rights"] == ["delete", "read", "write"]
         table = kvpoolctl(*base, str(files[0]), "tenants")
         assert "team-b" in table and "quota 256.0 KiB/node" in table, table
+        samples = scrape(node)
+        assert samples[("kvpool_tenant_bytes", (("tenant", "team-a"), ("tier", "dram")))] == 4 * 4096
+        assert samples[("kvpool_tenant_quota_bytes", (("tenant", "team-b"), ("tier", "dram")))] == 256 * KiB
+        assert samples[("kvpool_tenant_connections", (("tenant", "reader"),))] == 0
         token = files[0].parent / "a.token"
         token.write_bytes(A)
         refused = kvpoolctl_run(*base, str(token), "tenants")
