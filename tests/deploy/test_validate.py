@@ -434,3 +434,20 @@ def test_rendered_ucx_config_starts_a_daemon_that_serves_ucx(helm: str, tmp_path
     finally:
         node.stop()
         node.remove_files()
+
+
+def test_a_tenants_secret_is_mounted_whole_and_named_in_the_daemon_config(helm: str) -> None:
+    objects = render(helm, "--set", "security.tenants.existingSecret=kvpool-tenants,security.tenants.key=t.yaml")
+    assert daemon_config(objects)["auth_tenants_file"] == "/etc/kvpool/tenants/t.yaml"
+    daemon = container(objects)
+    mount = next(m for m in daemon["volumeMounts"] if m["name"] == "tenants")
+    assert mount == {"name": "tenants", "mountPath": "/etc/kvpool/tenants", "readOnly": True}, "no subPath"
+    pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "tenants")
+    assert volume["secret"]["secretName"] == "kvpool-tenants"
+    assert "auth_tenants_file" not in daemon_config(render(helm)), "no tenants unless asked"
+
+
+def test_tenants_need_the_token(helm: str) -> None:
+    failed = run(helm, "template", "kvpool", CHART, "--set", "security.tenants.existingSecret=t,security.token=false")
+    assert failed.returncode != 0 and "security.tenants.existingSecret needs security.token=true" in failed.stderr

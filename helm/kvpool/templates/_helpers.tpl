@@ -67,6 +67,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Where the Secrets are mounted in the pods. */}}
 {{- define "kvpool.secretsDir" -}}/etc/kvpool/secrets{{- end -}}
+{{- define "kvpool.tenantsDir" -}}/etc/kvpool/tenants{{- end -}}
 {{- define "kvpool.etcdTlsDir" -}}
 {{- if .Values.security.etcdTls.existingSecret -}}/etc/kvpool/etcd{{- else -}}{{ include "kvpool.secretsDir" . }}{{- end -}}
 {{- end -}}
@@ -110,6 +111,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $s := .Values.secrets -}}
 {{- $mounted := include "kvpool.secretsMounted" . -}}
 {{- $own := include "kvpool.ownSecret" . -}}
+{{- if and $sec.tenants.existingSecret (not $sec.token) -}}
+{{- fail "security.tenants.existingSecret needs security.token=true: the daemons prove the cluster's token to each other, and it stays the tenant with every right" -}}
+{{- end -}}
 {{- if and $sec.tls.clientAuth (not $sec.tls.enabled) -}}
 {{- fail "security.tls.clientAuth=true needs security.tls.enabled=true: client certificates are checked in the TLS handshake" -}}
 {{- end -}}
@@ -167,6 +171,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $settings := dict -}}
 {{- if $sec.token -}}
 {{- $_ := set $settings "auth_token_file" (printf "%s/token" $dir) -}}
+{{- end -}}
+{{- if $sec.tenants.existingSecret -}}
+{{- $_ := set $settings "auth_tenants_file" (printf "%s/%s" (include "kvpool.tenantsDir" .) $sec.tenants.key) -}}
 {{- end -}}
 {{- if $sec.tls.enabled -}}
 {{- $_ := set $settings "tls_cert_file" (printf "%s/tls.crt" $dir) -}}
@@ -233,6 +240,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   mountPath: {{ include "kvpool.etcdTlsDir" . }}
   readOnly: true
 {{- end }}
+{{- if .Values.security.tenants.existingSecret }}
+# The whole Secret, not a subPath: a subPath mount would never see the Secret change.
+- name: tenants
+  mountPath: {{ include "kvpool.tenantsDir" . }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "kvpool.secretVolumes" -}}
@@ -246,6 +259,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - name: etcd-tls
   secret:
     secretName: {{ .Values.security.etcdTls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.security.tenants.existingSecret }}
+- name: tenants
+  secret:
+    secretName: {{ .Values.security.tenants.existingSecret }}
     defaultMode: 0440
 {{- end }}
 {{- end -}}
