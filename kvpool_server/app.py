@@ -99,8 +99,9 @@ class Daemon:
         self._certificates = (
             CertificateFiles(tls.cert_file, tls.key_file, tls.client_ca_file) if tls.cert_file else None
         )
-        quotas = self._access.dram_quotas if self._access.has_tenants else None
-        self._tiers = await NodeTiers.open(cfg.dram, cfg.ssd, self.counters, quotas)
+        tenants = self._access.has_tenants
+        dram, ssd = (self._access.quotas(tier) if tenants else None for tier in ("dram", "ssd"))
+        self._tiers = await NodeTiers.open(cfg.dram, cfg.ssd, self.counters, dram, ssd)
         store = self._tiers.store
         self._nixl = self._start_nixl() if cfg.nixl.enabled else None
         data = self._start_data_plane(store)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from kvpool_server.tenants.credentials import Credentials, Right, Tenant, cluster_tenant, digest
 from kvpool_server.tenants.reload import CredentialsFile
-from kvpool_server.tiers.dram import QuotaGroup
+from kvpool_server.tiers.quotas import GroupQuotas, QuotaGroup
 
 log = logging.getLogger("kvpool.server")
 
@@ -32,10 +32,6 @@ class Access:
         self.cluster_token = cluster_token
         self._fixed = Credentials({} if cluster_token is None else {digest(cluster_token): cluster_tenant()})
         self._file = CredentialsFile(tenants_file, cluster_token) if tenants_file else None
-        self._groups: tuple[Credentials, dict[str, list[QuotaGroup]]] = (self._fixed, {})
-        limited = [t.name for t in self.credentials().tenants if t.quotas.ssd]
-        if limited:  # said, not silently ignored
-            log.warning("tenants' SSD quotas are not enforced yet (namespace quotas are)", extra={"tenants": limited})
 
     @property
     def required(self) -> bool:
@@ -50,21 +46,29 @@ class Access:
         """The tenant ``token`` proves; None: no tenant's."""
         return self.credentials().tenant_of(token)
 
-    def dram_quotas(self, namespace: str) -> list[QuotaGroup]:
-        """The tenants' DRAM quotas a block of ``namespace`` counts against: every tenant's that may
-        write there (called under the DRAM tier's lock: the file is not looked at)."""
-        credentials = self._file.loaded if self._file is not None else self._fixed
-        known, groups = self._groups
-        if known is not credentials:
-            known, groups = self._groups = credentials, {}
-        found = groups.get(namespace)
-        if found is None:
-            found = groups[namespace] = [
-                QuotaGroup(f"tenant {t.name}", t.quotas.dram, t.covers)
-                for t in credentials.tenants
-                if t.quotas.dram and t.may(Right.WRITE, namespace)
-            ]
-        return found
+    def quotas(self, tier: str) -> GroupQuotas:
+        """The tenants' quotas in ``tier`` (``dram`` or ``ssd``) a block of a namespace counts against:
+        those of every tenant that may write there. Asked under a tier's lock: the file is not
+        looked at (the tokens' checks read it again), and each namespace's answer is kept until
+        the credentials change."""
+        kept: dict[str, list[QuotaGroup]] = {}
+        kept_for: list[Credentials] = []  # the version the answers kept are of
+
+        def groups(namespace: str) -> list[QuotaGroup]:
+            credentials = self._file.loaded if self._file is not None else self._fixed
+            if not kept_for or kept_for[0] is not credentials:  # another version: every answer asked again
+                kept.clear()
+                kept_for[:] = [credentials]
+            found = kept.get(namespace)
+            if found is None:
+                found = kept[namespace] = [
+                    QuotaGroup(f"tenant {t.name}", getattr(t.quotas, tier), t.covers)
+                    for t in credentials.tenants
+                    if getattr(t.quotas, tier) and t.may(Right.WRITE, namespace)
+                ]
+            return found
+
+        return groups
 
     @property
     def has_tenants(self) -> bool:

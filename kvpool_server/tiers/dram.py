@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Sequence
-from dataclasses import dataclass
 from itertools import count, islice, takewhile
 
 import numpy as np
@@ -34,6 +33,7 @@ from kvpool_server.index.keys import KeyTable
 from kvpool_server.index.published import PublishedIndex
 from kvpool_server.index.slots import SlabSlots
 from kvpool_server.stats import Counters
+from kvpool_server.tiers.quotas import GroupQuotas, QuotaGroup, quota_groups
 from kvpool_server.tiers.usage import NamespaceUsage, TierUsage
 
 # How many candidates per size class to weigh when a whole slab must be freed.
@@ -42,15 +42,6 @@ _SLAB_VICTIM_SCAN = 64
 _QUOTA_VICTIM_SCAN = 4096
 # Blocks refreshed from hit marks per hold of the lock.
 _TOUCH_BATCH = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaGroup:
-    """Blocks that share a quota: one namespace's, or those of every namespace a tenant writes."""
-
-    name: str
-    limit: int  # most slot bytes the group's blocks may hold
-    covers: Callable[[str], bool]  # whether a namespace's blocks are the group's
 
 
 def checksum(data: memoryview | bytes) -> int:
@@ -88,7 +79,7 @@ class DramTier:
         generations: SlotGenerations | None = None,
         namespace_quota: int = 0,
         published: PublishedIndex | None = None,
-        group_quotas: Callable[[str], Sequence[QuotaGroup]] | None = None,
+        group_quotas: GroupQuotas | None = None,
     ) -> None:
         self._quota = namespace_quota
         self._group_quotas = group_quotas
@@ -133,7 +124,8 @@ class DramTier:
             if existing >= 0:
                 return ErrorCode.ALREADY_EXISTS if self._blocks.flags[existing] & COMPLETE else ErrorCode.BUSY
             # Victims are chosen first and evicted only for a reserve that then succeeds.
-            victims = self._quota_victims(self._quota_groups(key[0]), self._alloc.slot_size_for(length))
+            groups = quota_groups(key[0], self._quota, self._group_quotas)
+            victims = self._quota_victims(groups, self._alloc.slot_size_for(length))
             if victims is None:
                 return ErrorCode.QUOTA_EXCEEDED
             if victims and not self._room_after(victims, length):
@@ -395,13 +387,6 @@ class DramTier:
             policy = self._policies[slot_size] = self._new_policy()
         return policy
 
-    def _quota_groups(self, namespace: str) -> list[QuotaGroup]:
-        """Every quota a block of ``namespace`` counts against: its namespace's, then its groups'."""
-        groups = [QuotaGroup(namespace, self._quota, namespace.__eq__)] if self._quota else []
-        if self._group_quotas is not None:
-            groups += self._group_quotas(namespace)
-        return groups
-
     def _quota_victims(self, groups: Sequence[QuotaGroup], slot_size: int) -> list[int] | None:
         """The least recent blocks of each quota group whose eviction lets one more slot fit every quota.
 
@@ -414,7 +399,7 @@ class DramTier:
         for group in groups:
             if slot_size > group.limit:
                 return None  # no eviction can make it fit: spare the look at every block
-            held = sum(n for namespace, n in self._ns_bytes.items() if group.covers(namespace))
+            held = group.held(self._ns_bytes)
             going = sum(self._blocks.slot_size[v] for v in victims if group.covers(self._keys.namespace_of(v)))
             excess = held - going + slot_size - group.limit
             while excess > 0:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,8 @@ from kvpool_server.alloc.generations import SlotGenerations
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.eviction import POLICIES
 from kvpool_server.tiers.demoter import Demoter, count_lost_evictions
-from kvpool_server.tiers.dram import DramTier, QuotaGroup
+from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.quotas import GroupQuotas
 from kvpool_server.tiers.shared_index import SharedIndex
 from kvpool_server.tiers.ssd import SsdConfig, SsdTier
 from kvpool_server.tiers.store import BlockStore
@@ -59,7 +59,8 @@ class NodeTiers:
         dram: DramSection,
         ssd: SsdSection,
         counters: Counters,
-        group_quotas: Callable[[str], Sequence[QuotaGroup]] | None = None,
+        dram_groups: GroupQuotas | None = None,
+        ssd_groups: GroupQuotas | None = None,
     ) -> NodeTiers:
         """Map the arena, then open the SSD tier (its segments are scanned on a thread) and start the demoter.
 
@@ -77,7 +78,7 @@ class NodeTiers:
             if index is not None:
                 undo.callback(index.close)
             policy = POLICIES[dram.eviction_policy]  # the SSD tier evicts in the same order
-            disk = await asyncio.to_thread(SsdTier, ssd_config(ssd), counters, policy) if ssd.dir else None
+            disk = await asyncio.to_thread(SsdTier, ssd_config(ssd), counters, policy, ssd_groups) if ssd.dir else None
             if disk is not None:
                 undo.callback(disk.close)
             memory = DramTier(
@@ -89,7 +90,7 @@ class NodeTiers:
                 generations=generations,
                 namespace_quota=dram.namespace_quota,
                 published=index.table if index is not None else None,
-                group_quotas=group_quotas,
+                group_quotas=dram_groups,
             )
             store = BlockStore(
                 memory,

@@ -42,6 +42,7 @@ from itertools import islice
 from kvpool_server.eviction import EvictionPolicy, LRUPolicy
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
+from kvpool_server.tiers.quotas import GroupQuotas, quota_groups
 from kvpool_server.tiers.read_streams import Stretch
 from kvpool_server.tiers.rebuild import DigestCollision, release_free_memory, survivors
 from kvpool_server.tiers.records import HEADER_SIZE, CorruptRecord, RecordFlags
@@ -90,12 +91,14 @@ class SsdTier:
         config: SsdConfig,
         counters: Counters,
         policy_factory: Callable[[], EvictionPolicy] = LRUPolicy,
+        group_quotas: GroupQuotas | None = None,
     ) -> None:
         if config.capacity < 3 * config.segment_size:
             # one segment of compaction headroom, plus room to seal a full active
             # segment and start the next (with two, a full first segment is stuck)
             raise ValueError("SSD capacity must hold at least three segments")
         self._config = config
+        self._group_quotas = group_quotas  # a tenant's quota over the namespaces it writes, besides each namespace's
         self._counters = counters
         self._budget = config.capacity - config.segment_size  # a segment's room for compaction
         self._log = SegmentLog(config.directory, config.segment_size, config.fsync)
@@ -374,22 +377,23 @@ class SsdTier:
         return best[1]
 
     def _within_quota(self, namespace: str, size: int) -> bool:
-        """Evict the namespace's own least recent records until ``size`` more bytes fit its quota.
+        """Evict each quota group's own least recent records until ``size`` more bytes fit every
+        quota ``namespace``'s blocks count against (its own, and its tenants').
 
         Only the oldest ``_QUOTA_VICTIM_SCAN`` keys of the eviction order are looked
-        at; a namespace with none of its records among them is refused the write
+        at; a group with none of its records among them is refused the write
         instead (the block stays in DRAM until it is evicted there).
         """
-        quota = self._config.namespace_quota
-        while quota and self._index.namespace_bytes[namespace] + size > quota:
-            with self._lock:
-                scan = islice(self._index.policy.candidates(), _QUOTA_VICTIM_SCAN)
-                victim = next((block for block in scan if self._index.keys.namespace_of(block) == namespace), None)
-                if victim is None or size > quota:
-                    self._counters.add("ssd_quota_refusals")
-                    return False
-                self._index.drop_block(victim)
-            self._counters.add("ssd_quota_evictions")
+        for group in quota_groups(namespace, self._config.namespace_quota, self._group_quotas):
+            while group.held(self._index.namespace_bytes) + size > group.limit:
+                with self._lock:
+                    scan = islice(self._index.policy.candidates(), _QUOTA_VICTIM_SCAN)
+                    victim = next((b for b in scan if group.covers(self._index.keys.namespace_of(b))), None)
+                    if victim is None or size > group.limit:
+                        self._counters.add("ssd_quota_refusals")
+                        return False
+                    self._index.drop_block(victim)
+                self._counters.add("ssd_quota_evictions")
         return True
 
     def _evict_one(self) -> bool:

@@ -13,7 +13,8 @@ from kvpool_server.alloc.arena import SharedArena
 from kvpool_server.alloc.slab import SlabAllocator
 from kvpool_server.index import BlockEntry, StoreKey
 from kvpool_server.stats import Counters
-from kvpool_server.tiers.dram import DramTier, QuotaGroup
+from kvpool_server.tiers.dram import DramTier
+from kvpool_server.tiers.quotas import QuotaGroup
 
 KiB = 1024
 BLOCK = 4 * KiB

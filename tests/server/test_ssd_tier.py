@@ -32,6 +32,7 @@ from kvpool_server.eviction import LRUPolicy
 from kvpool_server.index import StoreKey
 from kvpool_server.stats import Counters
 from kvpool_server.tiers.dram import checksum
+from kvpool_server.tiers.quotas import GroupQuotas, QuotaGroup
 from kvpool_server.tiers.records import (
     HEADER_SIZE,
     RecordFlags,
@@ -127,8 +128,10 @@ class Harness:
         gc_live_ratio: float = 0.5,
         retry_after_error_s: float = 10.0,
         namespace_quota: int = 0,
+        group_quotas: GroupQuotas | None = None,
     ) -> None:
         self.directory = directory
+        self.group_quotas = group_quotas
         self.config = SsdConfig(
             str(directory),
             capacity,
@@ -147,7 +150,7 @@ class Harness:
     def _open(self) -> SsdTier:
         tier = SsdTier.__new__(SsdTier)
         self.policy.key_of = lambda block: tier._index.keys.key_of(block)  # the rebuild evicts too
-        tier.__init__(self.config, self.counters, lambda: self.policy)  # type: ignore[misc]
+        tier.__init__(self.config, self.counters, lambda: self.policy, self.group_quotas)  # type: ignore[misc]
         return tier
 
     def _watch_appends(self) -> None:
@@ -377,6 +380,21 @@ def test_a_namespace_past_its_quota_evicts_its_own_oldest_records_only(make: Cal
     assert snapshot["ssd_quota_evictions"] == 2 and "ssd_quota_refusals" not in snapshot, snapshot
     assert not h.tier.write(k(50), memoryview(bytes(4 * REC)), 0)  # larger than the quota: refused
     assert h.counters.get("ssd_quota_refusals") == 1 and h.held() == [2, 3, 4]
+    h.audit()
+
+
+def test_a_group_quota_bounds_its_namespaces_together(make: Callable[..., Harness]) -> None:
+    """A tenant's quota over the namespaces it writes: NS and a sibling share 3 records; a third is untouched."""
+    group = QuotaGroup("tenant m", 3 * REC, lambda namespace: namespace.startswith("m@"))
+    h = make(group_quotas=lambda namespace: [group] if group.covers(namespace) else [])
+    sibling, other = ("m@bf16@tp0", b"s-0000"), ("x@u8", b"o-0000")
+    for key in (sibling, other):
+        assert h.tier.write(key, memoryview(data_for(99)), checksum(data_for(99)))
+    fill(h, 3)  # the third record of the group makes the sibling's, its least recent, go
+    assert not h.tier.contains(sibling) and h.held() == [0, 1, 2], h.held()
+    fill(h, 1, start=3)  # then NS's own oldest
+    assert h.held() == [1, 2, 3] and h.tier.contains(other), "a namespace outside the group is not its victim"
+    assert h.counters.get("ssd_quota_evictions") == 2
     h.audit()
 
 
