@@ -2,7 +2,7 @@
 
 A daemon serves two tenants from one credentials file. The measured tenant's client puts,
 gets and deletes batches of 32 x 384 KiB blocks for ``--seconds``; in each round it runs
-alone, beside a *fair* tenant (a second process doing the same, within its rights), and beside
+alone, beside a *fair* tenant (``--fair`` processes doing the same, within its rights), and beside
 a *hostile* tenant: processes putting fresh blocks into its own namespaces as fast as they can
 (far past its DRAM quota, so it evicts its own blocks), probing the measured tenant's keys,
 trying to put into its namespace, and opening connections past its cap. Cells are interleaved
@@ -11,7 +11,7 @@ within each round. It reports the measured tenant's GB/s in each, the ratios to 
 by itself), whether any of the measured tenant's blocks were lost, and what the hostile tenant
 held and was refused.
 
-    python bench/robustness/tenants.py [--rounds 3] [--seconds 3] [--hostile 2]
+    python bench/robustness/tenants.py [--rounds 3] [--seconds 3] [--hostile 2] [--fair 1]
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--hostile", type=int, default=2, help="hostile processes")
+    parser.add_argument("--fair", type=int, default=1, help="fair processes (as many as --hostile: sharing alone)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvpool-tenants-"))
     (work / "token").write_bytes(CLUSTER)
@@ -166,7 +167,7 @@ def main() -> int:
                 if cell == "alone":
                     gbps = workload_gbps(daemon.address, VICTIM, VICTIM_NS, args.seconds, tag)
                 else:
-                    others = [fair] if cell == "fair" else [hostile] * args.hostile
+                    others = [fair] * args.fair if cell == "fair" else [hostile] * args.hostile
                     gbps, reports = beside(daemon.address, daemon.data_address, args.seconds, tag, others)
                     if cell == "hostile":
                         hostile_reports += reports
