@@ -19,6 +19,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -47,18 +48,24 @@ def rss_mib(pid: int) -> float:
 
 def client_gbps(address: str, seconds: float, tag: str) -> float:
     """Bytes put and got per second by one client, batches of 32, for ``seconds``."""
+    with KVPoolClient(config=ClientConfig(nodes=(address,), transport="tcp")) as client:
+        return round_trips_gbps(client, seconds, lambda serial: keys(f"{tag}-{serial}", BATCH))
+
+
+def round_trips_gbps(client: KVPoolClient, seconds: float, batch_keys: Callable[[int], list[BlockKey]]) -> float:
+    """Bytes put and got per second by ``client`` for ``seconds``: each batch (``batch_keys(serial)``,
+    of 384 KiB blocks) put, got, deleted."""
     blocks = [bytes([i]) * BLOCK for i in range(BATCH)]
     moved, serial = 0, 0
-    with KVPoolClient(config=ClientConfig(nodes=(address,), transport="tcp")) as client:
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            batch = keys(f"{tag}-{serial}", BATCH)
-            serial += 1
-            client.put(batch, blocks).raise_for_errors()
-            client.get(batch).raise_for_errors()
-            client.delete(batch)
-            moved += 2 * BATCH * BLOCK
-        return moved / (time.perf_counter() - started) / 1e9
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        batch = batch_keys(serial)
+        serial += 1
+        client.put(batch, blocks[: len(batch)]).raise_for_errors()
+        client.get(batch).raise_for_errors()
+        client.delete(batch)
+        moved += 2 * len(batch) * BLOCK
+    return moved / (time.perf_counter() - started) / 1e9
 
 
 def hostile(stack: ExitStack, data_address: str, peers: int, held: list[BlockKey], stop: threading.Event) -> None:

@@ -32,13 +32,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.robustness.hostile import BATCH, BLOCK, round_trips_gbps  # noqa: E402
 from kvpool_client import BlockKey, ClientConfig, ErrorCode, KVPoolClient  # noqa: E402
 from kvpool_client.core.wire import HelloRequest  # noqa: E402
 from tests.support.daemon import running_daemon  # noqa: E402
 from tests.support.rawwire import RawConnection  # noqa: E402
 
-BLOCK = 384 * 1024
-BATCH = 32
 CLUSTER, VICTIM, FAIR, HOSTILE = (f"{who}-token-0123456789abcdef".encode() for who in ("cluster", "v", "f", "h"))
 VICTIM_NS, FAIR_NS, HOSTILE_NS = "victim.m@bf16@bench", "fair.m@bf16@bench", "hostile.m{}@bf16@bench"
 HOSTILE_DRAM = 64 << 20
@@ -73,20 +72,10 @@ def workload_gbps(
     address: str, token: bytes, namespace: str, seconds: float, tag: str, ready: Callable[[], None] = lambda: None
 ) -> float:
     """Bytes put and got per second, batches of 32, for ``seconds`` (``ready``: told once connected)."""
-    blocks = [bytes([i]) * BLOCK for i in range(BATCH)]
-    moved, serial = 0, 0
     with client(address, token) as pool:
         pool.server_info(address)
         ready()
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            batch = keys(namespace, f"{tag}-{serial}", BATCH)
-            serial += 1
-            pool.put(batch, blocks).raise_for_errors()
-            pool.get(batch).raise_for_errors()
-            pool.delete(batch)
-            moved += 2 * BATCH * BLOCK
-        return moved / (time.perf_counter() - started) / 1e9
+        return round_trips_gbps(pool, seconds, lambda serial: keys(namespace, f"{tag}-{serial}", BATCH))
 
 
 def fair(address: str, data_address: str, seconds: float, tag: str, out: multiprocessing.Queue[object]) -> None:
