@@ -7,14 +7,11 @@ requires none, and every caller is that tenant.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from kvpool_server.tenants.credentials import Credentials, Right, Tenant, cluster_tenant, digest
 from kvpool_server.tenants.reload import CredentialsFile
 from kvpool_server.tiers.quotas import GroupQuotas, QuotaGroup
-
-log = logging.getLogger("kvpool.server")
 
 
 class Access:

@@ -6,7 +6,7 @@ One YAML file (a Kubernetes Secret mounted read-only, say) names every tenant::
       team-a:
         token_sha256: 9f2f...          # the token's SHA-256 in hex; or `token: <the token itself>`
         namespaces: ["team-a.*@*"]     # glob patterns over namespace ids (model@dtype@layout@tpRofS)
-        rights: [read, write, delete]  # read, write, delete (deletes and flushes), admin (drain, node state)
+        rights: [read, write, delete]  # read, write, delete (deletes, flushes), admin (drain, stats, tenants)
         quotas: {dram: 8GiB, ssd: 100GiB, connections: 64}  # absent or 0: no limit
 
 A token is known by its SHA-256, so the file need not hold tokens at all. Finding a presented
@@ -52,7 +52,7 @@ class Right(enum.Enum):
     READ = "read"  # get, exists, locate, lookups
     WRITE = "write"  # put, reserve and commit
     DELETE = "delete"  # delete, flush
-    ADMIN = "admin"  # drain, node state, cluster config
+    ADMIN = "admin"  # drain and node state, node-wide stats, the tenants' listing
 
 
 _ALL_RIGHTS = frozenset(Right)

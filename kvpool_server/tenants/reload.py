@@ -3,8 +3,8 @@
 Rotating a token or adding a tenant is writing the file (a Kubernetes Secret update swaps it
 in place): a daemon reads it again at most every ``recheck_s`` when asked for the credentials,
 and compares the bytes, not the modification time (a Secret's swap keeps neither size nor time
-meaningful). A new version that does not parse is logged and counted, once per version, and
-the credentials loaded before stay in force: a typo never locks every tenant out.
+meaningful). A new version that does not parse is logged, once per version, and the
+credentials loaded before stay in force: a typo never locks every tenant out.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ class CredentialsFile:
     Args:
         cluster_token: the cluster's own token, a tenant with every right; None: none.
         recheck_s: most often the file is read again.
-        on_refused: told of each refused version (a counter, say).
 
     Raises:
         CredentialsError: (at construction) the file cannot be read or parsed: the daemon does not start.
@@ -37,13 +36,11 @@ class CredentialsFile:
         path: str | Path,
         cluster_token: bytes | None,
         recheck_s: float = 1.0,
-        on_refused: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = Path(path)
         self._cluster_token = cluster_token
         self._recheck_s = recheck_s
-        self._on_refused = on_refused
         self._clock = clock
         self._lock = threading.Lock()
         self._raw = self._read()
@@ -88,8 +85,6 @@ class CredentialsFile:
             return
         self._refused = version
         log.error("the credentials file was refused; the loaded one stays in force", extra={"error": str(exc)})
-        if self._on_refused is not None:
-            self._on_refused()
 
     def _read(self) -> bytes:
         return read_file(self.path)
