@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from kvpool_client.core.errors import ErrorCode, KVPoolError, NodeUnavailable
+from kvpool_client.core.errors import AuthenticationError, ErrorCode, KVPoolError, NodeUnavailable
 from kvpool_client.core.wire import (
     CommitRequest,
     DeleteRequest,
@@ -87,6 +87,7 @@ _REQUEST_COUNTERS = {op: f"requests_{name}" for op, name in OP_NAMES.items()}
 _GET = OP_NAMES[Op.GET]
 _PUT = OP_NAMES[Op.PUT]
 _MIN_PAYLOAD_RATE = 1 << 20  # bytes/s: a put's payload arriving slower than this in all is dropped
+_TOKEN_RECHECK_S = 1.0  # how often a connection's token is checked again (the credentials file is read as often)
 
 
 class Channel(Protocol):
@@ -167,6 +168,8 @@ class Session:
         self._restricted: Tenant | None = None  # the HELLO's tenant, unless it may do everything
         self._admission = admission
         self._joined = ""  # the tenant whose connection cap this connection counts against
+        self._token = b""  # what the HELLO proved, checked again now and then (a rotated file may revoke it)
+        self._token_checked = 0.0  # perf_counter time of the last check
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._puts = Puts(store, admission, counters)
         self._nixl = nixl  # the node's one-sided peer: PEER, RESERVE and COMMIT need it
@@ -259,6 +262,10 @@ class Session:
             put whose bytes are still on their way, a HELLO, a refusal.
         """
         started = time.perf_counter()
+        if self._token and started - self._token_checked > _TOKEN_RECHECK_S:
+            revoked = self._check_token(event, started)
+            if revoked is not None:
+                return revoked
         if self._restricted is not None:
             allowed = screened(self._restricted, event)
             if isinstance(allowed, Denied):
@@ -356,18 +363,35 @@ class Session:
         except KVPoolError as exc:
             return [self._answers.error_frame(request.request_id, request_op(request), exc)]
 
+    def _check_token(self, event: Event, now: float) -> Refusal | None:
+        """Check the HELLO's token again: a refusal that ends the connection when no tenant holds it
+        any more; else the connection goes on as the tenant that holds it now."""
+        if isinstance(event, Hello | Refusal | NeedData):
+            return None
+        self._token_checked = now
+        verify = self._config.verify
+        tenant = verify(self._token) if verify is not None else None
+        if isinstance(tenant, Tenant):
+            self._serve_as(tenant)
+            return None
+        return Refusal(event.request_id, request_op(event), AuthenticationError("the token was revoked"), close=True)
+
     def _hello(self, hello: Hello) -> Hello | Refusal:
         """Serve the connection as the tenant its HELLO proved, within the tenant's connection cap."""
         tenant = hello.identity
         assert tenant is None or isinstance(tenant, Tenant)
+        self._token, self._token_checked = hello.token, time.perf_counter()
         if tenant is not None and tenant.quotas.connections:
             if not self._admission.join(tenant.name, tenant.quotas.connections):
                 why = f"tenant {tenant.name} holds its {tenant.quotas.connections} connections to this node"
                 return Refusal(hello.request_id, Op.HELLO, KVPoolError(why, ErrorCode.OVERLOADED), close=True)
             self._joined = tenant.name
+        self._serve_as(tenant)
+        return hello
+
+    def _serve_as(self, tenant: Tenant | None) -> None:
         self._restricted = None if tenant is None or tenant.everything else tenant
         self._puts.tenant = self._restricted.name if self._restricted is not None else ""
-        return hello
 
     def _write_refusal(self, namespace: str) -> ErrorCode | None:
         """Why blocks of ``namespace`` are refused now; None: they are taken."""

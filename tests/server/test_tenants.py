@@ -22,7 +22,15 @@ from kvpool_client.core.channels.nixl_agent import import_error as nixl_import_e
 from kvpool_client.core.errors import AuthenticationError, PermissionDenied
 from kvpool_client.core.proto import kvpool_pb2 as pb
 from kvpool_client.core.proto import kvpool_pb2_grpc
-from kvpool_client.core.wire import ErrorResponse, HelloRequest, HelloResponse, PeerRequest, ReserveRequest
+from kvpool_client.core.wire import (
+    ErrorResponse,
+    HelloRequest,
+    HelloResponse,
+    PeerRequest,
+    PingRequest,
+    PingResponse,
+    ReserveRequest,
+)
 from tests.server.test_metrics_daemon import scrape
 from tests.support.daemon import DaemonProcess
 from tests.support.rawwire import RawConnection
@@ -203,16 +211,27 @@ def test_a_rotated_credentials_file_takes_effect_without_a_restart(
     node: DaemonProcess, files: tuple[Path, Path]
 ) -> None:
     rotated = b"team-b-rotated-token-0123456789"
-    files[1].write_text(yaml.safe_dump(tenants(b_token=rotated)))
+    with RawConnection(node.data_address) as opened:  # proved the old token before the rotation
+        assert isinstance(opened.request(HelloRequest(1, B)).message, HelloResponse) and opened.ping()
+        files[1].write_text(yaml.safe_dump(tenants(b_token=rotated)))
 
-    def old_token_refused() -> bool:
-        try:
-            stub_call(node, B, "GetServerInfo", pb.GetServerInfoRequest())
-        except grpc.RpcError as exc:
-            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
-        return False
+        def old_token_refused() -> bool:
+            try:
+                stub_call(node, B, "GetServerInfo", pb.GetServerInfoRequest())
+            except grpc.RpcError as exc:
+                return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+            return False
 
-    wait_until(old_token_refused, bool, "the old token refused")
+        wait_until(old_token_refused, bool, "the old token refused")
+
+        def open_connection_ended() -> object:
+            try:
+                return opened.request(PingRequest(2)).message
+            except ConnectionError:
+                return "closed"
+
+        ended = wait_until(open_connection_ended, lambda seen: not isinstance(seen, PingResponse), "revoked")
+        assert ended == "closed" or (isinstance(ended, ErrorResponse) and ended.code == ErrorCode.UNAUTHENTICATED)
     with connect(node, rotated) as b:
         assert b.put(keys(B_NS, 1), [b"x" * 4096]).stored == 1
     with pytest.raises(AuthenticationError), connect(node, B) as old:

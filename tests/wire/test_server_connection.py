@@ -176,7 +176,7 @@ def test_a_node_with_a_token_accepts_a_hello_with_it_then_requests() -> None:
     machine = ServerConnection(LIMITS, {TOKEN: "tenant"}.get)
     assert machine.state is State.HELLO
     machine.receive_data(encode(HelloRequest(1, TOKEN)) + encode(GetRequest(2, "ns", [H[0]])))
-    assert machine.next_event() == Hello(1, "tenant"), "the HELLO says who the token proved"
+    assert machine.next_event() == Hello(1, "tenant", TOKEN), "the HELLO says who the token proved, and the token"
     assert machine.state is State.READY
     assert machine.next_event() == GetOne(2, "ns", H[0])
 

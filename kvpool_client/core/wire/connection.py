@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from kvpool_client.core.errors import AuthenticationError, KVPoolError, ProtocolError
@@ -95,11 +95,13 @@ class GetOne(NamedTuple):
 class Hello:
     """A HELLO that proved a token (or none was required): answer it with a HelloResponse.
 
-    ``identity``: what the token proved (the daemon's tenant), as the machine's ``verify`` said.
+    ``identity``: what the token proved (the daemon's tenant), as the machine's ``verify`` said;
+    ``token``: the token itself, for the daemon to check again later (empty: none was required).
     """
 
     request_id: int
     identity: object = None
+    token: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +235,7 @@ class ServerConnection:
         if self._verify is not None and identity is None:
             return self._refuse_stream(hello.request_id, Op.HELLO, AuthenticationError("wrong token"))
         self.state = State.READY
-        return Hello(hello.request_id, identity)
+        return Hello(hello.request_id, identity, hello.token if self._verify is not None else b"")
 
     def _refuse_stream(self, request_id: int, op: Op, error: KVPoolError) -> Refusal:
         self.state = State.CLOSED
