@@ -4,14 +4,15 @@ A daemon serves two tenants from one credentials file. The measured tenant's cli
 gets and deletes batches of 32 x 384 KiB blocks for ``--seconds``; in each round it runs
 alone, beside a *fair* tenant (``--fair`` processes doing the same, within its rights), and beside
 a *hostile* tenant: processes putting fresh blocks into its own namespaces as fast as they can
-(far past its DRAM quota, so it evicts its own blocks), probing the measured tenant's keys,
+(far past its DRAM quota, so it evicts its own blocks; at most ``--hostile-rate`` bytes a second),
+probing the measured tenant's keys,
 trying to put into its namespace, and opening connections past its cap. Cells are interleaved
 within each round. It reports the measured tenant's GB/s in each, the ratios to alone (target
 >= 0.9 with the hostile tenant) and to beside the fair tenant (what sharing the machine costs
 by itself), whether any of the measured tenant's blocks were lost, and what the hostile tenant
 held and was refused.
 
-    python bench/robustness/tenants.py [--rounds 3] [--seconds 3] [--hostile 2] [--fair 1]
+    python bench/robustness/tenants.py [--rounds 3] [--seconds 3] [--hostile 2] [--fair 1] [--hostile-rate 100MiB]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ HOSTILE_DRAM = 64 << 20
 HOSTILE_CONNECTIONS = 16
 
 
-def credentials() -> dict[str, object]:
+def credentials(hostile_rate: str) -> dict[str, object]:
     rights = ["read", "write", "delete"]
     return {
         "tenants": {
@@ -54,7 +55,7 @@ def credentials() -> dict[str, object]:
                 "token": HOSTILE.decode(),
                 "namespaces": ["hostile.*"],
                 "rights": rights,
-                "quotas": {"dram": HOSTILE_DRAM, "connections": HOSTILE_CONNECTIONS},
+                "quotas": {"dram": HOSTILE_DRAM, "connections": HOSTILE_CONNECTIONS, "rate": hostile_rate},
             },
         }
     }
@@ -138,10 +139,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--hostile", type=int, default=2, help="hostile processes")
     parser.add_argument("--fair", type=int, default=1, help="fair processes (as many as --hostile: sharing alone)")
+    parser.add_argument("--hostile-rate", default="100MiB", help="the hostile tenant's quotas.rate per node (0: none)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvpool-tenants-"))
     (work / "token").write_bytes(CLUSTER)
-    (work / "tenants.yaml").write_text(yaml.safe_dump(credentials()))
+    (work / "tenants.yaml").write_text(yaml.safe_dump(credentials(args.hostile_rate)))
     flags = ("--auth-token-file", str(work / "token"), "--auth-tenants-file", str(work / "tenants.yaml"))
     cells: dict[str, list[float]] = {"alone": [], "fair": [], "hostile": []}
     hostile_reports: list[object] = []

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kvpool_server.stats import Counters
+from kvpool_server.tenants.rates import TenantRates
 
 SINK_BYTES = 1 << 20  # refused payload is read through this, in pieces
 
@@ -53,6 +54,7 @@ class Admission:
         self._connections: Counter[str] = Counter()
         self._tenants: Counter[str] = Counter()  # proven connections per tenant with a cap
         self._tenant_inflight: Counter[str] = Counter()  # put bytes in flight per tenant
+        self.rates = TenantRates()  # the byte rates of tenants that have one
         self.sink = memoryview(bytearray(SINK_BYTES))  # shared: what lands in it is dropped
 
     @property

@@ -72,6 +72,7 @@ from kvpool_server.data.puts import Outcome, Puts
 from kvpool_server.stats import Counters, Latencies
 from kvpool_server.tenants.credentials import Tenant
 from kvpool_server.tenants.gate import Denied, screened, write_refusal
+from kvpool_server.tenants.rates import Bucket
 from kvpool_server.tiers.store import BlockStore, HeldBlock
 
 if TYPE_CHECKING:
@@ -102,6 +103,38 @@ class Channel(Protocol):
     async def recv_some(self, target: memoryview) -> int: ...
 
     async def recv_upto(self, nbytes: int) -> bytes: ...
+
+
+class MeteredChannel:
+    """A channel that counts the bytes it moves (a tenant with a byte rate is served through one)."""
+
+    def __init__(self, inner: Channel) -> None:
+        self._inner = inner
+        self.peer = inner.peer
+        self._moved = 0
+
+    def take_moved(self) -> int:
+        """Bytes sent and received since the last call."""
+        moved, self._moved = self._moved, 0
+        return moved
+
+    async def send(self, buffers: list[bytes | memoryview]) -> None:
+        await self._inner.send(buffers)
+        self._moved += sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+
+    async def recv_into(self, targets: list[memoryview]) -> None:
+        await self._inner.recv_into(targets)
+        self._moved += sum(t.nbytes for t in targets)
+
+    async def recv_some(self, target: memoryview) -> int:
+        n = await self._inner.recv_some(target)
+        self._moved += n
+        return n
+
+    async def recv_upto(self, nbytes: int) -> bytes:
+        data = await self._inner.recv_upto(nbytes)
+        self._moved += len(data)
+        return data
 
 
 @runtime_checkable
@@ -170,6 +203,7 @@ class Session:
         self._joined = ""  # the tenant whose connection cap this connection counts against
         self._token = b""  # what the HELLO proved, checked again now and then (a rotated file may revoke it)
         self._token_checked = 0.0  # perf_counter time of the last check
+        self._rate: Bucket | None = None  # the tenant's byte rate, once this connection is metered
         self._answers = Answers(store, counters, latencies, config.limits, config.verify_checksum_on_get, channel.peer)
         self._puts = Puts(store, admission, counters)
         self._nixl = nixl  # the node's one-sided peer: PEER, RESERVE and COMMIT need it
@@ -219,6 +253,8 @@ class Session:
                     handed = self._step(await self._next_event())
                 if not await self._complete(handed):
                     return
+                if self._rate is not None:
+                    await self._within_rate()
             except (NodeUnavailable, TimeoutError) as exc:
                 log.info("peer dropped mid-frame", extra={"peer": self._channel.peer, "error": str(exc)})
                 self._counters.add("connections_dropped_mid_frame")
@@ -362,6 +398,22 @@ class Session:
                     return self._leases.commit(request)
         except KVPoolError as exc:
             return [self._answers.error_frame(request.request_id, request_op(request), exc)]
+
+    def _meter(self, tenant: object) -> None:
+        """Serve a tenant with a byte rate through the coroutine only, counting what moves: its
+        requests are then read one at a time, each after the wait its bytes call for."""
+        if not isinstance(tenant, Tenant) or not tenant.quotas.rate:
+            return
+        self._rate = self._admission.rates.bucket(tenant.name, tenant.quotas.rate)
+        self._channel = MeteredChannel(self._channel)
+        self._pollable, self._send_at_once, self._send_published = None, _nothing_sent, None
+
+    async def _within_rate(self) -> None:
+        """Wait as long as the tenant's bytes so far call for."""
+        assert self._rate is not None and isinstance(self._channel, MeteredChannel)
+        wait = self._rate.charge(self._channel.take_moved())
+        if wait:
+            await asyncio.sleep(wait)
 
     def _check_token(self, event: Event, now: float) -> Refusal | None:
         """Check the HELLO's token again: a refusal that ends the connection when no tenant holds it
@@ -543,6 +595,7 @@ class Session:
                 await self._put(pending)
             case Hello():
                 await self._channel.send([encode(HelloResponse(pending.request_id))])
+                self._meter(pending.identity)
             case Refusal():
                 if not pending.close:
                     await self._drop(self._connection.payload_left)

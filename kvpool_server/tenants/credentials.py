@@ -7,7 +7,7 @@ One YAML file (a Kubernetes Secret mounted read-only, say) names every tenant::
         token_sha256: 9f2f...          # the token's SHA-256 in hex; or `token: <the token itself>`
         namespaces: ["team-a.*@*"]     # glob patterns over namespace ids (model@dtype@layout@tpRofS)
         rights: [read, write, delete]  # read, write, delete (deletes, flushes), admin (drain, stats, tenants)
-        quotas: {dram: 8GiB, ssd: 100GiB, connections: 64}  # absent or 0: no limit
+        quotas: {dram: 8GiB, ssd: 100GiB, connections: 64, rate: 200MiB}  # per node; absent or 0: no limit
 
 A token is known by its SHA-256, so the file need not hold tokens at all. Finding a presented
 token's tenant is a lookup by that digest: its time depends on the digest of what was
@@ -41,7 +41,7 @@ MAX_FILE_BYTES = 1 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TENANT_KEYS = ("token", "token_sha256", "namespaces", "rights", "quotas")
-_QUOTA_KEYS = ("dram", "ssd", "connections")
+_QUOTA_KEYS = ("dram", "ssd", "connections", "rate")
 
 
 class CredentialsError(ConfigError):
@@ -65,6 +65,7 @@ class Quotas:
     dram: int = 0
     ssd: int = 0
     connections: int = 0
+    rate: int = 0  # bytes per second over the data plane (sent and received), per node
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ def _token_digest(value: object, where: str) -> bytes:
 
 def _quotas(spec: Mapping[str, Any], where: str) -> Quotas:
     sizes = {}
-    for key in ("dram", "ssd"):
+    for key in ("dram", "ssd", "rate"):
         value = spec.get(key, 0)
         try:
             if isinstance(value, bool) or not isinstance(value, int | str):
@@ -243,7 +244,7 @@ def _quotas(spec: Mapping[str, Any], where: str) -> Quotas:
     connections = spec.get("connections", 0)
     if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
         raise CredentialsError(f"{where}.connections: a whole number >= 0")
-    return Quotas(sizes["dram"], sizes["ssd"], connections)
+    return Quotas(sizes["dram"], sizes["ssd"], connections, sizes["rate"])
 
 
 def _mapping(value: object, where: str, keys: Iterable[str] | None = None) -> Mapping[Any, Any]:

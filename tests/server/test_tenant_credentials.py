@@ -22,6 +22,7 @@ from kvpool_server.tenants.credentials import (
     load_credentials,
     parse_credentials,
 )
+from kvpool_server.tenants.rates import Bucket
 from kvpool_server.tenants.reload import CredentialsFile
 
 TOKEN_A, TOKEN_B, CLUSTER_TOKEN = b"a" * 24, b"team-b-token-0123456789", b"cluster-token-0123456789"
@@ -203,7 +204,12 @@ tenant_specs = st.fixed_dictionaries(
         "namespaces": st.lists(st.from_regex(r"[a-z0-9.*?@-]{1,20}", fullmatch=True), min_size=1, max_size=3),
         "rights": st.lists(st.sampled_from([r.value for r in Right]), min_size=1, max_size=4),
         "quotas": st.fixed_dictionaries(
-            {"dram": st.integers(0, 1 << 40), "ssd": st.integers(0, 1 << 44), "connections": st.integers(0, 1000)}
+            {
+                "dram": st.integers(0, 1 << 40),
+                "ssd": st.integers(0, 1 << 44),
+                "connections": st.integers(0, 1000),
+                "rate": st.integers(0, 1 << 34),
+            }
         ),
     }
 )
@@ -273,3 +279,17 @@ def test_a_daemon_cannot_start_on_a_bad_file(tmp_path: Path) -> None:
     path.write_text("tenants: {t: {token: short}}")
     with pytest.raises(CredentialsError, match="a token is 16"):
         CredentialsFile(path, None)
+
+
+# -- byte rates --------------------------------------------------------------------------------
+
+
+def test_a_bucket_lets_its_burst_through_then_asks_for_waits_at_its_rate() -> None:
+    now = [0.0]
+    bucket = Bucket(1000, clock=lambda: now[0])  # 1000 bytes/s: a burst of 100
+    assert bucket.charge(100) == 0.0, "the burst goes at once"
+    assert bucket.charge(50) == pytest.approx(0.05), "50 bytes in debt: 50 ms"
+    now[0] += 0.05
+    assert bucket.charge(0) == 0.0, "repaid"
+    now[0] += 10.0
+    assert bucket.charge(300) == pytest.approx(0.2), "idle time fills it to its burst, no more"

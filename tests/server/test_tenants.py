@@ -38,7 +38,9 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-CLUSTER, A, B, READER = (f"{who}-token-0123456789abcdef".encode() for who in ("cluster", "team-a", "team-b", "reader"))
+CLUSTER, A, B, READER, SLOW = (
+    f"{who}-token-0123456789abcdef".encode() for who in ("cluster", "team-a", "team-b", "reader", "slow")
+)
 A_NS, B_NS = "team-a.llama@test", "team-b.qwen@test"
 KiB = 1 << 10
 
@@ -52,6 +54,12 @@ def tenants(b_token: bytes = B) -> dict[str, object]:
                 "namespaces": ["team-b.*"],
                 "rights": ["read", "write", "delete"],
                 "quotas": {"dram": "256KiB"},
+            },
+            "slow": {
+                "token": SLOW.decode(),
+                "namespaces": ["slow.*"],
+                "rights": ["read", "write"],
+                "quotas": {"rate": "4MiB"},
             },
             "reader": {
                 "token": READER.decode(),
@@ -187,6 +195,21 @@ def test_a_tenant_s_puts_evict_its_own_blocks_past_its_quota_never_another_s(nod
         assert 0 < held <= 256 * KiB, f"B holds {held} bytes over its two namespaces"
 
 
+def test_a_tenant_with_a_byte_rate_is_served_at_that_rate_and_correctly(node: DaemonProcess) -> None:
+    """4 MiB/s: 16 MiB of puts and gets, 1 MiB a request, take 3.6 s at least (a request's bytes are paid
+    for before the next one is read; its burst is 0.4 MiB); load only adds to that."""
+    batches = [keys("slow.m@test", 4) for _ in range(8)]
+    blocks = [os.urandom(256 * KiB) for _ in range(4)]
+    with connect(node, SLOW) as slow:
+        started = time.monotonic()
+        for batch in batches:
+            assert slow.put(batch, blocks).stored == 4
+        got = [slow.get(batch) for batch in batches]
+        took = time.monotonic() - started
+    assert all(g.ok and [bytes(b) for b in g.buffers] == blocks for g in got)
+    assert took >= 3.0, f"16 MiB moved in {took:.2f} s at 4 MiB/s"
+
+
 def test_a_tenant_holds_at_most_its_connections(node: DaemonProcess) -> None:
     def hello(raw: RawConnection) -> object:
         return raw.request(HelloRequest(1, READER)).message
@@ -263,7 +286,7 @@ def test_kvpoolctl_and_the_metrics_show_each_tenant_s_rights_quotas_and_use(
         base = ("--nodes", node.address, "--auth-token-file")
         listing = json.loads(kvpoolctl(*base, str(files[0]), "--json", "tenants"))["tenants"]
         by_name = {t["tenant"]: t for t in listing}
-        assert sorted(by_name) == ["cluster", "reader", "team-a", "team-b"], listing
+        assert sorted(by_name) == ["cluster", "reader", "slow", "team-a", "team-b"], listing
         assert by_name["team-a"]["dram_bytes"] == 4 * 4096 and by_name["team-b"]["dram_bytes"] == 2 * 4096
         assert by_name["reader"]["dram_bytes"] == 0, "it writes nothing: nothing counts against it"
         assert by_name["team-b"]["quotas_per_node"] == {"dram": 256 * KiB, "ssd": 0, "connections": 0}
