@@ -8,47 +8,19 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import grpc
-from google.protobuf.message import Message
 
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import ExitCode
-from kvpool_client.admin.nodes import NodeReport, report_failures
-from kvpool_client.core.auth import open_channel
-from kvpool_client.core.control import blocking_stub, translate_rpc_error
+from kvpool_client.admin.nodes import NodeReport, ask_all, report_failures
 from kvpool_client.core.proto import kvpool_pb2 as pb
 
 Usage = dict[tuple[str, str], list[int]]  # (namespace, tier) -> [blocks, bytes, nodes]
 
 
-def ask_node(address: str, args: argparse.Namespace, call: Callable[[Any], Message]) -> Message | NodeReport:
-    """``call`` (given the node's stub) answered by one node, or a report of the error that kept us from it."""
-    channel = open_channel(address, args.credentials)
-    try:
-        return call(blocking_stub(channel))
-    except grpc.RpcError as exc:
-        return NodeReport(address, error=translate_rpc_error(address, exc))
-    finally:
-        channel.close()
-
-
-def ask_nodes(
-    args: argparse.Namespace, addresses: tuple[str, ...], call: Callable[[Any], Message]
-) -> list[Message | NodeReport]:
-    """:func:`ask_node` of every node, in parallel."""
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(addresses)))) as pool:
-        return list(pool.map(lambda a: ask_node(a, args, call), addresses))
-
-
 def show_namespaces(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode:
     """Print each namespace's blocks and bytes per tier, summed over ``addresses``."""
-    answers = ask_nodes(
-        args, addresses, lambda stub: stub.ListNamespaces(pb.ListNamespacesRequest(), timeout=args.timeout)
-    )
+    request = pb.ListNamespacesRequest()
+    answers = ask_all(addresses, args.credentials, lambda stub: stub.ListNamespaces(request, timeout=args.timeout))
     usage: Usage = defaultdict(lambda: [0, 0, 0])
     for answer in answers:
         for row in answer.namespaces if isinstance(answer, pb.NamespaceList) else ():

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -21,6 +23,7 @@ from kvpool_client.core.errors import KVPoolError
 from kvpool_client.core.proto import kvpool_pb2 as pb
 
 _MAX_PARALLEL = 16
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,25 +41,44 @@ class NodeReport:
         return next((t for t in tiers if t.name == "dram"), pb.TierStats(name="dram"))
 
 
-def probe(address: str, timeout: float, credentials: Credentials) -> NodeReport:
-    """Ask one node for its ServerInfo and Stats; never raises for a node failure."""
-    # ControlClient.server_info keeps only what the data plane needs; status wants all of ServerInfo.
+def ask(address: str, credentials: Credentials, call: Callable[[Any], T]) -> T | NodeReport:
+    """What ``call`` (given the node's stub) returns, or a report of the error that kept us from it;
+    never raises for a node failure."""
     channel = open_channel(address, credentials)
     try:
-        stub = blocking_stub(channel)
-        info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
-        stats = stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
+        return call(blocking_stub(channel))
     except grpc.RpcError as exc:
         return NodeReport(address, error=translate_rpc_error(address, exc))
     finally:
         channel.close()
-    return NodeReport(address, info, stats)
+
+
+def ask_all(addresses: tuple[str, ...], credentials: Credentials, call: Callable[[Any], T]) -> list[T | NodeReport]:
+    """:func:`ask` each address in parallel; answers in the order given."""
+    return _each(addresses, lambda address: ask(address, credentials, call))
+
+
+def probe(address: str, timeout: float, credentials: Credentials) -> NodeReport:
+    """Ask one node for its ServerInfo and Stats; never raises for a node failure."""
+
+    # ControlClient.server_info keeps only what the data plane needs; status wants all of ServerInfo.
+    def both(stub: Any) -> tuple[pb.ServerInfo, pb.Stats]:
+        info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+        return info, stub.GetStats(pb.GetStatsRequest(), timeout=timeout)
+
+    answer = ask(address, credentials, both)
+    return answer if isinstance(answer, NodeReport) else NodeReport(address, *answer)
 
 
 def probe_all(addresses: tuple[str, ...], timeout: float, credentials: Credentials) -> list[NodeReport]:
     """:func:`probe` each address in parallel; reports in the order given."""
-    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(addresses))) as pool:
-        return list(pool.map(lambda a: probe(a, timeout, credentials), addresses))
+    return _each(addresses, lambda address: probe(address, timeout, credentials))
+
+
+def _each(addresses: tuple[str, ...], work: Callable[[str], T]) -> list[T]:
+    """``work`` of each address, in parallel threads; results in the order given."""
+    with ThreadPoolExecutor(max_workers=max(1, min(_MAX_PARALLEL, len(addresses)))) as pool:
+        return list(pool.map(work, addresses))
 
 
 def run_status(args: argparse.Namespace) -> ExitCode:

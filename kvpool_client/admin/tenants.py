@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from kvpool_client.admin import format as fmt
 from kvpool_client.admin.exits import ExitCode
-from kvpool_client.admin.namespaces import ask_nodes
-from kvpool_client.admin.nodes import NodeReport, report_failures
+from kvpool_client.admin.nodes import NodeReport, ask_all, report_failures
 from kvpool_client.core.proto import kvpool_pb2 as pb
 
 
@@ -31,7 +30,8 @@ class TenantTotal:
 
 def show_tenants(args: argparse.Namespace, addresses: tuple[str, ...]) -> ExitCode:
     """Print each tenant's rights, quotas and use, summed over ``addresses``."""
-    answers = ask_nodes(args, addresses, lambda stub: stub.ListTenants(pb.ListTenantsRequest(), timeout=args.timeout))
+    request = pb.ListTenantsRequest()
+    answers = ask_all(addresses, args.credentials, lambda stub: stub.ListTenants(request, timeout=args.timeout))
     totals: dict[str, TenantTotal] = {}
     for address, answer in zip(addresses, answers, strict=True):
         for row in answer.tenants if isinstance(answer, pb.TenantList) else ():
